@@ -19,9 +19,11 @@ import contextlib
 import itertools
 import logging
 import os
+import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -33,8 +35,9 @@ from agentstream import config as config_mod
 from agentstream.config import Config
 from broker.client import AsyncClient
 from broker.protocol import GroupGrant, Hello, Stats, Transition
-from engines.client import EngineClient
+from engines.client import EngineClient, EngineError, Generation
 from engines.server import base_model_name, served_model_name
+from envs.latency import sample_latency
 
 log = logging.getLogger("actor")
 
@@ -55,7 +58,11 @@ class Actor:
         self.broker, self.engines, self.tokenizer = broker, engines, tokenizer
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
-        self._engine_rr = itertools.cycle(range(len(engines)))
+        self.requests_in_flight = 0  # dashboard gauges: engine requests awaited now, newest policy version seen
+        self.policy_version = -1
+        self._engine_rr = itertools.count()  # round robin over self.engines, which may grow (follow_engines)
+        self._engine_down: dict[str, float] = {}  # url -> when a request to it last failed
+        self._latency_rng = random.Random(f"{cfg.run.seed}/{name}/{incarnation}")  # env.step_latency_*
 
     async def run(self) -> None:
         """Play groups until cancelled."""
@@ -68,7 +75,7 @@ class Actor:
     async def _slot_loop(self, slot: int) -> None:
         while True:
             grant = await self.broker.request_group()
-            engine = self.engines[next(self._engine_rr)]
+            engine = self.engines[next(self._engine_rr) % len(self.engines)]
             async with asyncio.TaskGroup() as tg:
                 for i in range(self.cfg.env.group_size):
                     tg.create_task(self.play(grant, f"{self.name}.{self.incarnation}.g{grant.group_id}.{i}", engine))
@@ -90,13 +97,21 @@ class Actor:
         try:
             while True:
                 prompt_ids = self._prompt_ids(mem.messages(obs))
-                gen = await engine.generate(prompt_ids, self.cfg.sampling)
+                self.requests_in_flight += 1
+                try:
+                    gen, engine = await self._generate(prompt_ids, engine)
+                finally:
+                    self.requests_in_flight -= 1
+                self.policy_version = max(self.policy_version, gen.version_hi)
                 outcome = await asyncio.to_thread(env.step, gen.text) if blocking else env.step(gen.text)
+                if env_cfg.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
+                    await asyncio.sleep(sample_latency(self._latency_rng, env_cfg.step_latency_mean_s,
+                                                       env_cfg.step_latency_sigma))
                 next_obs, reward, terminated, truncated, info = outcome
                 valid = bool(info.get("valid", True))
                 env_reward = float(reward)
                 reward = env_reward + (0.0 if valid else self.cfg.trainer.invalid_action_penalty)
-                await self.broker.send(Transition(
+                await self.broker.send_transition(Transition(
                     traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step,
                     prompt_ids=np.asarray(prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
                     logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
@@ -118,6 +133,26 @@ class Actor:
             self.counters.update(memory_dropped_steps=mem.dropped_steps, memory_truncated_steps=mem.truncated_steps)
             env.close()
 
+    async def _generate(self, prompt_ids: list[int], engine: EngineClient) -> tuple[Generation, EngineClient]:
+        """Generate on `engine`; if it fails (dead, unreachable, timed out), move to another engine and retry
+        (counted as engine_failovers) until engines.request_timeout_s has passed without any answer.
+        Returns the generation and the engine that answered (the episode stays with it)."""
+        deadline = time.monotonic() + self.cfg.engines.request_timeout_s
+        while True:
+            try:
+                return await engine.generate(prompt_ids, self.cfg.sampling), engine
+            except EngineError as exc:
+                self.counters["engine_failovers"] += 1
+                self._engine_down[engine.url] = time.monotonic()
+                if time.monotonic() > deadline:
+                    raise
+                up = [e for e in self.engines if time.monotonic() - self._engine_down.get(e.url, -1e9) > 10.0]
+                log.warning("%s: %s; moving to %s", self.name, exc, "another engine" if up else "the first to recover")
+                if not up:
+                    await asyncio.sleep(1.0)
+                    up = self.engines
+                engine = up[next(self._engine_rr) % len(up)]
+
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                  return_dict=False)
@@ -128,8 +163,15 @@ class Actor:
                              invalid_actions=0 if valid else 1)
 
     def stats(self, final: bool = False) -> Stats:
-        return Stats(source=self.name, role="actor", counters=dict(self.counters),
-                     gauges={"episodes_in_flight": self.in_flight, "incarnation": self.incarnation}, final=final)
+        # This actor plays one env: its outcome counters, again under env/<name>/ (broker.stats.env_outcomes).
+        per_env = {f"env/{self.cfg.env.name}/{k}": self.counters[k] for k in
+                   ("episodes", "successes", "episode_return_sum", "env_steps", "invalid_actions")}
+        delivery = {k: float(v) for k, v in self.broker.counters.items()}  # resends after a broker restart
+        return Stats(source=self.name, role="actor", counters={**self.counters, **per_env, **delivery},
+                     gauges={"episodes_in_flight": self.in_flight, "incarnation": self.incarnation,
+                             "unacked_transitions": self.broker.unacked,
+                             "requests_in_flight": self.requests_in_flight, "policy_version": self.policy_version},
+                     final=final)
 
     async def _report_loop(self) -> None:
         while True:
@@ -137,19 +179,45 @@ class Actor:
             await asyncio.sleep(self.cfg.run.log_interval_s)
 
 
+async def engines_from_broker(broker: AsyncClient) -> list[str]:
+    """The engine URLs of the broker's first Welcome that lists any (an actor joining a running run)."""
+    while True:
+        welcome = await broker.welcomes.get()
+        if welcome.engines:
+            return list(welcome.engines)
+        log.info("the broker knows no usable engine yet; waiting for one to register")
+
+
+async def follow_engines(broker: AsyncClient, actor: Actor, client: Callable[[str], EngineClient]) -> None:
+    """Engines that join later (launch.py role=engines): the broker sends a new Welcome once one serves recent
+    weights; new episodes' groups go to it too (round robin). Engines are never removed from the list."""
+    while True:
+        welcome = await broker.welcomes.get()
+        known = {e.url for e in actor.engines}
+        for url in welcome.engines:
+            if url.rstrip("/") not in known:
+                actor.engines.append(client(url))
+                log.info("%s: engine %s joined; now using %d engines", actor.name, url, len(actor.engines))
+
+
 async def _main(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     cfg = config_mod.load(args.config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    broker = AsyncClient(args.broker, name=args.name)
-    await broker.start()
-    await broker.send(Hello(role="actor", name=args.name, incarnation=args.incarnation, pid=os.getpid()))
+    broker = AsyncClient(args.broker, name=args.name, curve_keys_dir=cfg.broker.curve_keys_dir)  # security: CURVE
+    await broker.start(args.incarnation, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
+    await broker.send(Hello(role="actor", name=args.name, incarnation=args.incarnation, pid=os.getpid(),
+                            want_welcome=True))  # the broker's Welcome lists the engines (and later joiners)
     timeout = aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         names = {"model": served_model_name(cfg.model), "base_model": base_model_name(cfg.model)}  # LoRA: the adapter
-        engines = [EngineClient(url, session, cfg.engines.request_timeout_s, **names) for url in args.engine]
+        def client(url: str) -> EngineClient:
+            return EngineClient(url, session, cfg.engines.request_timeout_s, **names)
+
+        engines = [client(url) for url in args.engine or await engines_from_broker(broker)]
         actor = Actor(cfg, args.name, args.incarnation, broker, engines, tokenizer)
+        follower = asyncio.create_task(follow_engines(broker, actor, client))  # engines that join later
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -163,7 +231,9 @@ async def _main(args: argparse.Namespace) -> int:
             log.error("%s: episode failed: %r", args.name, group.exceptions[0])
             code = 3
         finally:
+            follower.cancel()
             with contextlib.suppress(Exception):
+                await broker.drain(cfg.run.shutdown_timeout_s / 2)  # what was sent is acknowledged, or counted
                 await broker.send(actor.stats(final=True))
             await broker.close()
     return code
@@ -175,7 +245,9 @@ def main() -> None:
     parser.add_argument("--name", required=True, help="actor name (its identity at the broker)")
     parser.add_argument("--incarnation", type=int, default=0, help="how many times this actor was restarted")
     parser.add_argument("--broker", required=True, help="broker ZeroMQ address")
-    parser.add_argument("--engine", action="append", required=True, help="engine base URL (repeatable)")
+    parser.add_argument("--engine", action="append", default=[],
+                        help="engine base URL (repeatable); none: learn them from the broker. Engines that join "
+                             "later (role=engines) are used too")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     started = time.time()

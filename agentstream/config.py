@@ -26,7 +26,8 @@ class RunConfig:
     output_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     """Run folder: config, logs of every process, summary.json, weights handed to engines."""
     role: str = "all"
-    """`all` starts broker, engines, learner and actors. (Later: `actors`, `engines` join a running run.)"""
+    """`all` starts broker, engines, learner and actors; `actors` (actors.count more actors) or `engines`
+    (engines.count more vLLM servers + weight agents) join the running run at broker.address."""
     seed: int = 0
     """Base seed for env seeds and sampling."""
     log_interval_s: float = 1.0
@@ -69,6 +70,10 @@ class EnvConfig:
     """Episode step limit; the episode is truncated after this many steps."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the env's constructor (e.g. FrozenLake: map_size; Sokoban: dim_room)."""
+    step_latency_mean_s: float = 0.0
+    """Simulated tool/web latency added to every env step (log-normal, this mean in seconds; 0: none)."""
+    step_latency_sigma: float = 0.5
+    """Shape of that log-normal: the std of its underlying normal (0: every step waits exactly the mean)."""
 
 
 @dataclass
@@ -102,7 +107,7 @@ class EnginesConfig:
     """The vLLM inference servers and their weight agents."""
 
     count: int = 1
-    """Number of vLLM servers."""
+    """Number of vLLM servers this launch starts (0: none here; engines join with role=engines)."""
     external_urls: list[str] = field(default_factory=list)
     """Use these running servers (started like `engines.server.server_command` does) instead of starting
     engines; a weight agent is still started for each, and the learner first brings them to its weights."""
@@ -120,6 +125,8 @@ class EnginesConfig:
     """Extra command-line arguments for the vLLM server."""
     request_timeout_s: float = 120.0
     """An actor gives up on one generation request after this long."""
+    max_restarts: int = 2
+    """A dead engine (server or weight agent) is restarted this many times in total; meanwhile actors use the others."""
 
 
 @dataclass
@@ -132,6 +139,10 @@ class ActorsConfig:
     """K: concurrent episodes per actor (a multiple of env.group_size)."""
     max_restarts: int = 3
     """A dead actor is restarted this many times in total before the run stops."""
+    max_unacked: int = 256
+    """Transitions an actor keeps until the broker acknowledges them; at this many it waits (back-pressure)."""
+    ack_timeout_s: float = 5.0
+    """No acknowledgement (or group grant) this long: resend everything unacknowledged (the broker may have restarted)."""
 
 
 @dataclass
@@ -139,7 +150,9 @@ class BrokerConfig:
     """The hub: trajectories, groups, batches, stats, dashboard."""
 
     host: str = "127.0.0.1"
-    """Interface the broker binds to."""
+    """Interface the broker binds to (0.0.0.0: every interface, for actors and engines on other hosts)."""
+    address: str = ""
+    """role=actors|engines: the running broker to join, e.g. tcp://10.0.0.5:5555 (the main launch prints it)."""
     port: int = 0
     """ZeroMQ ROUTER port for actors, learner and weight agents; 0 picks a free port."""
     dashboard_port: int = 8787
@@ -150,6 +163,39 @@ class BrokerConfig:
     """Back-pressure bound: new groups are not admitted while this many transitions are buffered."""
     high_water_mark: int = 10_000
     """ZeroMQ send/receive high-water mark (messages) on every broker socket."""
+    dashboard_history_s: int = 900
+    """Seconds of once-a-second points the broker keeps for the dashboard's charts (/api/history)."""
+    metrics_jsonl: bool = True
+    """Append one JSON line of metrics per second to RUN/metrics.jsonl."""
+    tensorboard: bool = True
+    """Write the same metrics as TensorBoard scalars under RUN/tensorboard (tensorboardX)."""
+    wandb_project: str = ""
+    """Also log metrics to this Weights & Biases project (needs `pip install wandb`); empty: off."""
+    wal: bool = True
+    """Write-ahead log in RUN/broker-wal: a restarted broker recovers every acknowledged, untrained transition."""
+    wal_fsync: bool = False
+    """fsync the log before acknowledging (survives power loss, not only a dead broker; slower)."""
+    wal_compact_events: int = 50_000
+    """Replace the log by a snapshot of the live state after this many events (and after each learner checkpoint)."""
+    heartbeat_timeout_s: float = 30.0
+    """An actor or engine silent this long is declared dead (actors report every run.log_interval_s)."""
+    dead_actor_groups: str = "drop"
+    """A dead actor's unfinished groups: `drop` them, or `serve` their finished trajectories as a smaller group."""
+    min_partial_group: int = 2
+    """With dead_actor_groups=serve: fewer finished trajectories than this and the group is dropped instead."""
+    track_keys: bool = False
+    """Record every transition's fate (trained at step k or dropped with a reason) for audits; memory grows with the run."""
+    max_restarts: int = 2
+    """A dead broker is restarted (same port, state recovered from its write-ahead log) this many times."""
+    # --- security (broker/security.py)
+    curve_keys_dir: str = ""
+    """Key folder from `python -m broker.security keygen DIR`: ZeroMQ sockets use CURVE and servers accept only
+    clients whose public key is in DIR/allowed; empty: plain TCP, allowed on loopback only."""
+    allow_insecure_bind: bool = False
+    """Allow a non-loopback broker.host / learner.weight_host without curve_keys_dir, or a non-loopback
+    engines.host (vLLM's HTTP has no authentication): only on a network where every machine is trusted."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface the dashboard (read-only HTTP, no authentication) binds to; 0.0.0.0 shows it to the network."""
 
 
 @dataclass
@@ -170,11 +216,15 @@ class LearnerConfig:
     """Token budget of one forward/backward micro-batch per rank."""
     weight_port: int = 0
     """Port rank 0 binds to push weights to the engines' weight agents; 0 picks a free port."""
+    weight_host: str = "127.0.0.1"
+    """Interface rank 0 binds to for weights (0.0.0.0 when engines run on other hosts)."""
     torch_threads: int = 1
     """torch.set_num_threads per rank (1 on shared CPUs)."""
     packing: bool = False
     """Pack sequences into one row per micro-batch (position ids restart per sequence) instead of padding
     rows; saves padding, but on CPU attention over a packed row costs quadratic time in its length."""
+    max_restarts: int = 2
+    """With checkpoint.every_steps > 0, a dead learner is restarted from its latest checkpoint this many times."""
 
 
 @dataclass
@@ -201,6 +251,20 @@ class TrainerConfig:
     """Maximum policy lag (learner version - producing version); 0 is synchronous training."""
     invalid_action_penalty: float = -0.1
     """Reward added to a step whose text did not parse into an action."""
+
+
+@dataclass
+class ValidationConfig:
+    """Validation during training (actors/evaluate.py): held-out seeds, played apart from the training data."""
+
+    every: int = 0
+    """Validate the policy at version 0, then every this many learner versions, and at the final one; 0: off."""
+    episodes: int = 32
+    """Episodes per validation, one per seed: VALIDATION_SEEDS[0], [1], ... (the same tasks every time)."""
+    temperature: float = 0.0
+    """Sampling temperature of validation episodes (0: greedy)."""
+    final_timeout_s: float = 180.0
+    """After the learner's last step, how long the launcher waits for the validation of the final version."""
 
 
 @dataclass
@@ -271,6 +335,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
 
 
 class ConfigError(ValueError):
@@ -342,6 +407,9 @@ def validate(cfg: Config) -> None:
         errors.append(f"env.name={cfg.env.name!r} is not registered; known: {', '.join(known_envs())}.")
     else:
         errors += _env_kwargs_errors(cfg.env.name, cfg.env.kwargs)
+    if cfg.env.step_latency_mean_s < 0 or cfg.env.step_latency_sigma < 0:
+        errors.append(f"env.step_latency_mean_s={cfg.env.step_latency_mean_s} and env.step_latency_sigma="
+                      f"{cfg.env.step_latency_sigma}: both must be >= 0 (0 = no simulated latency).")
     if cfg.memory.kind not in known_memories():
         errors.append(f"memory.kind={cfg.memory.kind!r} is unknown; known: {', '.join(known_memories())}.")
     mem, room = cfg.memory, cfg.engines.max_model_len - cfg.sampling.max_tokens
@@ -361,7 +429,6 @@ def validate(cfg: Config) -> None:
         )
     for name, value in [
         ("actors.count", cfg.actors.count),
-        ("engines.count", cfg.engines.count),
         ("learner.world_size", cfg.learner.world_size),
         ("trainer.total_steps", cfg.trainer.total_steps),
     ]:
@@ -377,16 +444,51 @@ def validate(cfg: Config) -> None:
         )
     if cfg.trainer.max_staleness < 0:
         errors.append(f"trainer.max_staleness={cfg.trainer.max_staleness}: must be >= 0 (0 = synchronous).")
+    if cfg.broker.dead_actor_groups not in ("drop", "serve"):
+        errors.append(f"broker.dead_actor_groups={cfg.broker.dead_actor_groups!r}: use drop (a dead actor's unfinished "
+                      f"groups are dropped) or serve (their finished trajectories are trained as a smaller group).")
+    if cfg.actors.max_unacked < 1 or cfg.actors.ack_timeout_s <= 0:
+        errors.append(f"actors.max_unacked={cfg.actors.max_unacked}, actors.ack_timeout_s={cfg.actors.ack_timeout_s}: "
+                      f"both must be positive.")
     if cfg.model.dtype not in ("float32", "bfloat16"):
         errors.append(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16.")
     if cfg.learner.backend not in ("auto", "gloo", "nccl"):
         errors.append(f"learner.backend={cfg.learner.backend!r}: use auto, gloo or nccl.")
     errors += _lora_and_checkpoint_errors(cfg)
     errors += validate_algorithm(cfg.algorithm)
-    if cfg.run.role != "all":
-        errors.append(f"run.role={cfg.run.role!r}: only `all` exists so far.")
+    errors += _validation_errors(cfg.validation)
+    if cfg.engines.count < (1 if cfg.run.role == "engines" else 0):
+        errors.append(f"engines.count={cfg.engines.count}: must be at least {1 if cfg.run.role == 'engines' else 0} "
+                      f"(0: no engine on this host; engines join with role=engines).")
+    errors += _role_errors(cfg)
+    errors += _network_errors(cfg)  # security: off loopback only with CURVE keys or an explicit opt-in
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+ROLES = ("all", "actors", "engines")
+"""What one launch starts: the whole run, or more actors / engines for a running one."""
+
+
+def _role_errors(cfg: Config) -> list[str]:
+    role, address = cfg.run.role, cfg.broker.address
+    if role not in ROLES:
+        return [f"run.role={role!r} is unknown; use one of {', '.join(ROLES)}."]
+    if role != "all" and not address.startswith("tcp://"):
+        return [f"run.role={role} joins a running run: set broker.address=tcp://HOST:PORT (the main launch prints "
+                f"it as `broker:`); got broker.address={address!r}."]
+    if role == "all" and address:
+        return [f"broker.address={address!r} is only for role=actors or role=engines; role=all starts its own "
+                f"broker (set broker.host/broker.port to choose where it listens)."]
+    return []
+
+
+def _validation_errors(v: ValidationConfig) -> list[str]:
+    if v.every < 0 or v.episodes < 1 or v.temperature < 0 or v.final_timeout_s <= 0:
+        return [(f"validation.every={v.every} (>= 0; 0 = off), validation.episodes={v.episodes} (>= 1), "
+                 f"validation.temperature={v.temperature} (>= 0; 0 = greedy), validation.final_timeout_s="
+                 f"{v.final_timeout_s} (> 0): one of them is out of range.")]
+    return []
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -443,4 +545,28 @@ def validate_algorithm(a: AlgorithmConfig) -> list[str]:
                         ("value_clip", a.value_clip)]:
         if value < 0:
             errors.append(f"algorithm.{name}={value}: must be >= 0.")
+    return errors
+
+
+def _network_errors(cfg: Config) -> list[str]:
+    """Leaving loopback: ZeroMQ sockets need CURVE keys, vLLM's unauthenticated HTTP an explicit opt-in."""
+    from broker.security import KEYGEN_COMMAND, is_loopback, keys_dir_errors
+
+    b, role = cfg.broker, cfg.run.role
+    fix = (f"generate keys with `{KEYGEN_COMMAND}` and set broker.curve_keys_dir=KEYS, or set "
+           f"broker.allow_insecure_bind=true if every machine on that network is trusted.")
+    errors: list[str] = []
+    if b.curve_keys_dir:
+        errors += keys_dir_errors(b.curve_keys_dir, server=role == "all")
+    elif not b.allow_insecure_bind:
+        binds = [("broker.host", b.host), ("learner.weight_host", cfg.learner.weight_host)] if role == "all" else []
+        joins = [("broker.address", b.address.removeprefix("tcp://").rsplit(":", 1)[0])] if role != "all" else []
+        for name, host in binds + joins:
+            if host and not is_loopback(host):
+                errors.append(f"{name} uses {host!r}, which is not a loopback address: without CURVE anyone who "
+                              f"reaches it can send messages, and all traffic is in the clear; {fix}")
+    if role in ("all", "engines") and not is_loopback(cfg.engines.host) and not b.allow_insecure_bind:
+        errors.append(f"engines.host={cfg.engines.host!r} is not a loopback address, and vLLM's HTTP server (with the "
+                      f"weight-reload endpoints) has no authentication: keep it on 127.0.0.1, or set "
+                      f"broker.allow_insecure_bind=true if every machine on that network is trusted.")
     return errors

@@ -2,6 +2,7 @@
 
     python scripts/launch.py                                 # the default run (tiny model, CPU)
     python scripts/launch.py actors.count=4 trainer.total_steps=20
+    python scripts/launch.py role=actors broker.address=tcp://HOST:PORT actors.count=2   # join a run (join.py)
 
 Supervision (STYLE 10): if the broker, an engine, a weight agent or the learner dies, everything stops
 with the reason and the tail of that process's log; a dead actor is restarted under a new incarnation
@@ -13,12 +14,14 @@ every engine serves the final version): actors are stopped, the broker's summary
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import os
 import re
 import signal
 import sys
+from collections import Counter
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ import aiohttp
 
 from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.procs import free_port, wait_gone
+from agentstream.procs import advertised_host, free_port, wait_gone
 
 log = logging.getLogger("launch")
 PY = sys.executable
@@ -37,29 +40,41 @@ PY = sys.executable
 class Wiring:
     """Every address of the run, decided in one place."""
 
-    broker: str  # actors, learner ranks, weight agents -> broker (ZeroMQ ROUTER)
+    broker: str  # actors, learner ranks, weight agents, joining launches -> broker (ZeroMQ ROUTER)
     broker_port: int
     dashboard: str  # browser, launcher -> broker (HTTP: dashboard, /metrics, /api/summary)
     dashboard_port: int
     weights: str  # weight agents -> learner rank 0 (ZeroMQ ROUTER; rank 0 pushes weights down it)
     engines: list[str] = field(default_factory=list)  # actors, weight agents -> vLLM servers (HTTP)
+    weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
 
 
 def wire(cfg: Config) -> Wiring:
-    """Which process talks to which, on which address (one line per edge)."""
-    host = cfg.broker.host
+    """Which process talks to which, on which address (one line per edge). Sockets bind to the configured
+    interfaces; the addresses handed out name this machine when an interface is a wildcard (0.0.0.0)."""
+    host, wh = cfg.broker.host, cfg.learner.weight_host
     broker_port = cfg.broker.port or free_port(host)
-    dash_port = cfg.broker.dashboard_port or free_port(host)
-    weight_port = cfg.learner.weight_port or free_port("127.0.0.1")
+    dash_port = cfg.broker.dashboard_port or free_port(cfg.broker.dashboard_host)
+    weight_port = cfg.learner.weight_port or free_port(wh)
     base = cfg.engines.base_port
     engine_ports = [base + 2 * i if base else free_port(cfg.engines.host) for i in range(cfg.engines.count)]
-    engine_urls = list(cfg.engines.external_urls) or [f"http://{cfg.engines.host}:{p}" for p in engine_ports]
+    engine_host = advertised_host(cfg.engines.host)
+    engine_urls = list(cfg.engines.external_urls) or [f"http://{engine_host}:{p}" for p in engine_ports]
     return Wiring(
-        broker=f"tcp://{host}:{broker_port}", broker_port=broker_port,
-        dashboard=f"http://{host}:{dash_port}", dashboard_port=dash_port,
-        weights=f"tcp://127.0.0.1:{weight_port}",
+        broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
+        dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
+        weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
         engines=engine_urls,
     )
+
+
+def resolved(cfg: Config, w: Wiring) -> Config:
+    """`cfg` with the ports `wire` picked, so that every process (and a launch joining later, through the
+    broker's Welcome) sees the addresses actually in use."""
+    out = copy.deepcopy(cfg)
+    out.broker.port, out.broker.dashboard_port, out.learner.weight_port = (
+        w.broker_port, w.dashboard_port, int(w.weights.rsplit(":", 1)[1]))
+    return out
 
 
 class RunFailed(RuntimeError):
@@ -121,12 +136,16 @@ _ERROR_LINE = re.compile(r"(error|failed|cannot|exception|traceback)", re.IGNORE
 class Launcher:
     """Owns the children of one run."""
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, wiring: Wiring | None = None, prefix: str = ""):
+        """`wiring`: addresses of a running run (a joining launch, agentstream.join); None: wire a new one.
+        `prefix` goes into every actor's and engine's name, unique per launch when several join one run."""
         self.cfg, self.run_dir = cfg, run_dir
-        self.wiring = wire(cfg)
+        self.wiring = wiring or wire(cfg)
+        self.prefix = prefix
         self.config_path = run_dir / "config.yaml"
         self.children: list[Child] = []
         self.actor_restarts = 0
+        self.restarts: Counter[str] = Counter()  # broker, engine, learner restarts (supervise)
         self.started = time.time()
         self._exits: asyncio.Queue[Child] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
@@ -148,35 +167,60 @@ class Launcher:
             return out
         for i, url in enumerate(self.wiring.engines):
             argv, env = server_command(self.cfg.model, self.cfg.engines, int(url.rsplit(":", 1)[1]))
-            out.append(self._child(f"engine-{i}", "engine", argv, env))
+            out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, env))
         return out
 
     def agent_child(self, i: int) -> Child:
         w = self.wiring
-        return self._child(f"agent-{i}", "agent", [
-            PY, "-m", "engines.agent", "--name", f"engine-{i}", "--url", w.engines[i], "--learner", w.weights,
-            "--broker", w.broker, "--workdir", str(self.run_dir / "weights" / f"engine-{i}"),
+        return self._child(f"agent-{self.prefix}{i}", "agent", [
+            PY, "-m", "engines.agent", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
+            "--learner", w.weights, "--broker", w.broker,
+            "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
             "--stats-interval", str(self.cfg.run.log_interval_s),
-            "--initial-version", "-1" if self.cfg.engines.external_urls else "0"])
+            "--initial-version", "-1" if self.cfg.engines.external_urls else "0", *self.curve_args()])
 
-    def learner_child(self) -> Child:
+    def curve_args(self) -> list[str]:
+        """security: the key folder for a child that takes no config (broker, actors, learner read
+        broker.curve_keys_dir from the run's config.yaml), absolute so that any working directory works."""
+        keys = self.cfg.broker.curve_keys_dir
+        return ["--curve-keys", str(Path(keys).resolve())] if keys else []
+
+    def learner_child(self, resume: bool = False) -> Child:
         n = self.cfg.learner.world_size
         argv = [PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                 "-m", "learner.train", "--config", str(self.config_path), "--broker", self.wiring.broker,
-                "--weights-bind", self.wiring.weights, "--out", str(self.run_dir)]
+                "--weights-bind", self.wiring.weights_bind, "--out", str(self.run_dir)]
         if self.cfg.engines.external_urls:
             argv.append("--publish-initial")  # servers started elsewhere may hold other weights
+        if resume:
+            argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
         return self._child("learner", "learner", argv, {"OMP_NUM_THREADS": str(self.cfg.learner.torch_threads)})
 
     def actor_child(self, i: int, incarnation: int = 0) -> Child:
-        argv = [PY, "-m", "actors.actor", "--config", str(self.config_path), "--name", f"actor-{i}",
+        name = f"actor-{self.prefix}{i}"
+        argv = [PY, "-m", "actors.actor", "--config", str(self.config_path), "--name", name,
                 "--incarnation", str(incarnation), "--broker", self.wiring.broker]
-        for url in self.wiring.engines:
+        for url in self.wiring.engines:  # none (a joining launch): the actor asks the broker
             argv += ["--engine", url]
-        child = self._child(f"actor-{i}", "actor", argv)
+        child = self._child(name, "actor", argv)
         child.incarnation = incarnation
         return child
+
+    def evaluator_child(self) -> Child:  # validation (actors/evaluate.py): held-out seeds, never trained on
+        return self._child("evaluator", "evaluator", [
+            PY, "-m", "actors.evaluate", "--config", str(self.config_path), "--broker", self.wiring.broker,
+            "--engine", self.wiring.engines[0], "--out", str(self.run_dir), "--t0", str(self.started)])
+
+    async def wait_evaluator(self) -> None:
+        """After the learner's last step: give the evaluator validation.final_timeout_s to validate the final
+        version (it exits by itself once it has)."""
+        for child in (c for c in self.children if c.role == "evaluator" and c.proc is not None):
+            try:
+                await asyncio.wait_for(child.proc.wait(), self.cfg.validation.final_timeout_s)
+            except TimeoutError:
+                log.warning("the evaluator did not validate the final version within validation.final_timeout_s=%.0fs",
+                            self.cfg.validation.final_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
     async def spawn(self, child: Child) -> Child:
@@ -205,6 +249,8 @@ class Launcher:
             await self.spawn(self.agent_child(i))
         for i in range(self.cfg.actors.count):
             await self.spawn(self.actor_child(i))
+        if self.cfg.validation.every > 0:
+            await self.spawn(self.evaluator_child())
 
     async def _guarded(self, coro, child: Child) -> None:  # noqa: ANN001
         """Await `coro`, but fail at once (with the reason) if any child exits meanwhile."""
@@ -248,6 +294,10 @@ class Launcher:
             if child.role == "actor" and child in self.children and not self._stopping:
                 await self._restart_actor(child, code)
                 continue
+            if child.role == "evaluator" and code == 0:  # it validated the final version
+                continue
+            if child in self.children and not self._stopping and await self._recover(child, code):
+                continue
             if child in self.children and not self._stopping:
                 raise RunFailed(f"{child.name} died (exit code {code}); the run cannot continue without it. "
                                 f"Its log ({child.log_path}) ends with:\n{child.log_tail()}")
@@ -264,6 +314,43 @@ class Launcher:
         log.warning("%s died (exit code %s); restarting it as incarnation %d", child.name, code, child.incarnation + 1)
         await self.spawn(self.actor_child(i, child.incarnation + 1))
 
+    async def _recover(self, child: Child, code: int | None) -> bool:
+        """Restart a dead broker (same ports; it recovers its state from its write-ahead log), engine or
+        weight agent (both of the pair; the agent brings the new server to the current weights), or learner
+        (from its latest checkpoint), within each role's restart budget. False: not restartable."""
+        key = "engine" if child.role == "agent" else child.role
+        budget = {"broker": self.cfg.broker.max_restarts, "engine": self.cfg.engines.max_restarts,
+                  "learner": self.cfg.learner.max_restarts if self.cfg.checkpoint.every_steps > 0 else 0}.get(key, 0)
+        if self.restarts[key] >= budget:
+            return False
+        self.restarts[key] += 1
+        self.children.remove(child)
+        log.warning("%s died (exit code %s); restarting it (%s restart %d of %d)", child.name, code, key,
+                    self.restarts[key], budget)
+        if key == "broker":
+            await self.spawn(self.broker_child())
+        elif key == "learner":
+            await self.spawn(self.learner_child(resume=True))
+        else:
+            await self._restart_engine(child)
+        return True
+
+    async def _restart_engine(self, child: Child) -> None:
+        from engines.server import wait_ready
+
+        i = next(i for i in range(len(self.wiring.engines))
+                 if child.name in (f"engine-{self.prefix}{i}", f"agent-{self.prefix}{i}"))
+        for partner in [c for c in self.children if c.name in (f"engine-{self.prefix}{i}", f"agent-{self.prefix}{i}")]:
+            self.children.remove(partner)  # its exit is then not a death to handle
+            await partner.stop(self.cfg.run.shutdown_timeout_s)
+        if not self.cfg.engines.external_urls:
+            engine = await self.spawn(self.engine_children()[i])
+            try:
+                await wait_ready(self.wiring.engines[i], self.cfg.run.startup_timeout_s, proc=None)
+            except Exception as exc:
+                raise RunFailed(f"{engine.name} did not come back: {exc}\nits log ends with:\n{engine.log_tail()}") from exc
+        await self.spawn(self.agent_child(i))
+
     async def stop_roles(self, roles: tuple[str, ...]) -> None:
         """Stop every child of these roles concurrently, each with a bounded wait."""
         targets = [c for c in self.children if c.role in roles]
@@ -272,7 +359,7 @@ class Launcher:
     async def stop_all(self) -> list[str]:
         """Stop in dependency order (actors first, broker last); returns names of groups still alive."""
         self._stopping = True
-        for roles in (("actor",), ("learner",), ("agent",), ("engine",), ("broker",)):
+        for roles in (("actor", "evaluator"), ("learner",), ("agent",), ("engine",), ("broker",)):
             await self.stop_roles(roles)
         for task in self._watchers:
             task.cancel()
@@ -293,21 +380,39 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> dict:
         return await resp.json()
 
 
-async def progress_loop(session: aiohttp.ClientSession, wiring: Wiring, total_steps: int, started: float) -> None:
+def eta_s(samples: list[tuple[float, int]], total_steps: int) -> float | None:
+    """Seconds left at the learner's recent pace: (time, version) samples, oldest first, measured from the
+    first sample (so the start-up time does not inflate it). None until the version has moved."""
+    if len(samples) < 2 or samples[-1][1] <= samples[0][1]:
+        return None
+    (t0, v0), (t1, v1) = samples[0], samples[-1]
+    return (t1 - t0) / (v1 - v0) * max(0, total_steps - v1)
+
+
+def format_progress(state: dict, total_steps: int, eta: float | None) -> str:
+    """One console line from the dashboard's /api/state (schema in broker/dashboard.py)."""
+    v, r, g = state["learner"]["version"], state["rates"], state["gauges"]
+    engines = ",".join(str(e["version"]) for e in state["engines"])
+    left = "?" if eta is None else f"{eta:.0f}s"
+    return (f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
+            f"{r['tokens_per_s']:.0f} tok/s | {r['transitions_per_s']:.1f} transitions/s | "
+            f"buffered {g['buffered_transitions']:.0f} | success {g['success_rate']:.2f} | "
+            f"actors {g['actors_alive']:.0f} | ETA {left}")
+
+
+async def progress_loop(session: aiohttp.ClientSession, wiring: Wiring, total_steps: int, every_s: float = 5.0) -> None:
     """One console line every few seconds: learner step out of total, rates, ETA."""
+    samples: list[tuple[float, int]] = []
     while True:
-        await asyncio.sleep(5.0)
+        await asyncio.sleep(every_s)
         try:
             st = await _get_json(session, f"{wiring.dashboard}/api/state")
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            line = format_progress(st, total_steps, eta_s(samples, total_steps))
+        except (aiohttp.ClientError, TimeoutError, KeyError) as exc:
+            log.debug("no progress line: %r", exc)
             continue
-        v, r, g = st["learner"]["version"], st["rates"], st["gauges"]
-        elapsed = time.time() - started
-        eta = f"{elapsed / v * (total_steps - v):.0f}s" if v else "?"
-        engines = ",".join(str(e["version"]) for e in st["engines"])
-        print(f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
-              f"{r['tokens_per_s']:.0f} tok/s | buffered {g['buffered_transitions']:.0f} | "
-              f"success {g['success_rate']:.2f} | actors {g['actors_alive']:.0f} | ETA {eta}", flush=True)
+        samples = (samples + [(time.time(), int(st["learner"]["version"]))])[-12:]  # the last minute's pace
+        print(line, flush=True)
 
 
 async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> dict:
@@ -325,7 +430,7 @@ async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> 
 async def run_async(cfg: Config, run_dir: Path) -> int:
     """Launch, supervise and finish one run. Returns the process exit code."""
     launcher = Launcher(cfg, run_dir)
-    config_mod.save(cfg, launcher.config_path)
+    config_mod.save(resolved(cfg, launcher.wiring), launcher.config_path)
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -333,15 +438,20 @@ async def run_async(cfg: Config, run_dir: Path) -> int:
     print(f"[agentstream] run folder: {run_dir}", flush=True)
     print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
           flush=True)
+    print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
+          f"broker.address={launcher.wiring.broker} actors.count=N)", flush=True)
     status, reason, code = "finished", "", 0
     summary: dict = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         progress: asyncio.Task[None] | None = None
         try:
             await launcher.start_all(session)
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring, cfg.trainer.total_steps,
-                                                         launcher.started))
+            progress = asyncio.create_task(progress_loop(session, launcher.wiring, cfg.trainer.total_steps))
             await launcher.supervise()
+            if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
+                launcher._stopping = True
+                await launcher.stop_roles(("actor",))
+                await launcher.wait_evaluator()
         except RunFailed as exc:
             status, reason, code = "failed", str(exc), 1
         except asyncio.CancelledError:
@@ -356,7 +466,11 @@ async def run_async(cfg: Config, run_dir: Path) -> int:
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError) as exc:
             summary = {"error": f"broker summary unavailable: {exc}"}
     left = await launcher.stop_all()
+    from actors.evaluate import CSV_NAME, read_rows
+
+    summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
     summary.update(status=status, reason=reason, actor_restarts=launcher.actor_restarts, run_dir=str(run_dir),
+                   restarts=dict(launcher.restarts),
                    processes_left=left, launcher_wall_s=time.time() - launcher.started)
     write_summary(run_dir / "summary.json", summary)
     if reason:
@@ -379,7 +493,11 @@ def run(cfg: Config, run_dir: Path) -> int:
 
         ensure_tiny_model(cfg.model.path)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.run.role != "all":  # more actors or engines for a running run
+        from agentstream.join import run_join
+
+        return asyncio.run(run_join(cfg, run_dir))
     return asyncio.run(run_async(cfg, run_dir))
 
 
-__all__ = ["Launcher", "RunFailed", "Wiring", "run", "wire", "write_summary"]
+__all__ = ["Launcher", "RunFailed", "Wiring", "eta_s", "format_progress", "resolved", "run", "wire", "write_summary"]

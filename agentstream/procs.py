@@ -23,6 +23,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def advertised_host(host: str) -> str:
+    """The name other processes use to reach a socket bound to `host`: a wildcard bind (0.0.0.0, ::, *)
+    is reached through this machine's name; any other host as given."""
+    return socket.getfqdn() if host in ("0.0.0.0", "::", "*", "") else host
+
+
 def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
     """Start `argv` in a new session, stdout+stderr appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

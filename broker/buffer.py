@@ -59,6 +59,15 @@ class Group:
         return min(t.version_lo for steps in self.trajectories.values() for t in steps)
 
 
+@dataclass
+class FormedStep:
+    """A formed global batch: the learner version it was formed at and each rank's groups."""
+
+    version: int
+    shares: list[list[Group]]
+    served: set[int] = field(default_factory=set)
+
+
 def partition_by_tokens(groups: list[Group], world_size: int) -> list[list[Group]]:
     """Whole groups -> `world_size` shares with balanced token counts (longest-first greedy).
 
@@ -111,7 +120,9 @@ class ReplayBuffer:
     """Groups in assembly, complete groups, formed batches, and the counts that account for all of them."""
 
     def __init__(self, group_size: int, groups_per_step: int, world_size: int, max_staleness: int,
-                 max_buffered_transitions: int, seed_base: int = 0, drop_zero_variance: bool = False):
+                 max_buffered_transitions: int, seed_base: int = 0, drop_zero_variance: bool = False,
+                 retain_formed: bool = False, partial_groups: str = "drop", min_partial: int = 2,
+                 track_keys: bool = False):
         self.group_size = group_size
         self.groups_per_step = groups_per_step
         self.world_size = world_size
@@ -119,11 +130,17 @@ class ReplayBuffer:
         self.max_buffered = max_buffered_transitions
         self.seed_base = seed_base
         self.drop_zero_variance = drop_zero_variance  # DAPO dynamic sampling
+        # Keep formed batches until the learner checkpoints past them, so that a learner resuming from its
+        # checkpoint is served exactly the groups it lost (none trained twice in the surviving lineage).
+        self.retain_formed = retain_formed
+        self.partial_groups = partial_groups  # a dead actor's group: "drop" it, or "serve" its finished part
+        self.min_partial = min_partial
+        self.fates: dict[str, str] | None = {} if track_keys else None  # key -> "trained:<step>" | "dropped:<why>"
         self.learner_version = 0
         self.engine_versions: dict[str, int] = {}
         self.open: dict[int, Group] = {}  # admitted, not complete
         self.ready: deque[Group] = deque()  # complete, not yet in a batch
-        self.batches: dict[int, list[Batch | None]] = {}  # step -> per-rank shares not yet served
+        self.formed: dict[int, FormedStep] = {}  # step -> its groups per rank (kept while retained or unserved)
         self.next_step = 0  # the next global batch to form
         self.next_group_id = 0
         self.live_admitted = 0  # admitted groups not dropped
@@ -157,12 +174,21 @@ class ReplayBuffer:
         return gid, self.seed_base + gid, max(0, step - self.max_staleness)
 
     def drop_owner(self, owner: str, reason: str = "actor_died") -> int:
-        """Drop every unfinished group of `owner` (an actor that died and came back, or left): never trained
-        as if complete, counted under `reason`, their admission slots freed. Returns the groups dropped."""
+        """Settle every unfinished group of `owner` (an actor that died, went silent, or left): by the
+        `partial_groups` rule its finished trajectories are served as a smaller group ("serve", when at least
+        `min_partial` finished) or the group is dropped; unfinished trajectories are never trained as if
+        complete. Everything dropped is counted under `reason`. Returns the groups settled."""
         gone = [g for g in self.open.values() if g.owner == owner]
         for group in gone:
             del self.open[group.group_id]
-            self._drop(group, reason)
+            if self.partial_groups == "serve" and len(group.finished) >= self.min_partial:
+                for traj_id in [t for t in group.trajectories if t not in group.finished]:
+                    steps = group.trajectories.pop(traj_id)
+                    self._count_drop(steps, reason)
+                self.counts["groups_served_partial"] += 1
+                self.ready.append(group)
+            else:
+                self._drop(group, reason)
         return len(gone)
 
     # ------------------------------------------------------------------ ingestion
@@ -195,52 +221,63 @@ class ReplayBuffer:
         return False
 
     # ------------------------------------------------------------------ serving
-    def share(self, step: int, rank: int) -> Batch | None:
-        """Rank `rank`'s share of global batch `step`, or None until enough complete groups exist."""
-        if step not in self.batches and step < self.next_step:
-            raise ValueError(f"batch {step} was already served in full (the broker is at step {self.next_step}); "
-                             f"a learner that resumes must resume from its latest checkpoint's version")
-        if step > self.next_step and self.next_step == 0 and not self.batches:
-            self.resume_at(step)  # nothing formed yet: a learner resuming from a checkpoint
-        if step not in self.batches:
-            if step != self.next_step or not self._form(step):
-                return None
-        shares = self.batches[step]
-        batch = shares[rank]
-        if batch is None:
-            raise ValueError(f"rank {rank} already received step {step}")
-        shares[rank] = None
-        self.counts["transitions_trained"] += len(batch.rewards)
-        if all(s is None for s in shares):
-            del self.batches[step]
-        return batch
-
-    def resume_at(self, step: int) -> None:
-        """A learner resumed at version `step` (from a checkpoint): batches start there, and admission counts
-        as if the groups of the steps before it had been admitted and trained."""
-        self.next_step = step
-        self.learner_version = max(self.learner_version, step)
-        self.live_admitted = max(self.live_admitted, step * self.groups_per_step)
-
-    def _form(self, step: int) -> bool:
+    def try_form(self, step: int) -> bool:
+        """Form global batch `step` (the next one) from complete groups; False while too few are ready."""
+        if step != self.next_step:
+            return False
         version = max(self.learner_version, step)  # the learner's version while it trains step k is k
         self._drop_stale(version)
         if len(self.ready) < self.groups_per_step:
             return False
         groups = [self.ready.popleft() for _ in range(self.groups_per_step)]
-        shares = partition_by_tokens(groups, self.world_size)
-        self.batches[step] = [build_batch(step, r, version, self.group_size, s) for r, s in enumerate(shares)]
+        self.formed[step] = FormedStep(version, partition_by_tokens(groups, self.world_size))
         self.next_step = step + 1
         self.counts["groups_trained"] += len(groups)
         self.last_staleness = []
         for group in groups:
             self.trained_group_shapes[f"{len(group.trajectories)}/{len(group.finished)}"] += 1
             for steps in group.trajectories.values():
+                self.counts["transitions_trained"] += len(steps)
                 for t in steps:
                     lag = version - t.version_lo
                     self.staleness_hist[lag] += 1
                     self.last_staleness.append(lag)
+                self._settle(steps, f"trained:{step}")
         return True
+
+    def share(self, step: int, rank: int) -> Batch | None:
+        """Rank `rank`'s share of global batch `step` once formed (see `try_form`), else None. A retained step
+        is served again on request (a learner resuming from a checkpoint asks for it a second time)."""
+        formed = self.formed.get(step)
+        if formed is None:
+            if step < self.next_step:
+                raise ValueError(f"batch {step} was already served and released (the broker is at step "
+                                 f"{self.next_step}); a learner that resumes must resume from its latest checkpoint")
+            return None
+        if rank in formed.served and not self.retain_formed:
+            raise ValueError(f"rank {rank} already received step {step}")
+        formed.served.add(rank)
+        batch = build_batch(step, rank, formed.version, self.group_size, formed.shares[rank])
+        if not self.retain_formed and len(formed.served) == self.world_size:
+            del self.formed[step]
+        return batch
+
+    def release_before(self, step: int) -> int:
+        """The learner checkpointed version `step`: forget retained batches before it. Returns how many."""
+        old = [s for s in self.formed if s < step and len(self.formed[s].served) == self.world_size]
+        for s in old:
+            del self.formed[s]
+        return len(old)
+
+    def resume_at(self, step: int) -> None:
+        """A learner resumed at version `step` (from a checkpoint): batches start there, and admission counts
+        as if the groups of the steps before it had been admitted and trained."""
+        if step in self.formed or (step < self.next_step):
+            self.learner_version = step  # a retained batch is served again; the version goes back with the learner
+            return
+        self.next_step = step
+        self.learner_version = max(self.learner_version, step)
+        self.live_admitted = max(self.live_admitted, step * self.groups_per_step)
 
     def _drop_stale(self, version: int) -> None:
         keep: deque[Group] = deque()
@@ -252,16 +289,77 @@ class ReplayBuffer:
         self.ready = keep
 
     def _drop(self, group: Group, reason: str) -> None:
-        self.counts[f"transitions_dropped_{reason}"] += group.transitions
+        for steps in group.trajectories.values():
+            self._count_drop(steps, reason)
         self.counts[f"groups_dropped_{reason}"] += 1
         self.live_admitted -= 1  # a dropped group frees its admission slot
 
+    def _count_drop(self, steps: list[Transition], reason: str) -> None:
+        self.counts[f"transitions_dropped_{reason}"] += len(steps)
+        self._settle(steps, f"dropped:{reason}")
+
+    def _settle(self, steps: list[Transition], fate: str) -> None:
+        if self.fates is None:
+            return
+        for t in steps:
+            if t.seq < 0:
+                continue
+            key = f"{t.actor}/{t.incarnation}/{t.seq}"
+            if self.fates.get(key, "").startswith("trained"):
+                self.counts["keys_settled_twice"] += 1
+            self.fates[key] = fate
+
     # ------------------------------------------------------------------ accounting
     def buffered(self) -> int:
-        """Transitions held: groups in assembly, complete groups, formed shares not yet served."""
+        """Transitions held: groups in assembly and complete groups not yet in a batch."""
         held = sum(g.transitions for g in self.open.values()) + sum(g.transitions for g in self.ready)
-        held += sum(len(b.rewards) for shares in self.batches.values() for b in shares if b is not None)
         return held
+
+    def retained(self) -> int:
+        """Transitions of formed (trained) batches kept for a learner that may resume."""
+        return sum(g.transitions for f in self.formed.values() for share in f.shares for g in share)
 
     def dropped(self) -> dict[str, int]:
         return {k.removeprefix("transitions_dropped_"): v for k, v in self.counts.items() if k.startswith("transitions_dropped_")}
+
+    # ------------------------------------------------------------------ durability (broker.state snapshots)
+    def to_state(self, encode_transition) -> dict:  # noqa: ANN001
+        """Everything needed to rebuild this buffer, as msgpack-able values; transitions as their frames."""
+
+        def group(g: Group) -> dict:
+            return {"id": g.group_id, "seed": g.seed, "owner": g.owner,
+                    "steps": [encode_transition(t) for steps in g.trajectories.values() for t in steps]}
+
+        return {
+            "counts": dict(self.counts), "staleness_hist": dict(self.staleness_hist),
+            "shapes": dict(self.trained_group_shapes), "learner_version": self.learner_version,
+            "next_step": self.next_step, "next_group_id": self.next_group_id, "live_admitted": self.live_admitted,
+            "open": [group(g) for g in self.open.values()], "ready": [group(g) for g in self.ready],
+            "formed": [[s, f.version, sorted(f.served), [[group(g) for g in share] for share in f.shares]]
+                       for s, f in self.formed.items()],
+            "fates": self.fates,
+        }
+
+    def load_state(self, state: dict, decode_transition) -> None:  # noqa: ANN001
+        """Inverse of `to_state` (into a freshly made buffer of the same configuration)."""
+
+        def group(d: dict) -> Group:
+            g = Group(d["id"], d["seed"], d["owner"])
+            for frames in d["steps"]:
+                t = decode_transition(frames)
+                g.trajectories.setdefault(t.traj_id, []).append(t)
+                if t.done or t.truncated:
+                    g.finished.add(t.traj_id)
+            return g
+
+        self.counts = Counter(state["counts"])
+        self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
+        self.trained_group_shapes = Counter(state["shapes"])
+        self.learner_version, self.next_step = state["learner_version"], state["next_step"]
+        self.next_group_id, self.live_admitted = state["next_group_id"], state["live_admitted"]
+        self.open = {d["id"]: group(d) for d in state["open"]}
+        self.ready = deque(group(d) for d in state["ready"])
+        self.formed = {s: FormedStep(v, [[group(d) for d in share] for share in shares], set(served))
+                       for s, v, served, shares in state["formed"]}
+        if self.fates is not None and state.get("fates") is not None:
+            self.fates = dict(state["fates"])

@@ -14,19 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
 from collections import deque
 
 import zmq
 import zmq.asyncio
 
-from broker.protocol import GroupGrant, GroupRequest, Message, Reject, decode, encode
+from broker.protocol import Ack, GroupGrant, GroupRequest, Message, Reject, Transition, decode, encode
+from broker.protocol import Welcome  # roles
+from broker.security import load_client_keys, secure_client  # security
 
 
 class BrokerUnavailable(RuntimeError):
     """The broker did not answer in time."""
 
 
-def _configure(sock: zmq.Socket, name: str, hwm: int) -> None:
+def _configure(sock: zmq.Socket, name: str, hwm: int, curve_keys_dir: str = "", max_message_bytes: int = 0) -> None:
+    """Identity, queues, and (security) CURVE with the key folder's client pair, and a frame-size bound."""
+    if curve_keys_dir:
+        secure_client(sock, load_client_keys(curve_keys_dir))
+    if max_message_bytes:  # a larger frame from the server drops the connection before it is buffered
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.IDENTITY, name.encode())
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
@@ -36,25 +46,41 @@ def _configure(sock: zmq.Socket, name: str, hwm: int) -> None:
 class SyncClient:
     """Blocking client (the learner's ranks)."""
 
-    def __init__(self, address: str, name: str, hwm: int = 1000):
+    def __init__(self, address: str, name: str, hwm: int = 1000, curve_keys_dir: str = "",
+                 max_message_bytes: int = 0):
+        """`curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock, name, hwm)
+        _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
         self._sock.connect(address)
         self.name = name
 
     def send(self, msg: Message) -> None:
         self._sock.send_multipart(encode(msg), copy=False)
 
-    def request(self, msg: Message, timeout_s: float | None = None) -> Message:
-        """Send `msg` and wait for the broker's answer (a Reject raises)."""
-        self.send(msg)
-        if not self._sock.poll(None if timeout_s is None else int(timeout_s * 1000)):
-            raise BrokerUnavailable(f"no answer from the broker to {msg.kind} within {timeout_s}s")
-        reply = decode(self._sock.recv_multipart(copy=False))
-        if isinstance(reply, Reject):
-            raise RuntimeError(f"broker refused {msg.kind}: {reply.reason}")
-        return reply
+    def request(self, msg: Message, timeout_s: float | None = None, resend_every_s: float | None = None,
+                before: tuple[Message, ...] = (), accept: Callable[[Message], bool] | None = None) -> Message:
+        """Send `msg` (after the messages `before`) and wait for the broker's answer (a Reject raises).
+
+        With `resend_every_s`, everything is sent again while no answer comes (a broker restarted from its
+        log lost the request; the requests must be idempotent). Answers `accept` refuses (repeats of an
+        earlier answer) are skipped."""
+        deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            for m in (*before, msg):
+                self.send(m)
+            resend_at = min(deadline, time.monotonic() + (resend_every_s or float("inf")))
+            while (now := time.monotonic()) < resend_at or resend_at == float("inf"):
+                wait_ms = None if resend_at == float("inf") else max(1, int((resend_at - now) * 1000))
+                if not self._sock.poll(wait_ms):
+                    break
+                reply = decode(self._sock.recv_multipart(copy=False))
+                if isinstance(reply, Reject):
+                    raise RuntimeError(f"broker refused {msg.kind}: {reply.reason}")
+                if accept is None or accept(reply):
+                    return reply
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailable(f"no answer from the broker to {msg.kind} within {timeout_s}s")
 
     def close(self) -> None:
         self._sock.close()
@@ -63,18 +89,87 @@ class SyncClient:
 class AsyncClient:
     """asyncio client (actors, weight agents). Group grants arrive whenever admission allows."""
 
-    def __init__(self, address: str, name: str, hwm: int = 10_000):
+    def __init__(self, address: str, name: str, hwm: int = 10_000, curve_keys_dir: str = "",
+                 max_message_bytes: int = 0):
+        """`curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock, name, hwm)
+        _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
         self._sock.connect(address)
         self.name = name
-        self._waiting: deque[asyncio.Future[GroupGrant]] = deque()
         self._reader: asyncio.Task[None] | None = None
         self.rejects: list[str] = []
+        self.welcomes: asyncio.Queue[Welcome] = asyncio.Queue()  # roles: answers to Hello(want_welcome=True)
+        # At-least-once delivery of transitions (see `send_transition`), and resent group requests.
+        self.incarnation, self.max_unacked, self.ack_timeout_s = 0, 256, 5.0
+        self._seq = 0
+        self._unacked: deque[tuple[int, list]] = deque()  # (seq, encoded frames), oldest first
+        self._room = asyncio.Condition()
+        self._last_progress = time.monotonic()  # last ack that freed something (or last resend)
+        self._requests: dict[int, tuple[GroupRequest, asyncio.Future[GroupGrant]]] = {}
+        self._next_request = 0
+        self._resender: asyncio.Task[None] | None = None
+        self.counters: dict[str, int] = {"transitions_resent": 0, "group_requests_resent": 0, "acks": 0}
 
-    async def start(self) -> None:
+    async def start(self, incarnation: int = 0, max_unacked: int = 256, ack_timeout_s: float = 5.0) -> None:
+        self.incarnation, self.max_unacked, self.ack_timeout_s = incarnation, max_unacked, ack_timeout_s
         self._reader = asyncio.create_task(self._read(), name=f"{self.name}-broker-reader")
+        self._resender = asyncio.create_task(self._resend_loop(), name=f"{self.name}-resender")
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    async def send_transition(self, t: Transition) -> None:
+        """Send `t` under the next delivery key and keep it until the broker acknowledges it; waits while
+        `max_unacked` are outstanding (back-pressure from a slow or absent broker)."""
+        async with self._room:
+            await self._room.wait_for(lambda: len(self._unacked) < self.max_unacked)
+            keyed = dataclasses.replace(t, incarnation=self.incarnation, seq=self._seq)
+            self._seq += 1
+            frames = encode(keyed)
+            if not self._unacked:
+                self._last_progress = time.monotonic()  # the ack clock starts with the oldest outstanding one
+            self._unacked.append((keyed.seq, frames))
+        await self._sock.send_multipart(frames, copy=False)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait (bounded) until the broker acknowledged everything sent; returns how many are still not."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                async with self._room:
+                    await self._room.wait_for(lambda: not self._unacked)
+        return len(self._unacked)
+
+    async def _on_ack(self, ack: Ack) -> None:
+        if ack.incarnation != self.incarnation:
+            return
+        async with self._room:
+            freed = 0
+            while self._unacked and self._unacked[0][0] <= ack.upto:
+                self._unacked.popleft()
+                freed += 1
+            if freed:
+                self.counters["acks"] += 1
+                self._last_progress = time.monotonic()
+                self._room.notify_all()
+
+    async def _resend_loop(self) -> None:
+        """Go-back-N: nothing acknowledged for ack_timeout_s -> resend every unacknowledged transition in
+        order (the broker takes each seq once); pending group requests are resent too (the broker answers a
+        repeated request with the grant it already gave)."""
+        while True:
+            await asyncio.sleep(self.ack_timeout_s / 2)
+            if self._unacked and time.monotonic() - self._last_progress > self.ack_timeout_s:
+                for _, frames in list(self._unacked):
+                    await self._sock.send_multipart(frames, copy=False)
+                self.counters["transitions_resent"] += len(self._unacked)
+                self._last_progress = time.monotonic()
+            for req, fut in list(self._requests.values()):
+                if not fut.done() and time.monotonic() - getattr(fut, "sent_at", 0.0) > self.ack_timeout_s:
+                    fut.sent_at = time.monotonic()  # type: ignore[attr-defined]
+                    self.counters["group_requests_resent"] += 1
+                    await self.send(req)
 
     async def send(self, msg: Message) -> None:
         await self._sock.send_multipart(encode(msg), copy=False)
@@ -82,27 +177,39 @@ class AsyncClient:
     async def request_group(self) -> GroupGrant:
         """Ask to start one group; returns when the broker admits it."""
         fut: asyncio.Future[GroupGrant] = asyncio.get_running_loop().create_future()
-        self._waiting.append(fut)
-        await self.send(GroupRequest(actor=self.name))
-        return await fut
+        req = GroupRequest(actor=self.name, incarnation=self.incarnation, request=self._next_request)
+        self._next_request += 1
+        self._requests[req.request] = (req, fut)
+        fut.sent_at = time.monotonic()  # type: ignore[attr-defined]
+        try:
+            await self.send(req)
+            return await fut
+        finally:
+            self._requests.pop(req.request, None)
 
     async def _read(self) -> None:
         while True:
             msg = decode(await self._sock.recv_multipart(copy=False))
-            if isinstance(msg, GroupGrant):
-                while self._waiting:
-                    fut = self._waiting.popleft()
-                    if not fut.done():
-                        fut.set_result(msg)
-                        break
+            if isinstance(msg, Ack):
+                await self._on_ack(msg)
+            elif isinstance(msg, GroupGrant):
+                pending = self._requests.get(msg.request)
+                if pending is not None and not pending[1].done():
+                    pending[1].set_result(msg)  # a grant for a request already answered is a repeat: ignored
             elif isinstance(msg, Reject):
                 self.rejects.append(msg.reason)
+            elif isinstance(msg, Welcome):
+                self.welcomes.put_nowait(msg)
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
-        for fut in self._waiting:
+        if self._resender is not None:
+            self._resender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._resender
+        for _, fut in self._requests.values():
             fut.cancel()
         self._sock.close()

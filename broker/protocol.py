@@ -17,6 +17,7 @@ S = sum of prompt lengths in a batch, R = sum of response lengths in a batch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
@@ -31,7 +32,33 @@ _ARRAY_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": 
 
 
 class ProtocolError(ValueError):
-    """A message that cannot be decoded; the text says which part was wrong."""
+    """A message that cannot be decoded or is not valid; the text says which part was wrong, and `code`
+    names the kind of fault in one word (receivers count rejections by it; see REJECT_CODES)."""
+
+    def __init__(self, message: str, code: str = "malformed"):
+        super().__init__(message)
+        self.code = code
+
+
+REJECT_CODES = {
+    "oversized": "larger than the receiver's limit (broker.max_message_bytes)",
+    "bad_frames": "no frames, or not as many data frames as the header announces",
+    "bad_header": "frame 0 is not a msgpack map within the header limits (no ext types)",
+    "bad_version": "another PROTOCOL_VERSION",
+    "unknown_kind": "a kind no message has",
+    "unknown_field": "a field the kind does not have",
+    "missing_field": "a required field is absent",
+    "bad_type": "a field of the wrong type",
+    "bad_array": "a malformed array descriptor, shape or size",
+    "bad_dtype": "an array of the wrong dtype",
+    "too_long": "a string, dict, list or token sequence over its limit",
+    "non_finite": "nan or inf where a finite number is needed",
+    "out_of_range": "a number outside what the field can mean",
+    "out_of_vocab": "a token id outside the model's vocabulary",
+    "inconsistent": "fields that contradict each other (e.g. lengths)",
+    "not_accepted": "a valid message this receiver does not take",
+}
+"""Every `ProtocolError.code`, with what it means."""
 
 
 # --------------------------------------------------------------------------------------- actors -> broker
@@ -44,7 +71,22 @@ class Hello:
     incarnation: int = 0
     pid: int = 0
     address: str = ""
+    want_welcome: bool = False  # answer with Welcome (clients that join a running run: launcher roles, actors)
     kind: Literal["hello"] = "hello"
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """Broker -> a client whose Hello asked for it (and again to actors when the engine list grows): what a
+    process joining a running run needs. `engines` lists only engines serving weights recent enough to be
+    used now; `config` is the run's resolved config (YAML), so joiners play the same env with the same model."""
+
+    engines: list = field(default_factory=list)  # [str] base URLs of the vLLM servers
+    weights: str = ""  # the learner's weight publisher (ZeroMQ address weight agents connect to); "": unknown
+    dashboard: str = ""  # the dashboard's URL
+    learner_version: int = 0
+    config: str = ""  # the run's config as YAML (agentstream.config.save)
+    kind: Literal["welcome"] = "welcome"
 
 
 @dataclass(frozen=True)
@@ -52,6 +94,8 @@ class GroupRequest:
     """An actor asks to start one group; the broker answers with GroupGrant once admission allows."""
 
     actor: str
+    incarnation: int = 0
+    request: int = -1  # per-incarnation request number: a resent request gets the same grant back
     kind: Literal["group_request"] = "group_request"
 
 
@@ -63,6 +107,7 @@ class GroupGrant:
     group_id: int
     seed: int
     min_version: int
+    request: int = -1  # the GroupRequest.request it answers
     kind: Literal["group_grant"] = "group_grant"
 
 
@@ -85,7 +130,21 @@ class Transition:
     valid: bool
     anchor: str = ""  # the env's anchor observation (GiGPO step groups)
     info: dict = field(default_factory=dict)
+    incarnation: int = 0  # delivery key (actor, incarnation, seq): the broker acknowledges and de-duplicates
+    seq: int = -1  # 0, 1, 2, ... per actor incarnation; -1: no key (never acknowledged, never de-duplicated)
     kind: Literal["transition"] = "transition"
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Broker -> actor: every transition of this incarnation with seq <= `upto` is in the broker's log.
+
+    Cumulative (go-back-N): the broker takes seq n only after n-1, so the actor resends from upto+1."""
+
+    actor: str
+    incarnation: int
+    upto: int
+    kind: Literal["ack"] = "ack"
 
 
 @dataclass(frozen=True)
@@ -146,6 +205,8 @@ class VersionUpdate:
 
     version: int
     metrics: dict = field(default_factory=dict)
+    checkpointed: int = -1  # newest version durably checkpointed: the broker may forget batches before it
+    resumed: bool = False  # the learner restarted from a checkpoint at `version` (it may be lower than before)
     kind: Literal["version_update"] = "version_update"
 
 
@@ -157,6 +218,7 @@ class EngineStatus:
     engine: str
     url: str
     version: int
+    epoch: int = 0  # WeightUpdate.epoch of the weights it runs (0: its initial weights)
     kind: Literal["engine_status"] = "engine_status"
 
 
@@ -171,6 +233,7 @@ class WeightUpdate:
     version: int
     payload: bytes  # a safetensors file
     format: str = "safetensors"  # "safetensors" | "peft_adapter"
+    epoch: int = 0  # the publishing learner process: a restarted learner's older version still replaces newer ones
     kind: Literal["weight_update"] = "weight_update"
 
 
@@ -184,7 +247,7 @@ class Reject:
 
 
 Message = Union[
-    Hello, GroupRequest, GroupGrant, Transition, Stats, BatchRequest, Batch, VersionUpdate, EngineStatus,
+    Hello, Welcome, GroupRequest, GroupGrant, Transition, Ack, Stats, BatchRequest, Batch, VersionUpdate, EngineStatus,
     WeightUpdate, Reject,
 ]
 _KINDS: dict[str, type] = {cls.__dataclass_fields__["kind"].default: cls for cls in typing.get_args(Message)}
@@ -215,6 +278,16 @@ def _array_dtype_name(arr: np.ndarray) -> str:
     raise ProtocolError(f"array dtype {arr.dtype} cannot be sent; use one of {sorted(_ARRAY_DTYPES)}")
 
 
+ZERO_COPY_MIN_BYTES = 65536
+"""A frame this large is sent without copying; below it pyzmq's zero-copy path costs more than the copy
+(measured here: ~3x per small message, scripts/bench_broker.py), so such messages are copied."""
+
+
+def copy_when_sending(frames: list[bytes | memoryview]) -> bool:
+    """pyzmq's `copy=` for `send_multipart(frames)`: False (zero-copy) only when a frame is large."""
+    return not any(len(f) >= ZERO_COPY_MIN_BYTES for f in frames)
+
+
 def encode(msg: Message) -> list[bytes | memoryview]:
     """A message -> frames. Arrays and bytes go as raw frames, without copying when contiguous."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION}
@@ -238,85 +311,187 @@ def encode(msg: Message) -> list[bytes | memoryview]:
 
 
 def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None) -> Message:
-    """Frames -> a message. Raises ProtocolError on anything malformed (never another exception)."""
+    """Frames -> a message. Raises ProtocolError on anything malformed (never another exception).
+
+    Beyond the shape of the message, every value is checked by its type (`_check_field`): ints within
+    [-1, 2**31-1] (int64 for ids and seeds), finite floats, bounded strings, dicts and lists of scalars, 1-D
+    arrays of the field's dtype. What depends on the run (vocabulary, context length) is checked by
+    `broker.validation.validate`. msgpack builds nothing larger than the header limits, and no ext types."""
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]  # zmq.Frame -> memoryview
     if not bufs:
-        raise ProtocolError("empty message (no frames)")
+        raise ProtocolError("empty message (no frames)", "bad_frames")
     if max_bytes is not None:
         size = sum(len(b) for b in bufs)
         if size > max_bytes:
-            raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes} (broker.max_message_bytes)")
-    try:
-        header = msgpack.unpackb(bufs[0], raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"header is not valid msgpack: {exc.__class__.__name__}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"header must be a map, got {type(header).__name__}")
+            raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes} "
+                                f"(broker.max_message_bytes)", "oversized")
+    header = _unpack_header(bufs[0])
     if header.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(
-            f"protocol version {header.get('v')!r} is not {PROTOCOL_VERSION}: sender and receiver run "
-            f"different agentstream versions"
+            f"protocol version {str(header.get('v'))[:20]!r} is not {PROTOCOL_VERSION}: sender and receiver run "
+            f"different agentstream versions", "bad_version"
         )
     kind = header.get("kind")
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message kind {kind!r}; known: {sorted(_KINDS)}")
+        raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}; known: {sorted(_KINDS)}", "unknown_kind")
     specs = _SPECS[kind]
     values: dict[str, Any] = {}
     for name, value in header.items():
         if name in ("v", "_arrays"):
             continue
         if name not in specs:
-            raise ProtocolError(f"{kind}: unknown field {name!r}")
-        _check_scalar(kind, name, specs[name], value)
+            raise ProtocolError(f"{kind}: unknown field {str(name)[:40]!r}", "unknown_field")
+        _check_field(kind, name, specs[name], value)
         values[name] = value
     arrays = header.get("_arrays", [])
     if not isinstance(arrays, list) or len(arrays) != len(bufs) - 1:
         raise ProtocolError(f"{kind}: header announces {len(arrays) if isinstance(arrays, list) else '?'} arrays "
-                            f"but {len(bufs) - 1} data frames came")
+                            f"but {len(bufs) - 1} data frames came", "bad_frames")
     for spec, buf in zip(arrays, bufs[1:]):
         name, value = _decode_array(kind, specs, spec, buf)
         values[name] = value
     missing = _REQUIRED[kind] - values.keys()
     if missing:
-        raise ProtocolError(f"{kind}: missing fields {sorted(missing)}")
+        raise ProtocolError(f"{kind}: missing fields {sorted(missing)}", "missing_field")
     return cls(**values)
 
 
-def _check_scalar(kind: str, name: str, hint: Any, value: Any) -> None:
+# Header limits. A header holds scalars, names, some free text (anchors, reasons, a config) and small dicts;
+# msgpack refuses anything larger before building it, so a few bytes can never declare a huge object.
+MAX_NAME_CHARS = 256
+"""Ids and names (traj_id, actor, source, role, engine, name, format) and every dict key."""
+MAX_TEXT_CHARS = 1 << 20
+"""Any other string (anchor observations, reasons, URLs, a YAML config)."""
+MAX_DICT_ITEMS = 1024
+"""Entries of one dict field (stats counters/gauges, metrics, info)."""
+MAX_LIST_ITEMS = 1 << 20
+"""Items of one list field (a batch's anchors: one per transition)."""
+INT32_MAX = 2**31 - 1
+_NAME_FIELDS = frozenset({"traj_id", "actor", "source", "role", "engine", "name", "format"})
+_INT64_FIELDS = frozenset({"group_id", "seed"})  # every other int also travels in int32 arrays (batches)
+_NUMERIC_DICTS = frozenset({"counters", "gauges", "metrics"})  # the broker does arithmetic on their values
+_NON_FINITE_OK = frozenset({"gauges", "metrics"})  # a diverged loss (nan) must reach the dashboard, not vanish
+_ARRAY_FIELD_DTYPES = {
+    "prompt_ids": "int32", "response_ids": "int32", "logprobs": "float32", "group_index": "int32",
+    "traj_index": "int32", "step_index": "int32", "prompt_lens": "int32", "response_lens": "int32",
+    "rewards": "float32", "dones": "bool", "valid": "bool", "version_lo": "int32", "version_hi": "int32",
+}
+"""The dtype each array field must travel as (a field not listed takes any of _ARRAY_DTYPES)."""
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not part of the protocol")
+
+
+def _unpack_header(buf: Any) -> dict[str, Any]:
+    try:
+        header = msgpack.unpackb(
+            buf, raw=False, strict_map_key=True, max_str_len=4 * MAX_TEXT_CHARS, max_bin_len=0,
+            max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_DICT_ITEMS, max_ext_len=0, ext_hook=_refuse_ext,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header is not valid msgpack within the limits: {exc.__class__.__name__}",
+                            "bad_header") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a map, got {type(header).__name__}", "bad_header")
+    return header
+
+
+def _check_field(kind: str, name: str, hint: Any, value: Any) -> None:
+    where = f"{kind}.{name}"
     origin = typing.get_origin(hint)
     if origin is Literal:
         if value not in typing.get_args(hint):
-            raise ProtocolError(f"{kind}.{name}: {value!r} is not one of {typing.get_args(hint)}")
+            raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {typing.get_args(hint)}", "bad_type")
         return
     if hint in (np.ndarray, bytes):
-        raise ProtocolError(f"{kind}.{name}: must travel as a data frame, not in the header")
+        raise ProtocolError(f"{where}: must travel as a data frame, not in the header", "bad_type")
     allowed = _SCALAR_TYPES.get(origin or hint)
     if allowed is None or not isinstance(value, allowed) or (hint in (int, float) and isinstance(value, bool)):
-        raise ProtocolError(f"{kind}.{name}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+        raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}",
+                            "bad_type")
+    if hint is int:
+        _check_int(where, value, 2**63 - 1 if name in _INT64_FIELDS else INT32_MAX)
+    elif hint is float:
+        _check_number(where, value, finite=True)
+    elif hint is str:
+        _check_text(where, value, MAX_NAME_CHARS if name in _NAME_FIELDS else MAX_TEXT_CHARS)
+    elif hint is dict:
+        _check_dict(where, value, numeric=name in _NUMERIC_DICTS, finite=name not in _NON_FINITE_OK)
+    elif hint is list:
+        if len(value) > MAX_LIST_ITEMS:
+            raise ProtocolError(f"{where}: {len(value)} items, more than {MAX_LIST_ITEMS}", "too_long")
+        for item in value:
+            _check_scalar_value(where, item, numeric=False, finite=True)
+
+
+def _check_int(where: str, value: int, hi: int) -> None:
+    # -1 is the protocol's "none" (seq, request, checkpointed, an engine's unknown version); below is garbage.
+    if not -1 <= value <= hi:
+        raise ProtocolError(f"{where}: {value} is outside [-1, {hi}]", "out_of_range")
+
+
+def _check_number(where: str, value: float, finite: bool) -> None:
+    if isinstance(value, float) and finite and not math.isfinite(value):
+        raise ProtocolError(f"{where}: {value} is not a finite number", "non_finite")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
+        raise ProtocolError(f"{where}: {value} does not fit 64 bits", "out_of_range")
+
+
+def _check_text(where: str, value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise ProtocolError(f"{where}: {len(value)} characters, more than {limit}", "too_long")
+
+
+def _check_dict(where: str, value: dict, numeric: bool, finite: bool) -> None:
+    if len(value) > MAX_DICT_ITEMS:
+        raise ProtocolError(f"{where}: {len(value)} entries, more than {MAX_DICT_ITEMS}", "too_long")
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ProtocolError(f"{where}: keys must be strings, got {type(key).__name__}", "bad_type")
+        _check_text(f"{where} key", key, MAX_NAME_CHARS)
+        _check_scalar_value(f"{where}[{key[:40]!r}]", item, numeric, finite)
+
+
+def _check_scalar_value(where: str, value: Any, numeric: bool, finite: bool) -> None:
+    """An item of a dict or list field: a number, or (unless `numeric`) a short string, a bool or nil."""
+    if isinstance(value, (int, float)):  # bools are ints: counters may be flags
+        _check_number(where, value, finite)
+    elif numeric:
+        raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}", "bad_type")
+    elif isinstance(value, str):
+        _check_text(where, value, MAX_TEXT_CHARS)
+    elif value is not None:
+        raise ProtocolError(f"{where}: expected a string, number, bool or nil, got {type(value).__name__}",
+                            "bad_type")
 
 
 def _decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple[str, Any]:
     if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str) and isinstance(spec[2], list)):
-        raise ProtocolError(f"{kind}: malformed array descriptor {spec!r}")
+        raise ProtocolError(f"{kind}: malformed array descriptor {str(spec)[:80]}", "bad_array")
     name, dtype_name, shape = spec
     hint = specs.get(name)
     if hint not in (np.ndarray, bytes):
-        raise ProtocolError(f"{kind}: field {name!r} is not an array field")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise ProtocolError(f"{kind}.{name}: bad shape {shape!r}")
+        raise ProtocolError(f"{kind}: field {name[:40]!r} is not an array field", "bad_array")
+    # Every array of the protocol is 1-D. Python ints: a product of declared dims cannot wrap around.
+    if len(shape) != 1 or not isinstance(shape[0], int) or isinstance(shape[0], bool) or shape[0] < 0:
+        raise ProtocolError(f"{kind}.{name}: bad shape {str(shape)[:80]} (arrays are 1-D)", "bad_array")
     if hint is bytes:
-        if dtype_name != "bytes" or shape != [len(buf)]:
-            raise ProtocolError(f"{kind}.{name}: expected {shape} raw bytes, got {len(buf)}")
+        if dtype_name != "bytes" or shape[0] != len(buf):
+            raise ProtocolError(f"{kind}.{name}: expected {shape} raw bytes, got {len(buf)}", "bad_array")
         return name, bytes(buf)
     dtype = _ARRAY_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
     if dtype is None:
-        raise ProtocolError(f"{kind}.{name}: unknown dtype {dtype_name!r}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        raise ProtocolError(f"{kind}.{name}: unknown dtype {str(dtype_name)[:20]!r}", "bad_dtype")
+    want = _ARRAY_FIELD_DTYPES.get(name)
+    if want is not None and dtype_name != want:
+        raise ProtocolError(f"{kind}.{name}: must be {want}, got {dtype_name}", "bad_dtype")
+    count = shape[0]
     if count * dtype.itemsize != len(buf):
-        raise ProtocolError(f"{kind}.{name}: {len(buf)} bytes do not hold {shape} of {dtype_name}")
-    arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape) if count else np.zeros(shape, dtype)
+        raise ProtocolError(f"{kind}.{name}: {len(buf)} bytes do not hold {shape} of {dtype_name}", "bad_array")
+    arr = np.frombuffer(buf, dtype=dtype, count=count) if count else np.zeros(0, dtype)
     return name, arr
 
 
-__all__ = ["PROTOCOL_VERSION", "Message", "ProtocolError", "encode", "decode", *(c.__name__ for c in typing.get_args(Message))]
+__all__ = ["PROTOCOL_VERSION", "REJECT_CODES", "Message", "ProtocolError", "encode", "decode", *(c.__name__ for c in typing.get_args(Message))]

@@ -2,6 +2,7 @@
 
     python -m engines.agent --name engine-0 --url http://127.0.0.1:8000 \\
         --learner tcp://127.0.0.1:5600 --broker tcp://127.0.0.1:5555 [--workdir DIR] [--stats-interval 1.0]
+        [--curve-keys KEYS]    # security: CURVE to learner and broker with KEYS/client.* (broker.security)
 
 What it does:
   1. waits for the server's /health, labels the server's weights version "0";
@@ -30,6 +31,7 @@ import asyncio
 import json as jsonlib  # `json` is call()'s keyword, as in aiohttp
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -44,6 +46,8 @@ import zmq.asyncio
 
 from broker.client import AsyncClient
 from broker.protocol import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
+from broker.security import load_client_keys, secure_client  # security
+from broker.validation import Limits, validate  # security
 from engines.server import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME, ServerNotReady, wait_ready
 
 log = logging.getLogger("engines.agent")
@@ -77,6 +81,8 @@ class AgentArgs:
     apply_timeout_s: float = 600.0
     dead_after_s: float = 10.0
     initial_version: int = 0  # -1: the server's weights are unknown (a server started elsewhere)
+    curve_keys_dir: str = ""  # security: broker.curve_keys_dir (CURVE to learner and broker); "": none
+    max_weight_bytes: int = 32 << 30  # security: a bigger frame from the learner drops the connection
 
 
 # ---------------------------------------------------------------------------------- the server
@@ -131,6 +137,17 @@ class ServerControl:
             raise ApplyError(f"{self.url}/reset_prefix_cache refused (blocks still held); stale KV would be reused")
         await self.call("/resume")
         return list((answer or {}).get("results", []))
+
+    async def requests_in_flight(self) -> int:
+        """Requests the server is running or queueing, from its Prometheus /metrics (for the dashboard);
+        -1 when it does not say (metrics off, or not answering)."""
+        try:
+            async with self._session.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                text = await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError):
+            return -1
+        found = re.findall(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+        return int(sum(float(v) for v in found)) if found else -1
 
     async def healthy(self) -> bool:
         try:
@@ -195,6 +212,7 @@ class WeightAgent:
     def __init__(self, args: AgentArgs):
         self.args = args
         self.version = args.initial_version  # version the server runs now (-1: unknown until the first update)
+        self.epoch = 0  # WeightUpdate.epoch of the running weights (0: the server's initial weights)
         self.updates = 0  # updates applied
         self.skipped = 0  # updates superseded by a newer one before they were applied
         self.last_sync_s = 0.0  # seconds the last update took, file write to resume
@@ -244,8 +262,11 @@ class WeightAgent:
         self._learner.setsockopt(zmq.RCVHWM, 4)  # full weight sets: the newest is all that matters
         self._learner.setsockopt(zmq.SNDHWM, 16)  # statuses only; see _to_learner
         self._learner.setsockopt(zmq.LINGER, 1000)
+        self._learner.setsockopt(zmq.MAXMSGSIZE, self.args.max_weight_bytes)
+        if self.args.curve_keys_dir:
+            secure_client(self._learner, load_client_keys(self.args.curve_keys_dir))
         self._learner.connect(self.args.learner)
-        self._broker = AsyncClient(self.args.broker, name=self.args.name)
+        self._broker = AsyncClient(self.args.broker, name=self.args.name, curve_keys_dir=self.args.curve_keys_dir)
         await self._broker.start()
         await self._broker.send(Hello(role="engine", name=self.args.name, address=self.args.url, pid=os.getpid()))
         await self._send_status()
@@ -262,7 +283,7 @@ class WeightAgent:
         while True:
             frames = await self._learner.recv_multipart(copy=False)
             try:
-                msg = decode(frames)
+                msg = validate(decode(frames, max_bytes=self.args.max_weight_bytes), Limits())
             except ProtocolError as exc:
                 log.warning("bad message from the learner ignored: %s", exc)
                 continue
@@ -274,9 +295,13 @@ class WeightAgent:
     def offer(self, update: WeightUpdate) -> None:
         """Keep `update` as the one to apply next unless something at least as new is here already."""
         newest = self._pending.version if self._pending is not None else self.version
-        if update.version <= newest:
+        epoch = self._pending.epoch if self._pending is not None else self.epoch
+        if update.epoch == epoch and update.version <= newest:
             log.info("version %d ignored: %d is already here", update.version, newest)
             return
+        if update.epoch != epoch:  # a restarted learner: its checkpoint's weights replace whatever runs here
+            log.info("version %d from a new learner process (epoch %d): replaces version %d", update.version,
+                     update.epoch, newest)
         if self._pending is not None:
             self.skipped += 1
             log.info("version %d skipped: %d arrived before it was applied", self._pending.version, update.version)
@@ -307,7 +332,7 @@ class WeightAgent:
                 f"update to version {update.version} failed: {exc}. The server is left as it is (paused if the "
                 f"pause went through), so that no token comes from half-loaded weights"
             ) from None
-        self.version = update.version
+        self.version, self.epoch = update.version, update.epoch
         self.updates += 1
         self.last_sync_s = time.perf_counter() - t0
         await self._send_status()
@@ -332,7 +357,7 @@ class WeightAgent:
                 )
 
     def _status(self) -> EngineStatus:
-        return EngineStatus(engine=self.args.name, url=self.args.url, version=self.version)
+        return EngineStatus(engine=self.args.name, url=self.args.url, version=self.version, epoch=self.epoch)
 
     async def _send_status(self) -> None:
         assert self._broker is not None
@@ -351,10 +376,11 @@ class WeightAgent:
     async def _send_stats(self, final: bool) -> None:
         if self._broker is None:
             return
+        requests = await self._server.requests_in_flight() if self._server is not None and not final else 0
         await self._broker.send(Stats(
             source=self.args.name, role="engine", final=final,
             counters={"weight_updates": self.updates, "weight_updates_skipped": self.skipped},
-            gauges={"version": self.version, "weight_sync_s": self.last_sync_s},
+            gauges={"version": self.version, "weight_sync_s": self.last_sync_s, "requests_in_flight": requests},
         ))
 
     async def _close(self) -> None:
@@ -386,9 +412,13 @@ def parse_args(argv: list[str] | None = None) -> AgentArgs:
     p.add_argument("--initial-version", type=int, default=0, choices=(0, -1),
                    help="0: the server runs the model's own weights; -1: unknown (a server started elsewhere): "
                         "no group is admitted on it until the learner's first weights arrive")
+    p.add_argument("--curve-keys", default="", help="key folder (broker.curve_keys_dir): CURVE to learner and broker")
+    p.add_argument("--max-weight-bytes", type=int, default=32 << 30,
+                   help="largest weight update accepted from the learner (a larger one drops the connection)")
     a = p.parse_args(argv)
     return AgentArgs(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
-                     a.apply_timeout, a.dead_after, a.initial_version)
+                     a.apply_timeout, a.dead_after, a.initial_version, curve_keys_dir=a.curve_keys,
+                     max_weight_bytes=a.max_weight_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import zmq
 from safetensors.torch import save
 
 from broker.protocol import EngineStatus, ProtocolError, WeightUpdate, decode, encode
+from broker.security import CurveServer
 from engines.server import ADAPTER_CONFIG_KEY
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 # Per-agent send queue in messages: at most about two full weight sets wait in memory for a slow agent.
 # A send that would exceed it is dropped; that agent gets the newest weights when it next reports.
 _SEND_HWM = 4
+_MAX_INBOUND_BYTES = 1 << 16  # security: what an agent sends (EngineStatus) is a few hundred bytes
 
 
 def serialize_state_dict(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> bytes:
@@ -79,12 +81,20 @@ def serialize_adapter(
 class WeightPublisher:
     """Rank 0's end of the weight channel. Not thread-safe: call it from one thread."""
 
-    def __init__(self, bind_address: str, dtype: torch.dtype | None = None, linger_ms: int = 1000):
+    def __init__(self, bind_address: str, dtype: torch.dtype | None = None, linger_ms: int = 1000,
+                 curve_keys_dir: str = "", epoch: int = 0):
         """Bind a ROUTER at `bind_address` (e.g. tcp://127.0.0.1:5600, or tcp://127.0.0.1:* for any free
         port; `self.address` says which). `dtype` casts floating tensors
-        before sending (e.g. bfloat16 halves the bytes for a bf16 engine); None sends them as given."""
+        before sending (e.g. bfloat16 halves the bytes for a bf16 engine); None sends them as given.
+        `curve_keys_dir` (broker.curve_keys_dir): only agents whose key is in its allowed/ connect."""
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
+        # security: CURVE with the run's allow-list; agents only ever send small statuses, so a larger
+        # frame drops its sender before anything is buffered.
+        self._curve = CurveServer(self._ctx, curve_keys_dir) if curve_keys_dir else None
+        if self._curve is not None:
+            self._curve.secure(self._sock)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, _MAX_INBOUND_BYTES)
         # Raise on a send to an identity that is not connected (instead of dropping it silently), so a
         # vanished agent is forgotten and re-registers when it comes back.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -95,7 +105,8 @@ class WeightPublisher:
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._dtype = dtype
         self._latest: tuple[int, bytes, str] | None = None  # (version, safetensors payload, WeightUpdate.format)
-        self._acked: dict[str, int] = {}  # engine -> version its server runs (last EngineStatus)
+        self._acked: dict[str, int] = {}  # engine -> version its server runs (last EngineStatus; -1: another epoch)
+        self.epoch = epoch  # sent with every update: agents running another learner process's weights take ours
         self._sent: dict[str, int] = {}  # engine -> newest version queued to it
         self._closed = False
 
@@ -148,6 +159,8 @@ class WeightPublisher:
         if not self._closed:
             self._closed = True
             self._sock.close()
+            if self._curve is not None:
+                self._curve.stop()
 
     def __enter__(self) -> WeightPublisher:
         return self
@@ -166,7 +179,7 @@ class WeightPublisher:
 
     def _handle(self, engine: str, frames: list) -> None:
         try:
-            msg = decode(frames)
+            msg = decode(frames, max_bytes=_MAX_INBOUND_BYTES)
         except ProtocolError as exc:
             log.warning("bad message from %r ignored: %s", engine, exc)
             return
@@ -174,7 +187,8 @@ class WeightPublisher:
             log.warning("unexpected %s from %r ignored (weight agents send engine_status)", msg.kind, engine)
             return
         previous = self._acked.get(engine)
-        self._acked[engine] = msg.version
+        # Weights of another learner process (before a restart from a checkpoint) count as none of ours.
+        self._acked[engine] = msg.version if msg.epoch == self.epoch or msg.epoch == 0 and msg.version <= 0 else -1
         if previous is None or msg.version < previous:
             # New agent, or a restarted one (its version went back): whatever we sent it is gone.
             log.info("engine %r registered at version %d (%s)", engine, msg.version, msg.url)
@@ -188,7 +202,7 @@ class WeightPublisher:
         version, payload, fmt = self._latest
         if self._acked.get(engine, -1) >= version or self._sent.get(engine, -1) >= version:
             return
-        frames = [engine.encode(), *encode(WeightUpdate(version=version, payload=payload, format=fmt))]
+        frames = [engine.encode(), *encode(WeightUpdate(version=version, payload=payload, format=fmt, epoch=self.epoch))]
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:

@@ -19,6 +19,7 @@ publishes those weights as version v first (engines catch up), then asks the bro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -35,7 +36,9 @@ from torch import Tensor
 from agentstream.config import Config, load
 from broker.client import SyncClient
 from broker.protocol import Batch, BatchRequest, Hello, Stats, VersionUpdate
-from learner.checkpoint import Extras, checkpoint_root, load_checkpoint, resolve_resume, save_checkpoint
+from learner.checkpoint import (
+    Extras, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume, save_checkpoint,
+)
 from learner.model import (
     adapter_config, adapter_state_dict, full_state_dict, init_distributed, is_lora, load_policy, lora_spec,
     trainable_parameters,
@@ -57,16 +60,20 @@ class Publisher(Protocol):
     def close(self) -> None: ...
 
 
-PublisherFactory = Callable[[str], Publisher]
+PublisherFactory = Callable[..., Publisher]  # (bind_address, [curve_keys_dir=...]) -> Publisher
 
 
-def default_publisher(bind_address: str) -> Publisher:
+def default_publisher(bind_address: str, curve_keys_dir: str = "") -> Publisher:
     try:  # imported here: the learner runs (and is tested) without the engines package
         from engines.weights import WeightPublisher
     except ImportError as exc:
         raise RuntimeError(f"--weights-bind needs engines.weights.WeightPublisher, which cannot be imported "
                            f"({exc}); omit --weights-bind to train without publishing weights") from exc
-    return WeightPublisher(bind_address)
+    # The epoch tells agents that this process's weights replace any they run, even of a higher version
+    # (a learner restarted from a checkpoint publishes the checkpoint's version again).
+    # Compared for equality only; kept in int32 (the protocol's range) and never 0 (the engines' initial weights).
+    return WeightPublisher(bind_address, epoch=time.time_ns() // 1_000_000 % (2**31 - 1) + 1,
+                           curve_keys_dir=curve_keys_dir)  # security: CURVE + allow-list for the agents
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="engines that must ack the final version (default: engines.count; 0: do not wait)")
     p.add_argument("--publish-initial", action="store_true",
                    help="publish the initial weights as version 0 before training (engines started elsewhere)")
+    p.add_argument("--resume", default="",
+                   help="override checkpoint.resume_from (the launcher passes `latest` to a restarted learner)")
     p.add_argument("--batch-timeout-s", default=1800.0, type=float,
                    help="give up when a batch takes longer than this")
     p.add_argument("--final-timeout-s", default=300.0, type=float,
@@ -93,11 +102,15 @@ class RankState:
     rank: int
     counters: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
+    last_update: VersionUpdate | None = None  # rank 0: resent with batch requests (a restarted broker's version)
 
     def record(self, metrics: dict[str, float], version: int, wait_s: float, step_s: float) -> None:
         for name, key in [("steps", None), ("tokens", "local_tokens"), ("micro_batches", "micro_batches"),
                           ("zero_weight_micro_batches", "local_zero_weight_micro_batches")]:
             self.counters[name] = self.counters.get(name, 0) + (1 if key is None else metrics[key])
+        # Idle = waiting for the broker's batch; busy = the rest of the step (train, gather, publish).
+        self.counters["batch_wait_s"] = self.counters.get("batch_wait_s", 0.0) + wait_s
+        self.counters["step_time_s"] = self.counters.get("step_time_s", 0.0) + step_s
         self.gauges.update(version=version, batch_wait_s=wait_s, step_time_s=step_s, loss=metrics["loss"],
                            grad_norm=metrics["grad_norm"], local_tokens=metrics["local_tokens"])
 
@@ -106,8 +119,16 @@ class RankState:
                      gauges=dict(self.gauges), final=final)
 
 
-def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_s: float) -> Batch:
-    reply = client.request(BatchRequest(step=step, rank=rank, world_size=world), timeout_s=timeout_s)
+BATCH_RESEND_S = 10.0  # no batch this long: ask again (a broker restarted from its log lost the request)
+
+
+def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_s: float,
+                  before: tuple = ()) -> Batch:
+    """Rank `rank`'s share of batch `step`; `before` (rank 0: its last VersionUpdate) is resent with it, so a
+    restarted broker learns the learner's version again."""
+    reply = client.request(BatchRequest(step=step, rank=rank, world_size=world), timeout_s=timeout_s,
+                           resend_every_s=BATCH_RESEND_S, before=before,
+                           accept=lambda r: not isinstance(r, Batch) or (r.step, r.rank) == (step, rank))
     if not isinstance(reply, Batch):
         raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")
     if reply.step != step or reply.rank != rank:
@@ -132,9 +153,10 @@ def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version
 def train(cfg: Config, args: argparse.Namespace, rank: int, world: int, device: torch.device,
           publisher_factory: PublisherFactory) -> None:
     """The whole run of one rank."""
-    client = SyncClient(args.broker, name=f"learner-{rank}")
+    client = SyncClient(args.broker, name=f"learner-{rank}", curve_keys_dir=cfg.broker.curve_keys_dir)  # security
     client.send(Hello(role="learner", name=f"learner-{rank}", pid=os.getpid()))
-    publisher = publisher_factory(args.weights_bind) if rank == 0 and args.weights_bind else None
+    keys = {"curve_keys_dir": cfg.broker.curve_keys_dir} if cfg.broker.curve_keys_dir else {}  # security: CURVE
+    publisher = publisher_factory(args.weights_bind, **keys) if rank == 0 and args.weights_bind else None
     try:
         m = cfg.model
         lora = lora_spec(m.lora_rank, m.lora_alpha, m.lora_target_modules, m.lora_dropout, cfg.run.seed)
@@ -150,14 +172,31 @@ def train(cfg: Config, args: argparse.Namespace, rank: int, world: int, device: 
         ckpt_root = checkpoint_root(cfg.checkpoint, args.out if args.out is not None else cfg.run.output_dir)
         critic = step_models.critic  # trained beside the policy: checkpointed with it
         extras = {"critic": (critic.model, critic.optimizer)} if critic is not None else {}
+        if args.resume == "latest" and not complete_checkpoints(ckpt_root):
+            # Restarted before its first checkpoint: start over from the initial weights, which the engines
+            # (running the dead process's later versions) are brought back to.
+            cfg.checkpoint.resume_from, args.publish_initial = "", True
         start = resume(cfg.checkpoint.resume_from, ckpt_root, model, optimizer, publisher, args, extras)
+        n_engines = cfg.engines.count if args.engines is None else args.engines
+        if (start > 0 or args.resume) and rank == 0:
+            # The broker serves batch `start` again (it kept what this checkpoint had not consumed), and every
+            # engine runs the checkpoint's weights before the first resumed step trains.
+            state.last_update = VersionUpdate(version=start, resumed=True, checkpointed=start)
+            client.send(state.last_update)
+            if args.out is not None:  # versions after this line replace any later ones written before it
+                with open(Path(args.out) / "learner_metrics.jsonl", "a") as f:
+                    f.write(json.dumps({"resumed_from": start}) + "\n")
+            if publisher is not None and n_engines > 0:
+                wait_for_engines(publisher, start, n_engines, args.final_timeout_s)
         for k in range(start, cfg.trainer.total_steps):
             run_one_step(model, optimizer, client, publisher, k, opts, args, state, world, device, step_models)
             version = k + 1
             every = cfg.checkpoint.every_steps
             if every > 0 and (version % every == 0 or version == cfg.trainer.total_steps):
                 save_checkpoint(ckpt_root, model, optimizer, version, extras)
-        n_engines = cfg.engines.count if args.engines is None else args.engines
+                if state.last_update is not None:  # rank 0: the broker may forget the batches before it
+                    state.last_update = dataclasses.replace(state.last_update, checkpointed=version)
+                    client.send(state.last_update)
         if publisher is not None and n_engines > 0:
             wait_for_engines(publisher, cfg.trainer.total_steps, n_engines, args.final_timeout_s)
         dist.barrier()  # ranks leave together: none tears down the group under another's feet
@@ -187,7 +226,8 @@ def run_one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clien
                  publisher: Publisher | None, k: int, opts: StepOptions, args: argparse.Namespace,
                  state: RankState, world: int, device: torch.device, step_models: StepModels | None = None) -> None:
     t0 = time.perf_counter()
-    batch = request_batch(client, k, state.rank, world, args.batch_timeout_s)
+    before = (state.last_update,) if state.last_update is not None else ()
+    batch = request_batch(client, k, state.rank, world, args.batch_timeout_s, before)
     wait_s = time.perf_counter() - t0
     metrics = train_step(model, optimizer, batch, opts, version=k, world_size=world, device=device,
                          models=step_models)  # algorithm hook (issue 3): critic / reference
@@ -198,8 +238,11 @@ def run_one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clien
     if state.rank == 0:
         drop = ("local_tokens", "local_zero_weight_micro_batches")
         report = {k: v for k, v in metrics.items() if k not in drop}
-        report.update(step_time_s=step_s, batch_wait_s=wait_s, publish_s=publish_s)
-        client.send(VersionUpdate(version=version, metrics=report))
+        report.update(step_time_s=step_s, batch_wait_s=wait_s, publish_s=publish_s,
+                      learner_idle_fraction=state.counters["batch_wait_s"] / max(state.counters["step_time_s"], 1e-9),
+                      learner_busy_s_total=state.counters["step_time_s"] - state.counters["batch_wait_s"])
+        state.last_update = VersionUpdate(version=version, metrics=report)
+        client.send(state.last_update)
         if args.out is not None:
             with open(Path(args.out) / "learner_metrics.jsonl", "a") as f:
                 f.write(json.dumps({"version": version, **report}) + "\n")
@@ -223,6 +266,8 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = de
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {rank_name} %(levelname)s %(message)s")
     try:
         cfg = load(args.config)
+        if args.resume:
+            cfg.checkpoint.resume_from = args.resume
         torch.set_num_threads(cfg.learner.torch_threads)
         rank, world, device = init_distributed(cfg.learner.backend)
     except Exception as exc:

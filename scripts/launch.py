@@ -1,10 +1,15 @@
-"""Start a whole agentstream run: broker, vLLM engines (+ weight agents), FSDP2 learner, actors.
+"""Start a whole agentstream run (broker, vLLM engines + weight agents, FSDP2 learner, actors), or join one.
 
     .venv/bin/python scripts/launch.py                                  # the default job: tiny model, CPU
     .venv/bin/python scripts/launch.py trainer.total_steps=10 actors.count=4
-    .venv/bin/python scripts/launch.py --cfg job                        # print the composed config
+    .venv/bin/python scripts/launch.py preset=gpu_one model.path=/models/Qwen2.5-0.5B-Instruct
+    .venv/bin/python scripts/launch.py role=actors broker.address=tcp://HOST:PORT actors.count=4
+    .venv/bin/python scripts/launch.py role=engines broker.address=tcp://HOST:PORT engines.count=1
+    .venv/bin/python scripts/launch.py --cfg job                        # print the composed config (values)
+    .venv/bin/python scripts/launch.py --fields [PREFIX]                # every field: default, type, meaning
 
-Every field of the config is described in agentstream/config.py (and shown by `--cfg job`).
+Presets (`conf/preset/`): cpu_tiny (default), gpu_one, multi_node. Algorithms (`conf/algorithm/`): grpo
+(default), gigpo, ppo, ... Every field is described in agentstream/config.py; `--fields` lists them.
 """
 
 import sys
@@ -34,5 +39,23 @@ def main(cfg: DictConfig) -> None:
     raise SystemExit(run(typed, run_dir))
 
 
+def print_fields(argv: list[str]) -> None:
+    """`--fields [PREFIX]`: Hydra's --cfg shows values only; this shows what each field means."""
+    from agentstream.describe import field_docs, render
+
+    i = argv.index("--fields")
+    prefix = argv[i + 1] if len(argv) > i + 1 and not argv[i + 1].startswith("-") else ""
+    print(render(field_docs(), prefix))
+
+
+def role_shorthand(argv: list[str]) -> list[str]:
+    """`role=actors` is short for `run.role=actors` (the field lives in RunConfig)."""
+    return [f"run.{a}" if a.startswith("role=") else a for a in argv]
+
+
 if __name__ == "__main__":
-    main()
+    if "--fields" in sys.argv:
+        print_fields(sys.argv)
+    else:
+        sys.argv = role_shorthand(sys.argv)
+        main()

@@ -36,6 +36,11 @@ if ! command -v java >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || ! co
   echo "[setup] installing Java 17 and a C++ toolchain from Debian"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless g++ cmake >/dev/null
 fi
+# The dashboard's browser test drives headless Chromium through chromedriver (tests/test_dashboard_browser.py).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "[setup] installing chromium and chromium-driver from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 echo "[setup] installing agentstream[$EXTRA,envs,test] (first run: several minutes; ALFWorld's planner compiles)"
 quiet_pip install --quiet -e "$ROOT[$EXTRA,envs,test]"
 if [ "$EXTRA" = "cpu" ]; then

@@ -19,6 +19,12 @@ def tr(group_id: int, traj: str, step: int, done: bool = False, lo: int = 0, n_p
     )
 
 
+def serve(b: ReplayBuffer, step: int, rank: int):
+    """What the broker does for a BatchRequest: form the step if it can, then hand out the rank's share."""
+    b.try_form(step)
+    return b.share(step, rank)
+
+
 def invariant(b: ReplayBuffer) -> None:
     assert b.counts["transitions_ingested"] == b.counts["transitions_trained"] + b.buffered() + sum(b.dropped().values())
 
@@ -82,21 +88,21 @@ def test_shares_are_whole_groups_balanced_by_tokens_and_served_once() -> None:
         gid, _, _ = b.admit()
         for t in ("x", "y"):
             b.add(tr(gid, f"{gid}{t}", 0, done=True, n_prompt=n))
-    s0 = b.share(0, 0)
-    assert b.share(1, 0) is None  # step 1 waits for groups; step 0 is untouched
+    s0 = serve(b, 0, 0)
+    assert serve(b, 1, 0) is None  # step 1 waits for groups; step 0 is untouched
 
     with pytest.raises(ValueError, match="already received"):
-        b.share(0, 0)  # a rank gets its share once
-    s1 = b.share(0, 1)
+        serve(b, 0, 0)  # a rank gets its share once
+    s1 = serve(b, 0, 1)
     # group tokens 24, 6, 18, 12 -> greedy: 24 -> r0, 18 -> r1, 12 -> r1 (30), 6 -> r0 (30)
     assert int(s0.prompt_lens.sum() + s0.response_lens.sum()) == 30
     assert int(s1.prompt_lens.sum() + s1.response_lens.sum()) == 30
     for s in (s0, s1):
         assert len(s.rewards) == 4 and sorted(set(s.group_index.tolist())) == [0, 1]
         assert np.bincount(s.group_index).tolist() == [2, 2]  # every group whole: G=2 trajectories
-    assert 0 not in b.batches  # fully served: the batch is gone, and asking again is an error
+    assert 0 not in b.formed  # fully served: the batch is gone, and asking again is an error
     with pytest.raises(ValueError, match="already served"):
-        b.share(0, 0)
+        serve(b, 0, 0)
     assert b.counts["transitions_trained"] == 8
     invariant(b)
 
@@ -108,7 +114,7 @@ def test_stale_groups_are_dropped_and_counted_at_serving() -> None:
     gid2, _, _ = b.admit()
     b.add(tr(gid2, "b", 0, done=True, lo=2))
     b.learner_version = 2  # group 0 has lag 2 > 1
-    share = b.share(0, 0)
+    share = serve(b, 0, 0)
     assert share is not None and share.version_lo.tolist() == [2]
     assert b.dropped() == {"stale": 1} and b.counts["groups_dropped_stale"] == 1
     invariant(b)
@@ -152,8 +158,8 @@ def test_random_streams_keep_the_accounting_invariant() -> None:
                 del live[gid][traj]
                 if not live[gid]:
                     del live[gid]
-        if rng.random() < 0.05 and (b.share(step, 0) is not None):
-            assert b.share(step, 1) is not None
+        if rng.random() < 0.05 and (serve(b, step, 0) is not None):
+            assert serve(b, step, 1) is not None
             step += 1
             b.learner_version = step
             b.engine_versions = {"e": step}
@@ -176,22 +182,23 @@ def test_dynamic_sampling_drops_zero_variance_groups_and_refills() -> None:
     gid2, _, _ = b.admit()
     b.add(tr(gid2, "c", 0, done=True, reward=1.0))
     assert b.add(tr(gid2, "d", 0, done=True, reward=0.0)) is True
-    assert b.share(0, 0) is not None
+    assert serve(b, 0, 0) is not None
     invariant(b)
 
 
 def test_a_resumed_learner_starts_at_its_version_and_cannot_repeat_a_served_step() -> None:
     b = ReplayBuffer(group_size=1, groups_per_step=2, world_size=1, max_staleness=0, max_buffered_transitions=100)
     b.engine_versions = {"e": 5}
-    assert b.share(5, 0) is None  # a learner resumed at version 5 asks for step 5 first
+    b.resume_at(5)  # a learner resumed at version 5 asks a fresh broker for step 5 first (broker.state)
+    assert serve(b, 5, 0) is None
     assert (b.next_step, b.learner_version, b.live_admitted) == (5, 5, 10)
     grants = [b.admit() for _ in range(2)]
     assert not b.admissible() and [g[2] for g in grants] == [5, 5]  # groups for step 5, from version >= 5
     for gid, _, _ in grants:
         b.add(tr(gid, f"t{gid}", 0, done=True, lo=5))
-    assert b.share(5, 0) is not None
-    with pytest.raises(ValueError, match="already served"):
-        b.share(5, 0)
+    assert serve(b, 5, 0) is not None
+    with pytest.raises(ValueError, match="already served and released"):
+        serve(b, 5, 0)  # world size 1: served in full and forgotten (no checkpoints: nothing is retained)
 
 
 def test_a_dead_actors_unfinished_groups_are_dropped_and_their_slots_freed() -> None:

@@ -1,4 +1,6 @@
-"""Dashboard HTTP routes (broker/dashboard.py) against hand-made snapshots; each test runs well under a second.
+"""Dashboard HTTP routes (broker/dashboard.py), /metrics and the metric sinks (broker/metrics.py), the broker's
+views (Broker.snapshot) and StatsBook's windows, against hand-made inputs; each test runs well under a second
+(the page itself runs in Chromium in tests/test_dashboard_browser.py).
 
     .venv/bin/python -m pytest tests/broker/test_dashboard.py -q
 """
@@ -11,34 +13,43 @@ import json
 import logging
 import math
 import re
-import shutil
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.dashboard import make_app, serve
 
 SNAPSHOT: dict[str, Any] = {
     "time": 1_700_000_000.5,
     "run": {"name": "frozenlake-grpo", "status": "running", "reason": "", "wall_s": 125.0, "total_steps": 200},
-    "learner": {"version": 7, "step_time_s": 2.5, "loss": 0.125},
+    "learner": {"version": 7, "step_time_s": 2.5, "loss": 0.125, "publish_s": 0.5},
     "engines": [
-        {"name": "engine-0", "url": "http://127.0.0.1:8000", "version": 6, "alive": True, "last_seen_s": 0.4},
-        {"name": "engine-1", "url": "http://127.0.0.1:8001", "version": 7, "alive": False, "last_seen_s": 12.0},
+        {"name": "engine-0", "url": "http://127.0.0.1:8000", "version": 6, "alive": True, "last_seen_s": 0.4,
+         "requests_in_flight": 12, "weight_sync_s": 0.25},
+        {"name": "engine-1", "url": "http://127.0.0.1:8001", "version": 7, "alive": False, "last_seen_s": 12.0,
+         "requests_in_flight": -1, "weight_sync_s": 0.5},
     ],
     "actors": [
-        {"name": "actor-0", "incarnation": 0, "alive": True, "episodes_in_flight": 8, "last_seen_s": 0.2},
-        {"name": "actor-1", "incarnation": 2, "alive": False, "episodes_in_flight": 0, "last_seen_s": 30.0},
-        {"name": 'actor "2"', "incarnation": 1, "alive": True, "episodes_in_flight": 3, "last_seen_s": 0.9},
+        {"name": "actor-0", "incarnation": 0, "alive": True, "episodes_in_flight": 8, "last_seen_s": 0.2,
+         "requests_in_flight": 5, "version": 6},
+        {"name": "actor-1", "incarnation": 2, "alive": False, "episodes_in_flight": 0, "last_seen_s": 30.0,
+         "requests_in_flight": 0, "version": 4},
+        {"name": 'actor "2"', "incarnation": 1, "alive": True, "episodes_in_flight": 3, "last_seen_s": 0.9,
+         "requests_in_flight": 1, "version": 7},
     ],
+    "envs": {"agentstream/FrozenLake-v0": {"episodes": 280.0, "successes": 40.0, "env_steps": 2000.0,
+                                           "reward_mean": 0.125, "success_rate": 0.25, "invalid_action_ratio": 0.5},
+             "taxi": {"episodes": 20.0, "successes": 5.0, "env_steps": 300.0, "reward_mean": -1.5,
+                      "success_rate": 0.0, "invalid_action_ratio": 0.0}},
     "rates": {"env_steps_per_s": 41.5, "tokens_per_s": 1234.0, "transitions_per_s": 40.0,
-              "learner_steps_per_s": 0.25},
+              "learner_samples_per_s": 32.0, "learner_steps_per_s": 0.25},
     "counters": {"transitions_ingested": 5000, "transitions_trained": 4800, "transitions_dropped_stale": 12,
                  "episodes": 300, "successes": 45, "weird-name.x": 3},
     "gauges": {"buffered_transitions": 188, "groups_ready": 2, "staleness_mean": 0.75, "staleness_max": 2,
@@ -111,7 +122,7 @@ def parse_prometheus(text: str) -> dict[str, dict[str, Any]]:
     families: dict[str, dict[str, Any]] = {}
     current = None
     for line in text.splitlines():
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+        if line.startswith(("# HELP ", "# TYPE ")):
             _, word, name, rest = line.split(" ", 3)
             assert re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name), line
             fam = families.setdefault(name, {"samples": {}})
@@ -166,28 +177,43 @@ async def test_metrics_is_valid_prometheus_text_with_the_snapshot_values(client:
     assert value("agentstream_actors_alive") == 2
     assert value("agentstream_staleness_count", lag="1") == 2400
     assert "policy lag" in fams["agentstream_staleness_mean"]["help"]  # a real description, not the fallback
+    # Labelled families from the new snapshot fields.
+    assert value("agentstream_engine_requests_in_flight", engine="engine-0") == 12
+    assert value("agentstream_engine_requests_in_flight", engine="engine-1") == -1
+    assert value("agentstream_engine_weight_sync_s", engine="engine-1") == 0.5
+    assert value("agentstream_actor_requests_in_flight", actor="actor-0") == 5
+    assert value("agentstream_actor_policy_version", actor='actor "2"') == 7
+    assert value("agentstream_env_reward_mean", env="taxi") == -1.5
+    assert value("agentstream_env_success_rate", env="agentstream/FrozenLake-v0") == 0.25
+    assert value("agentstream_env_episodes_total", env="agentstream/FrozenLake-v0") == 280
+    assert fams["agentstream_env_episodes_total"]["type"] == "counter"
+    assert value("agentstream_learner_samples_per_s") == 32
+    assert value("agentstream_learner_publish_s") == 0.5
 
 
 async def test_metrics_prefers_the_reported_actors_alive_gauge_and_writes_nan() -> None:
     snap = copy.deepcopy(SNAPSHOT)
     snap["gauges"]["actors_alive"] = 5  # the broker's own count wins over counting the list (2)
     snap["learner"]["loss"] = math.nan
-    snap["actors"], snap["engines"], snap["staleness_hist"] = [], [], {}
+    snap["actors"], snap["engines"], snap["staleness_hist"], snap["envs"] = [], [], {}, {}
     async with TestClient(TestServer(make_app(lambda: snap))) as c:
         fams = parse_prometheus(await (await c.get("/metrics")).text())
     assert fams["agentstream_actors_alive"]["samples"] == {(): 5.0}
     assert math.isnan(fams["agentstream_learner_loss"]["samples"][()])
     assert "agentstream_actor_alive" not in fams and "agentstream_engine_version" not in fams  # no empty families
+    assert "agentstream_env_reward_mean" not in fams and "agentstream_staleness_count" not in fams
 
 
 async def test_metrics_parse_with_prometheus_client(client: TestClient) -> None:
-    parser = pytest.importorskip("prometheus_client.parser")  # a second, independent reader of the format
     text = await (await client.get("/metrics")).text()
-    fams = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    fams = {f.name: f for f in text_string_to_metric_families(text)}  # the library's own reader
     assert fams["agentstream_transitions_ingested"].type == "counter"  # the parser strips `_total`
     assert fams["agentstream_transitions_ingested"].samples[0].value == 5000
     assert {s.labels["engine"]: s.value for s in fams["agentstream_engine_version"].samples} == {
         "engine-0": 6, "engine-1": 7}
+    assert {s.labels["env"]: s.value for s in fams["agentstream_env_reward_mean"].samples} == {
+        "agentstream/FrozenLake-v0": 0.125, "taxi": -1.5}
+    assert all(f.documentation and f.type in ("counter", "gauge") for f in fams.values())
 
 
 # ------------------------------------------------------------------------------------------ /api/stream
@@ -231,20 +257,36 @@ async def test_shutdown_ends_an_open_stream_at_once() -> None:
 
 # ------------------------------------------------------------------------------------------ page, serve()
 
-CHART_IDS = ["chart-env_steps", "chart-tokens", "chart-transitions", "chart-versions", "chart-staleness",
-             "chart-buffer", "chart-reward", "chart-invalid", "chart-staleness_hist"]
+VENDOR = Path(__file__).resolve().parents[2] / "broker" / "static" / "vendor"
 
 
-async def test_page_has_the_charts_and_loads_nothing_from_the_network(client: TestClient) -> None:
+async def test_page_loads_only_the_vendored_chart_library_from_the_broker(client: TestClient) -> None:
     resp = await client.get("/")
     assert resp.status == 200 and resp.content_type == "text/html"
     html = await resp.text()
-    for element_id in [*CHART_IDS, "actors-table", "engines-table"]:
+    for element_id in ["charts", "actors-table", "engines-table", "badge-conn", "tile-version"]:
         assert f'id="{element_id}"' in html
-    assert "window.__dashboard" in html and "EventSource" in html
+    assert "window.agentstreamDashboard" in html and "EventSource" in html and "api/history" in html
     assert '<meta name="history-s" content="10.0">' in html  # make_app's history_s reached the page
     assert not re.search(r"https?://", html), "the page must not name any URL"
-    assert not re.search(r"""(src|href)\s*=\s*["'](?!#)""", html), "the page must not load other files"
+    loads = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", html)
+    assert sorted(loads) == ["static/vendor/uPlot.iife.min.js", "static/vendor/uPlot.min.css"]
+    for path in loads:  # served by the broker itself, byte for byte the vendored files
+        got = await client.get("/" + path)
+        assert got.status == 200 and await got.read() == (VENDOR / Path(path).name).read_bytes()
+    js = (VENDOR / "uPlot.iife.min.js").read_text()
+    assert js.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")  # the version README names
+    assert "MIT License" in (VENDOR / "uPlot.LICENSE").read_text()
+    assert (await client.get("/static/vendor/../dashboard.html")).status in (403, 404)  # nothing else served
+
+
+async def test_history_returns_the_kept_points_as_json() -> None:
+    points = [{"t": 1.0, "env_steps_per_s": 2.5}, {"t": 2.0, "env_steps_per_s": math.nan}]
+    async with TestClient(TestServer(make_app(lambda: SNAPSHOT, history_fn=lambda: points))) as c:
+        got = await (await c.get("/api/history")).json()
+        assert got == {"points": [{"t": 1.0, "env_steps_per_s": 2.5}, {"t": 2.0, "env_steps_per_s": None}]}
+    async with TestClient(TestServer(make_app(lambda: SNAPSHOT))) as c:  # no history kept: an empty list
+        assert await (await c.get("/api/history")).json() == {"points": []}
 
 
 async def test_serve_binds_and_reports_a_taken_port_by_its_config_key() -> None:
@@ -259,59 +301,3 @@ async def test_serve_binds_and_reports_a_taken_port_by_its_config_key() -> None:
         await runner.cleanup()
     with socket.socket() as s:  # and the port is free again after cleanup
         s.bind(("127.0.0.1", port))
-
-
-# ------------------------------------------------------------------------------------------ the page's script
-
-# A stand-in for the browser: elements by id, a 2-D context that records calls, an EventSource the test drives.
-JS_STUB = """
-const elements = {}, calls = {};
-const ctx = new Proxy({}, { get: (t, k) => k in t ? t[k] : (...a) => {
-    calls[k] = (calls[k] || 0) + 1; if (k === "fillText") (calls.texts ||= []).push(a[0]);
-    return k === "measureText" ? { width: String(a[0]).length * 6 } : undefined; } });
-function el(id) { return elements[id] ||= { id, textContent: "", innerHTML: "", className: "", width: 0, height: 0,
-  clientWidth: 320, clientHeight: 150, getContext: () => ctx, querySelector: sel => el(id + " " + sel) }; }
-globalThis.window = globalThis;
-window.addEventListener = () => {};
-globalThis.document = { getElementById: el, querySelector: () => ({ content: HISTORY_S }) };
-globalThis.EventSource = class { constructor(url) { this.url = url; EventSource.last = this; } close() {} };
-"""
-
-JS_DRIVE = """
-const es = EventSource.last, states = JSON.parse(STATES);
-es.onopen();
-for (const s of states) es.onmessage({ data: JSON.stringify(s) });
-const afterStream = { len: window.__dashboard.history.length, conn: window.__dashboard.connection };
-es.onerror();  // the stream drops: the last state stays on the page
-console.log(JSON.stringify({ url: es.url, afterStream, conn: window.__dashboard.connection,
-  times: window.__dashboard.history.map(p => p.t), last: window.__dashboard.lastState,
-  version: elements["tile-version"].textContent, status: elements["badge-status"].className,
-  loss: elements["tile-loss"].textContent, actors: elements["actors-table tbody"].innerHTML,
-  engines: elements["engines-table tbody"].innerHTML, lineTo: calls.lineTo || 0, texts: calls.texts || [] }));
-process.exit(0);
-"""
-
-
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
-async def test_page_script_keeps_history_and_fills_the_page(client: TestClient) -> None:
-    html = await (await client.get("/")).text()
-    script = re.search(r"<script>(.*)</script>", html, re.S).group(1)
-    history_s = re.search(r'name="history-s" content="([^"]+)"', html).group(1)  # 10.0 (client fixture)
-    states = []
-    for t in [100.0, 101.0, 102.0, 115.0, 116.0]:  # 115 - 10 = 105: the first three fall out of the window
-        s = copy.deepcopy(SNAPSHOT)
-        s["time"], s["learner"]["version"], s["learner"]["loss"] = t, int(t) - 100, None  # null: NaN on the wire
-        s["run"]["status"] = "finished" if t == 116.0 else "running"
-        states.append(s)
-    source = (f"const HISTORY_S = {json.dumps(history_s)}, STATES = {json.dumps(json.dumps(states))};"
-              + JS_STUB + script + JS_DRIVE)
-    out = subprocess.run(["node", "-"], input=source, capture_output=True, text=True, timeout=20)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout)
-    assert got["url"] == "api/stream"
-    assert got["afterStream"] == {"len": 2, "conn": "live"} and got["times"] == [115.0, 116.0]
-    assert got["conn"] == "disconnected" and got["last"] == states[-1]
-    assert got["version"] == "16 / 200" and got["status"] == "badge finished" and got["loss"].startswith("–")
-    assert got["actors"].count("<tr>") == 3 and "actor &quot;2&quot;" in got["actors"]
-    assert got["engines"].count("<tr>") == 2 and "http://127.0.0.1:8001" in got["engines"]
-    assert got["lineTo"] > 0 and "now" in got["texts"] and "lag (versions behind)" in got["texts"]

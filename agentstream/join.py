@@ -1,0 +1,198 @@
+"""Joining a running run: more actors (`role=actors`) or more engines (`role=engines`), on any host.
+
+    python scripts/launch.py role=actors  broker.address=tcp://HOST:PORT actors.count=4
+    python scripts/launch.py role=engines broker.address=tcp://HOST:PORT engines.count=1
+
+The launch says Hello to the broker and gets its Welcome: the run's config (so the joiners play the same env
+with the same model and sampling), the engines serving recent weights, the learner's weight address and the
+dashboard's URL. From the local command line only `run.*`, `actors.*`, `broker.*`, where the engines
+run (`engines.count/host/base_port/kv_cache_gib/gpu_memory_utilization/extra_args`) and a `model.path` other
+than the default (the same model at another path on this host) are taken.
+
+role=actors: N actor processes named `actor-<host>-<pid>-<i>`; each asks the broker for the engine list
+(and follows engines that join later). A dead actor is restarted, as in the main launch.
+role=engines: N vLLM servers, each with a weight agent that registers with the learner's publisher (it
+gets the newest weights at the learner's next step) and with the broker, which lets actors use the engine
+once it serves recent weights.
+
+The launch ends when the run finishes (the learner reached trainer.total_steps), when the broker stops
+answering (15 s), or
+on Ctrl-C / SIGTERM: its processes are stopped (actors first; the broker drops their unfinished groups
+under `actor_left`), and `summary.json` in its run folder says how it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from omegaconf import OmegaConf
+
+from agentstream import config as config_mod
+from agentstream.config import Config
+from agentstream.launch import Launcher, RunFailed, Wiring, progress_loop, write_summary
+from agentstream.procs import advertised_host, free_port
+from broker.client import AsyncClient
+from broker.protocol import Hello, Welcome
+
+log = logging.getLogger("join")
+
+_LOCAL_ENGINE_FIELDS = ("count", "host", "base_port", "kv_cache_gib", "gpu_memory_utilization", "extra_args")
+"""Engine fields that describe this host's servers, not the run: taken from the local command line."""
+
+
+class BrokerLink:
+    """This launch's own connection to the broker (as role `launcher`): Welcome on demand, over ZeroMQ, so
+    that a host which cannot reach the dashboard (it may listen on the broker host's loopback) can join."""
+
+    def __init__(self, local: Config, name: str):
+        b = local.broker
+        self.address, self.name = b.address, name
+        self.client = AsyncClient(b.address, name=name, curve_keys_dir=b.curve_keys_dir)
+        self._started = False
+
+    async def welcome(self, timeout_s: float) -> Welcome:
+        """Hello, then the broker's Welcome. RunFailed if none comes in time."""
+        if not self._started:
+            await self.client.start()
+            self._started = True
+        await self.client.send(Hello(role="launcher", name=self.name, pid=os.getpid(), want_welcome=True))
+        try:
+            return await asyncio.wait_for(self.client.welcomes.get(), timeout_s)
+        except TimeoutError:
+            raise RunFailed(f"no answer from a broker at {self.address} within {timeout_s:.0f}s: is the run up, is "
+                            f"broker.address what its launch printed as `broker:`, and (CURVE) is broker.curve_keys_dir "
+                            f"a client key folder the broker allows?") from None
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def watch_run(link: BrokerLink, total_steps: int, every_s: float = 2.0, answer_s: float = 15.0) -> str:
+    """Return why the run is over: the learner reached its last step, or the broker stopped answering."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            welcome = await link.welcome(answer_s)
+        except RunFailed:
+            return f"the broker at {link.address} stopped answering for {answer_s:.0f}s (the run ended, or is unreachable)"
+        if welcome.learner_version >= total_steps:
+            return "the run finished"
+
+
+def joined_config(local: Config, welcome: Welcome) -> Config:
+    """The run's config (from the broker) with this launch's own fields (see the module docstring)."""
+    run_cfg = config_mod.to_object(OmegaConf.create(welcome.config))
+    engines = dataclasses.replace(run_cfg.engines, external_urls=[],
+                                  **{f: getattr(local.engines, f) for f in _LOCAL_ENGINE_FIELDS})
+    model = run_cfg.model
+    if Path(local.model.path).resolve() != config_mod.TINY_MODEL_DIR.resolve():
+        model = dataclasses.replace(model, path=local.model.path)
+    # broker.*: this host's own (address to join, its CURVE key folder, socket limits), not the broker's.
+    return dataclasses.replace(run_cfg, run=local.run, actors=local.actors, engines=engines, model=model,
+                               broker=local.broker)
+
+
+def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
+    """Addresses of the running run, plus (role=engines) this host's new servers (one line per edge)."""
+    urls: list[str] = []
+    if cfg.run.role == "engines":
+        host, base = advertised_host(cfg.engines.host), cfg.engines.base_port
+        urls = [f"http://{host}:{base + 2 * i if base else free_port(cfg.engines.host)}" for i in range(cfg.engines.count)]
+    return Wiring(
+        broker=cfg.broker.address, broker_port=0,  # actors, weight agents -> the run's broker
+        dashboard=welcome.dashboard.rstrip("/"), dashboard_port=0,  # this launch -> the run's state
+        weights=welcome.weights,  # new weight agents -> the learner's publisher
+        engines=urls,  # new weight agents -> new servers; empty for actors: they ask the broker
+    )
+
+
+async def _start(launcher: Launcher) -> None:
+    """Start this launch's processes: engines (and, once each is ready, its weight agent) or actors."""
+    from engines.server import wait_ready
+
+    if launcher.cfg.run.role == "engines":
+        if not launcher.wiring.weights:
+            raise RunFailed("the broker does not know the learner's weight address (was the run started with an "
+                            "older launcher?); engines cannot join it")
+        engines = [await launcher.spawn(c) for c in launcher.engine_children()]
+        for child, url in zip(engines, launcher.wiring.engines):
+            await launcher._guarded(wait_ready(url, launcher.cfg.run.startup_timeout_s, proc=None), child)
+        for i in range(len(engines)):
+            await launcher.spawn(launcher.agent_child(i))
+    else:
+        for i in range(launcher.cfg.actors.count):
+            await launcher.spawn(launcher.actor_child(i))
+
+
+async def _supervise_until_over(launcher: Launcher, link: BrokerLink) -> str:
+    """Restart dead actors (fail on any other death) until the run is over; returns why it is."""
+    over = asyncio.create_task(watch_run(link, launcher.cfg.trainer.total_steps))
+    supervise = asyncio.create_task(launcher.supervise())
+    try:
+        done, _ = await asyncio.wait({over, supervise}, return_when=asyncio.FIRST_COMPLETED)
+        return over.result() if over in done else "stopped"
+    finally:
+        for task in (over, supervise):
+            task.cancel()
+        await asyncio.gather(over, supervise, return_exceptions=True)
+        if supervise.done() and not supervise.cancelled() and supervise.exception() is not None:
+            raise supervise.exception()  # type: ignore[misc]
+
+
+async def run_join(local: Config, run_dir: Path) -> int:
+    """Join the run at `local.broker.address` with more actors or engines. Returns the exit code."""
+    name = f"{socket.gethostname().split('.')[0]}-{os.getpid()}-"
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, main_task.cancel)  # type: ignore[union-attr]
+    status, reason, code, launcher = "finished", "", 0, None
+    link = BrokerLink(local, f"launcher-{name}{local.run.role}")
+    try:
+        welcome = await link.welcome(local.run.startup_timeout_s)
+        cfg = joined_config(local, welcome)
+        config_mod.validate(cfg)
+        launcher = Launcher(cfg, run_dir, join_wiring(cfg, welcome), prefix=name)
+        config_mod.save(cfg, launcher.config_path)
+        print(f"[agentstream] joined the run at {cfg.broker.address} (learner at version {welcome.learner_version}) "
+              f"with {cfg.actors.count if cfg.run.role == 'actors' else cfg.engines.count} {cfg.run.role}", flush=True)
+        print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   run folder: {run_dir}", flush=True)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            progress = asyncio.create_task(progress_loop(session, launcher.wiring, cfg.trainer.total_steps))
+            try:
+                await _start(launcher)
+                reason = await _supervise_until_over(launcher, link)
+            finally:
+                progress.cancel()
+    except config_mod.ConfigError as exc:
+        status, reason, code = "failed", f"the run's config does not work here: {exc}", 2
+    except RunFailed as exc:
+        status, reason, code = "failed", str(exc), 1
+    except asyncio.CancelledError:
+        status, reason, code = "interrupted", "stopped by a signal (Ctrl-C)", 130
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the shutdown short
+        loop.add_signal_handler(sig, lambda: log.warning("already stopping"))
+    left = await launcher.stop_all() if launcher is not None else []
+    await link.close()
+    summary = {"status": status, "reason": reason, "role": local.run.role, "broker": local.broker.address,
+               "processes": sorted(c.name for c in launcher.children) if launcher else [],
+               "actor_restarts": launcher.actor_restarts if launcher else 0, "processes_left": left,
+               "run_dir": str(run_dir), "launcher_wall_s": time.time() - launcher.started if launcher else 0.0}
+    write_summary(run_dir / "summary.json", summary)
+    print(f"[agentstream] {local.run.role} launch {status}: {reason}", file=sys.stderr if code else sys.stdout,
+          flush=True)
+    if left:
+        print(f"[agentstream] WARNING: process groups still alive: {left}", file=sys.stderr, flush=True)
+    return code
+
+
+__all__ = ["BrokerLink", "join_wiring", "joined_config", "run_join", "watch_run"]

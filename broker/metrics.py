@@ -1,0 +1,337 @@
+"""Metric names, the Prometheus rendering of a broker snapshot, and the sinks that log metrics over time.
+
+Every process reports counters and gauges to the broker (contract 5); the broker turns them into one
+snapshot (schema in broker/dashboard.py) and, once a second, into one flat *point* (`flatten`). The same
+numbers go to:
+
+    /metrics                Prometheus text format 0.0.4 (`render_prometheus`, written by prometheus_client)
+    /api/state, /api/history JSON (the snapshot; the last points)
+    RUN/metrics.jsonl       one point per line (`broker.metrics_jsonl`)
+    RUN/tensorboard/        TensorBoard scalars, one per point key (`broker.tensorboard`; tensorboardX)
+    Weights & Biases        `broker.wandb_project` set (needs `pip install wandb`)
+
+Read the JSONL with `pandas.read_json("RUN/metrics.jsonl", lines=True)`; see TensorBoard with
+`tensorboard --logdir RUN/tensorboard`.
+
+Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
+
+| name                                   | type    | labels | meaning                                                   |
+|----------------------------------------|---------|--------|-----------------------------------------------------------|
+| transitions_ingested_total             | counter |        | per-step transitions accepted by the broker               |
+| transitions_trained_total              | counter |        | transitions served to the learner                         |
+| transitions_dropped_<reason>_total     | counter |        | transitions dropped, by reason (stale, actor_died, ...)   |
+| groups_admitted/completed/trained_total| counter |        | groups granted to actors / completed / served             |
+| malformed_messages_total               | counter |        | messages the broker rejected                              |
+| env_steps_total, episodes_total, successes_total, invalid_actions_total, tokens_generated_total, transitions_sent_total, episode_return_sum_total, engine_errors_total | counter | | actor totals over all actors and incarnations |
+| env_steps_per_s, tokens_per_s, transitions_per_s | gauge | | rates over the last 10 s                             |
+| learner_samples_per_s, learner_steps_per_s | gauge |      | transitions trained / optimizer steps per second (10 s)   |
+| learner_version, learner_step_time_s, learner_loss, learner_publish_s | gauge | | from the learner's last VersionUpdate |
+| buffered_transitions, groups_ready, groups_open, group_waiters | gauge | | broker buffer depth and queues              |
+| staleness_mean, staleness_max          | gauge   |        | policy lag of the last trained batch                      |
+| staleness_count                        | gauge   | lag    | trained transitions per policy lag (histogram)            |
+| reward_mean, success_rate, invalid_action_ratio | gauge | | over episodes/steps of the last 60 s, all envs           |
+| env_reward_mean, env_success_rate, env_invalid_action_ratio | gauge | env | the same per environment              |
+| env_episodes_total                     | counter | env    | episodes finished per environment                         |
+| actors_alive, engines_alive            | gauge   |        | processes that reported within 10 s                       |
+| weight_sync_s                          | gauge   |        | slowest engine's last weight update (write to resume)     |
+| actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version | gauge | actor | per actor |
+| engine_alive, engine_version, engine_requests_in_flight, engine_weight_sync_s | gauge | engine | per engine (requests: vLLM running+waiting, -1 unknown) |
+| run_wall_s, run_total_steps            | gauge   |        | seconds since the broker started; configured steps        |
+
+Any other counter or gauge a process reports still appears, under its sanitized name, with a generic HELP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agentstream.config import BrokerConfig
+
+PREFIX = "agentstream_"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
+
+# HELP text per name (without prefix and without `_total`); an unknown name gets a generic line.
+HELP: dict[str, str] = {
+    "transitions_ingested": "Per-step transitions accepted by the broker.",
+    "transitions_trained": "Transitions served to the learner in batches.",
+    "transitions_dropped_stale": "Transitions dropped because their policy lag exceeded the bound.",
+    "groups_admitted": "Groups granted to actors.",
+    "groups_completed": "Groups whose G trajectories all finished.",
+    "groups_trained": "Complete groups served to the learner.",
+    "env_steps": "Environment steps taken by all actors.",
+    "tokens_generated": "Response tokens generated by the engines.",
+    "transitions_sent": "Transitions sent by actors.",
+    "episodes": "Episodes finished.",
+    "successes": "Episodes that ended in success.",
+    "episode_return_sum": "Sum of episode returns (divide by episodes for the mean).",
+    "invalid_actions": "Steps whose response did not parse as an action.",
+    "engine_errors": "Engine requests that failed.",
+    "malformed_messages": "Messages the broker could not decode.",
+    "buffered_transitions": "Transitions held by the broker, not yet trained on.",
+    "groups_ready": "Complete groups waiting to be served.",
+    "groups_open": "Groups still being played.",
+    "group_waiters": "Actor group requests waiting for admission.",
+    "staleness_mean": "Mean policy lag (learner version - producing version) of the last trained batch.",
+    "staleness_max": "Largest policy lag of the last trained batch.",
+    "reward_mean": "Mean episode return over the last 60 s.",
+    "success_rate": "Fraction of the last 60 s's episodes that succeeded.",
+    "invalid_action_ratio": "Fraction of the last 60 s's steps with an invalid action.",
+    "actors_alive": "Actor processes that reported within 10 s.",
+    "engines_alive": "Engines that reported within 10 s.",
+    "weight_sync_s": "Seconds the slowest engine's last weight update took (write to resume).",
+    "env_steps_per_s": "Environment steps per second (10 s window).",
+    "tokens_per_s": "Generated tokens per second (10 s window).",
+    "transitions_per_s": "Transitions ingested per second (10 s window).",
+    "learner_samples_per_s": "Transitions trained per second (10 s window).",
+    "learner_steps_per_s": "Learner optimizer steps per second (10 s window).",
+    "learner_version": "Learner policy version (one per optimizer step).",
+    "learner_step_time_s": "Seconds taken by the last learner step.",
+    "learner_loss": "Loss of the last learner step.",
+    "learner_publish_s": "Seconds the learner took to publish the last weights.",
+    "run_wall_s": "Seconds since the broker started.",
+    "run_total_steps": "Learner steps the run is configured to take.",
+    "engine_version": "Policy version an engine is serving.",
+    "engine_alive": "1 if the engine reported within 10 s.",
+    "engine_requests_in_flight": "Requests the engine's vLLM server is running or queueing (-1: unknown).",
+    "engine_weight_sync_s": "Seconds the engine's last weight update took.",
+    "actor_alive": "1 if the actor reported within 10 s and has not said goodbye.",
+    "actor_episodes_in_flight": "Episodes an actor is running now.",
+    "actor_requests_in_flight": "Engine requests an actor is waiting on now.",
+    "actor_policy_version": "Newest policy version an actor's responses came from.",
+    "staleness_count": "Trained transitions per policy lag (label lag).",
+    "env_reward_mean": "Mean episode return over the last 60 s, per environment.",
+    "env_success_rate": "Success rate over the last 60 s, per environment.",
+    "env_invalid_action_ratio": "Invalid-action ratio over the last 60 s, per environment.",
+    "env_episodes": "Episodes finished, per environment.",
+}
+
+
+# ---------------------------------------------------------------------------------------------- /metrics
+
+
+def sanitize(name: str) -> str:
+    """A metric name made of [a-zA-Z0-9_] only (anything else becomes `_`)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _help(name: str) -> str:
+    return HELP.get(name, f"{name.replace('_', ' ')} (as reported to the broker).")
+
+
+def _counter(name: str) -> CounterMetricFamily:
+    base = sanitize(name).removesuffix("_total")
+    return CounterMetricFamily(PREFIX + base, _help(base), labels=())
+
+
+def _gauge(name: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, _help(name), labels=labels)
+
+
+def metric_families(state: dict[str, Any]) -> list[Metric]:
+    """Every family the snapshot yields, each name once (the first source of a name wins)."""
+    out: dict[str, Metric] = {}
+
+    def put(fam: Metric) -> None:
+        if fam.samples:  # a family without samples would be a TYPE line with nothing under it
+            out.setdefault(fam.name, fam)
+
+    def gauge(name: str, value: float) -> None:
+        fam = _gauge(sanitize(name))
+        fam.add_metric([], _num(value))
+        put(fam)
+
+    for key, value in state["counters"].items():
+        fam = _counter(key)
+        fam.add_metric([], _num(value))
+        put(fam)
+    for key, value in [*state["gauges"].items(), *state["rates"].items()]:
+        gauge(key, value)
+    for key in ("version", "step_time_s", "loss", "publish_s"):
+        if key in state["learner"]:
+            gauge("learner_" + key, state["learner"][key])
+    gauge("run_wall_s", state["run"]["wall_s"])
+    gauge("run_total_steps", state["run"]["total_steps"])
+    gauge("actors_alive", sum(bool(a["alive"]) for a in state["actors"]))
+    for fam in _labelled(state):
+        put(fam)
+    return list(out.values())
+
+
+def _labelled(state: dict[str, Any]) -> Iterator[Metric]:
+    per_engine = {"engine_version": "version", "engine_alive": "alive", "engine_requests_in_flight":
+                  "requests_in_flight", "engine_weight_sync_s": "weight_sync_s"}
+    yield from _per_row(state["engines"], "engine", per_engine)
+    per_actor = {"actor_alive": "alive", "actor_episodes_in_flight": "episodes_in_flight",
+                 "actor_requests_in_flight": "requests_in_flight", "actor_policy_version": "version"}
+    yield from _per_row(state["actors"], "actor", per_actor)
+    staleness = _gauge("staleness_count", ("lag",))
+    for lag, count in sorted(state["staleness_hist"].items(), key=lambda kv: int(kv[0])):
+        staleness.add_metric([str(lag)], _num(count))
+    yield staleness
+    envs = state.get("envs", {})
+    for name in ("reward_mean", "success_rate", "invalid_action_ratio"):
+        fam = _gauge("env_" + name, ("env",))
+        for env, row in sorted(envs.items()):
+            fam.add_metric([env], _num(row[name]))
+        yield fam
+    episodes = CounterMetricFamily(PREFIX + "env_episodes", _help("env_episodes"), labels=("env",))
+    for env, row in sorted(envs.items()):
+        episodes.add_metric([env], _num(row["episodes"]))
+    yield episodes
+
+
+def _per_row(rows: Iterable[dict[str, Any]], label: str, fields: dict[str, str]) -> Iterator[Metric]:
+    rows = list(rows)
+    for metric, key in fields.items():
+        fam = _gauge(metric, (label,))
+        for row in rows:
+            if key in row:
+                fam.add_metric([str(row["name"])], _num(row[key]))
+        yield fam
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)  # None: NaN sent over JSON as null
+
+
+class _Snapshot:
+    """A prometheus_client collector over one snapshot."""
+
+    def __init__(self, state: dict[str, Any]):
+        self.state = state
+
+    def collect(self) -> list[Metric]:
+        return metric_families(self.state)
+
+
+def render_prometheus(state: dict[str, Any]) -> bytes:
+    """The snapshot in Prometheus text format 0.0.4 (HELP, TYPE, then samples for each family)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(state))
+    return generate_latest(registry)
+
+
+# ---------------------------------------------------------------------------------------------- points
+
+
+def flatten(state: dict[str, Any]) -> dict[str, float | None]:
+    """The snapshot's charted numbers as one flat point: `t` plus one key per series. Per-engine and
+    per-environment series are `<name>/<engine or env>` (TensorBoard groups them by the part before `/`).
+    None stands for "no value" (NaN), so that JSON stays valid."""
+    r, g, learner = state["rates"], state["gauges"], state["learner"]
+    point: dict[str, Any] = {
+        "t": state["time"],
+        **{k: r.get(k) for k in ("env_steps_per_s", "tokens_per_s", "transitions_per_s",
+                                 "learner_samples_per_s", "learner_steps_per_s")},
+        "learner_version": learner["version"], "learner_step_time_s": learner.get("step_time_s"),
+        "learner_loss": learner.get("loss"), "learner_publish_s": learner.get("publish_s"),
+        **{k: g.get(k) for k in ("buffered_transitions", "groups_ready", "staleness_mean", "staleness_max",
+                                 "reward_mean", "success_rate", "invalid_action_ratio", "actors_alive",
+                                 "engines_alive")},
+    }
+    for e in state["engines"]:
+        point[f"engine_version/{e['name']}"] = e["version"]
+        point[f"weight_sync_s/{e['name']}"] = e.get("weight_sync_s")
+    for env, row in sorted(state.get("envs", {}).items()):
+        for key in ("reward_mean", "success_rate", "invalid_action_ratio"):
+            point[f"{key}/{env}"] = row[key]
+    return {k: (None if v is None or not math.isfinite(float(v)) else float(v)) for k, v in point.items()}
+
+
+# ---------------------------------------------------------------------------------------------- sinks
+
+
+class MetricsSink(Protocol):
+    """Somewhere points go, once a second while the broker runs."""
+
+    def write(self, point: dict[str, float | None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """RUN/metrics.jsonl: one JSON object per point, flushed per line (a killed broker loses at most one)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a", encoding="utf-8", buffering=1)
+
+    def write(self, point: dict[str, float | None]) -> None:
+        self._file.write(json.dumps(point, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardSink:
+    """TensorBoard scalars under RUN/tensorboard; the step is whole seconds since the first point."""
+
+    def __init__(self, logdir: Path):
+        self._writer = _summary_writer()(logdir=str(logdir), flush_secs=5)
+        self._t0: float | None = None
+
+    def write(self, point: dict[str, float | None]) -> None:
+        t = point["t"] or 0.0
+        self._t0 = t if self._t0 is None else self._t0
+        for key, value in point.items():
+            if key != "t" and value is not None:
+                self._writer.add_scalar(key, value, global_step=int(t - self._t0), walltime=t)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _summary_writer() -> type:
+    """tensorboardX's SummaryWriter, imported without torch: tensorboardX tries `import torch` only to accept
+    tensors, and the broker logs floats; in a broker process that has not loaded torch that import would cost
+    seconds of start-up and hundreds of MB."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
+class WandbSink:
+    """Weights & Biases run `project`/`name` (mode and login as wandb's own settings say, e.g. WANDB_MODE)."""
+
+    def __init__(self, project: str, name: str, run_dir: Path):
+        try:
+            import wandb
+        except ImportError:
+            raise RuntimeError(f"broker.wandb_project={project!r} is set but wandb is not installed: "
+                               f"`pip install wandb` into the environment, or leave broker.wandb_project empty") from None
+        self._run = wandb.init(project=project, name=name or None, dir=str(run_dir))
+
+    def write(self, point: dict[str, float | None]) -> None:
+        self._run.log({k: v for k, v in point.items() if k != "t" and v is not None})
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def open_sinks(cfg: BrokerConfig, run_dir: Path | None, run_name: str = "") -> list[MetricsSink]:
+    """The sinks `cfg` asks for. File sinks need `run_dir` (the broker started without a run folder has
+    none and writes no files); W&B needs only its project."""
+    sinks: list[MetricsSink] = []
+    if run_dir is not None and cfg.metrics_jsonl:
+        sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+    if run_dir is not None and cfg.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    if cfg.wandb_project:
+        sinks.append(WandbSink(cfg.wandb_project, run_name, run_dir or Path.cwd()))
+    return sinks

@@ -1,0 +1,258 @@
+"""The broker's durable state: the replay buffer plus delivery bookkeeping, changed only by logged events.
+
+Every change goes through one method here, which applies it and appends it to the write-ahead log
+(`broker.wal`); a restarted broker rebuilds the same state by loading the last snapshot and applying the
+logged events again through the same methods. The server flushes the log before it sends anything that
+depends on a change (an Ack, a GroupGrant, a Batch), so whatever a client was told survives a kill -9.
+
+Delivery (at-least-once, de-duplicated here): a keyed transition (actor, incarnation, seq) is taken only in
+order, seq == last taken + 1; an older seq is a duplicate (dropped, counted, acknowledged again); a newer
+one is a gap (not taken: the actor resends from the last acknowledged). A message from a newer
+incarnation of an actor means the old one died: its unfinished groups are settled by the buffer's rule.
+Group requests are idempotent: a resent (actor, incarnation, request) gets the grant it got before.
+
+Events: admit, transition, incarnation, drop_owner, version, resume, form, served, count. Accounting, at every moment:
+transitions_acked == transitions_ingested + transitions_rejected_*, and
+transitions_ingested == transitions_trained + buffered + transitions_dropped_*.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from broker.buffer import RejectedTransition, ReplayBuffer
+from broker.protocol import Batch, GroupGrant, Transition, decode, encode
+from broker.wal import WriteAheadLog
+
+log = logging.getLogger("broker.state")
+MAX_GRANTS_KEPT = 4096  # per actor: resent requests older than this many are answered with a new group
+
+
+@dataclass
+class Ingested:
+    """What became of one transition: `ack` is the seq to acknowledge now (None: nothing to acknowledge)."""
+
+    outcome: str  # taken | completed | rejected | duplicate | gap | stale_incarnation
+    ack: int | None = None
+    detail: str = ""
+
+
+def _frames(t: Transition) -> list[bytes]:
+    return [bytes(f) for f in encode(t)]
+
+
+def _transition(frames: list[bytes]) -> Transition:
+    msg = decode(frames)
+    assert isinstance(msg, Transition)
+    return msg
+
+
+class BrokerState:
+    """Buffer + who-sent-what; `wal=None` keeps everything in memory (tests of pure logic)."""
+
+    def __init__(self, buffer: ReplayBuffer, wal: WriteAheadLog | None = None, compact_every: int = 50_000):
+        self.buffer = buffer
+        self.wal = wal
+        self.compact_every = compact_every
+        self.delivery: dict[str, list[int]] = {}  # actor -> [incarnation, highest seq taken]
+        self.grants: dict[str, list[Any]] = {}  # actor -> [incarnation, {request: [gid, seed, min_version]}]
+        self._replaying = False
+        self._since_compaction = 0
+        self.recovered_events = 0
+
+    # ------------------------------------------------------------------ durability
+    def _log(self, kind: str, body: Any) -> None:
+        if self.wal is not None and not self._replaying:
+            self.wal.append(kind, body)
+            self._since_compaction += 1
+
+    def recover(self) -> None:
+        """Rebuild from the log (snapshot + events); a fresh folder leaves the state empty."""
+        if self.wal is None:
+            return
+        snapshot, events = self.wal.recover()
+        self._replaying = True
+        try:
+            if snapshot is not None:
+                self.buffer.load_state(snapshot["buffer"], _transition)
+                self.delivery = {k: list(v) for k, v in snapshot["delivery"].items()}
+                self.grants = {k: [v[0], {int(r): g for r, g in v[1].items()}] for k, v in snapshot["grants"].items()}
+            for kind, body in events:
+                self.apply(kind, body)
+        finally:
+            self._replaying = False
+        self.recovered_events = len(events)
+        if snapshot is not None or events:
+            log.info("recovered %d events after %s snapshot: %d transitions buffered, %d retained, step %d",
+                     len(events), "a" if snapshot is not None else "no", self.buffer.buffered(),
+                     self.buffer.retained(), self.buffer.next_step)
+
+    def apply(self, kind: str, body: Any) -> None:
+        """Re-apply one logged event (recovery)."""
+        if kind == "admit":
+            self.admit(*body)
+        elif kind == "transition":
+            self.ingest(_transition(body), body)
+        elif kind == "incarnation":
+            self.new_incarnation(*body)
+        elif kind == "drop_owner":
+            self.drop_owner(*body)
+        elif kind == "version":
+            self.version(*body)
+        elif kind == "resume":
+            self.resume(body)
+        elif kind == "form":
+            self.try_form(body)
+        elif kind == "count":
+            self.count(body)
+        elif kind == "served":
+            self.share(*body)
+        else:
+            raise RuntimeError(f"unknown event {kind!r} in the broker's log")
+
+    def snapshot(self) -> dict:
+        return {"buffer": self.buffer.to_state(_frames), "delivery": self.delivery,
+                "grants": {k: [v[0], {str(r): g for r, g in v[1].items()}] for k, v in self.grants.items()}}
+
+    def maybe_compact(self, force: bool = False) -> bool:
+        """Replace the log by a snapshot once enough events piled up (or `force`: after a checkpoint)."""
+        if self.wal is None or not (force or self._since_compaction >= self.compact_every):
+            return False
+        self.wal.compact(self.snapshot())
+        self._since_compaction = 0
+        return True
+
+    # ------------------------------------------------------------------ events
+    def new_incarnation(self, actor: str, incarnation: int) -> int:
+        """`actor` is back as `incarnation`: the old one's unfinished groups are settled. Returns how many."""
+        self._log("incarnation", [actor, incarnation])
+        self.delivery[actor] = [incarnation, -1]
+        self.grants[actor] = [incarnation, {}]
+        return self.buffer.drop_owner(actor, "actor_died")
+
+    def observe(self, actor: str, incarnation: int) -> str:
+        """'current', 'new' (settled the old incarnation) or 'stale' (a message of a dead incarnation)."""
+        known = self.delivery.get(actor)
+        if known is None:
+            # Not logged: replaying the event that brought this message here (admit, transition) does it again.
+            self.delivery[actor] = [incarnation, -1]
+            self.grants.setdefault(actor, [incarnation, {}])
+            return "current"
+        if incarnation < known[0]:
+            return "stale"
+        if incarnation > known[0]:
+            dropped = self.new_incarnation(actor, incarnation)
+            log.warning("%s is back as incarnation %d: settled %d unfinished groups of the previous one",
+                        actor, incarnation, dropped)
+            return "new"
+        return "current"
+
+    def admit(self, owner: str, incarnation: int = 0, request: int = -1) -> GroupGrant | None:
+        """A group for `owner`; a resent request gets its earlier grant back (and changes nothing); a request
+        of a replaced incarnation gets None."""
+        if self.observe(owner, incarnation) == "stale":
+            return None
+        grants = self.grants.get(owner)
+        if request >= 0 and grants is not None and grants[0] == incarnation and request in grants[1]:
+            gid, seed, min_version = grants[1][request]
+            return GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=request)
+        self._log("admit", [owner, incarnation, request])
+        gid, seed, min_version = self.buffer.admit(owner=owner)
+        if request >= 0:
+            kept = self.grants.setdefault(owner, [incarnation, {}])[1]
+            kept[request] = [gid, seed, min_version]
+            if len(kept) > MAX_GRANTS_KEPT:
+                del kept[min(kept)]
+        return GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=request)
+
+    def ingest(self, t: Transition, frames: list[bytes]) -> Ingested:
+        """Take one transition (in order, once), or say why not."""
+        if t.seq >= 0:
+            state = self.observe(t.actor, t.incarnation)
+            if state == "stale":
+                self.count("messages_stale_incarnation")  # never taken: not ingested, not acknowledged
+                return Ingested("stale_incarnation", detail=f"{t.actor} incarnation {t.incarnation} was replaced")
+            upto = self.delivery[t.actor][1]
+            if t.seq <= upto:
+                self.count("transitions_duplicate")
+                return Ingested("duplicate", ack=upto)
+            if t.seq > upto + 1:
+                self.count("transitions_out_of_order")
+                return Ingested("gap", detail=f"seq {t.seq} after {upto}: waiting for {upto + 1}")
+        self._log("transition", frames)
+        if t.seq >= 0:
+            self.delivery[t.actor][1] = t.seq
+            self.buffer.counts["transitions_acked"] += 1
+        try:
+            completed = self.buffer.add(t)
+        except RejectedTransition as exc:
+            self.buffer.counts[f"transitions_rejected_{exc.reason}"] += 1
+            return Ingested("rejected", ack=t.seq if t.seq >= 0 else None, detail=f"{exc.reason}: {exc}")
+        return Ingested("completed" if completed else "taken", ack=t.seq if t.seq >= 0 else None)
+
+    def count(self, name: str) -> None:
+        """A message that changed nothing but is counted (logged too, so that the counts survive a restart)."""
+        self._log("count", name)
+        self.buffer.counts[name] += 1
+
+    def drop_owner(self, owner: str, reason: str) -> int:
+        self._log("drop_owner", [owner, reason])
+        return self.buffer.drop_owner(owner, reason)
+
+    def version(self, version: int, resumed: bool = False, checkpointed: int = -1) -> bool:
+        """The learner's version (a resumed learner may go back); True when a checkpoint released batches."""
+        self._log("version", [version, resumed, checkpointed])
+        b = self.buffer
+        if resumed:
+            b.resume_at(version)
+        else:
+            b.learner_version = max(b.learner_version, version)
+        return checkpointed >= 0 and b.release_before(checkpointed) > 0
+
+    def resume(self, step: int) -> None:
+        """A learner asks for batch `step` of a broker that formed nothing yet (it resumed a checkpoint)."""
+        self._log("resume", step)
+        self.buffer.resume_at(step)
+
+    def try_form(self, step: int) -> bool:
+        """Form batch `step` if enough groups are complete. Logged whenever it changed anything: forming also
+        drops groups that became too stale, even when too few remain to form the batch."""
+        counts = self.buffer.counts
+        before = counts["groups_dropped_stale"]
+        formed = self.buffer.try_form(step)
+        if formed or counts["groups_dropped_stale"] != before:
+            self._log("form", step)
+        return formed
+
+    def share(self, step: int, rank: int) -> Batch | None:
+        """Rank `rank`'s share of formed batch `step` (None: not formed). Raises ValueError (see the buffer)."""
+        batch = self.buffer.share(step, rank)
+        if batch is not None:
+            self._log("served", [step, rank])
+        return batch
+
+    def audit(self) -> dict[str, Any]:
+        """The delivery accounting (summary.json `reliability`): every acknowledged transition is trained,
+        dropped with a reason, rejected with a reason, or still buffered; with broker.track_keys, per key."""
+        b, c = self.buffer, self.buffer.counts
+        out: dict[str, Any] = {
+            "transitions_acked": c["transitions_acked"],
+            "transitions_duplicate": c["transitions_duplicate"],
+            "transitions_out_of_order": c["transitions_out_of_order"],
+            "transitions_rejected": {k.removeprefix("transitions_rejected_"): v for k, v in c.items()
+                                     if k.startswith("transitions_rejected_")},
+            "transitions_retained": b.retained(),
+            "wal_events_recovered": self.recovered_events,
+            "wal_torn_bytes": self.wal.torn_bytes if self.wal is not None else 0,
+            "wal_bytes": self.wal.size_bytes() if self.wal is not None else 0,
+        }
+        if b.fates is not None:
+            held = {f"{t.actor}/{t.incarnation}/{t.seq}" for g in [*b.open.values(), *b.ready]
+                    for steps in g.trajectories.values() for t in steps if t.seq >= 0}
+            fates = [f.split(":", 1)[0] for f in b.fates.values()]
+            out["keys"] = {"tracked": len(b.fates) + len(held - b.fates.keys()), "trained": fates.count("trained"),
+                           "dropped": fates.count("dropped"), "buffered": len(held - b.fates.keys()),
+                           "settled_twice": c["keys_settled_twice"]}
+        return out

@@ -1,0 +1,166 @@
+"""What a decoded message must also satisfy before a receiver acts on it: the run-dependent checks.
+
+`broker.protocol.decode` checks every value by its type (bounded ints and strings, finite floats, 1-D arrays
+of the right dtype). This module checks what needs the run's facts or relates fields to each other: token
+ids within the model's vocabulary, prompt + response within the engines' context, as many log-probs as
+response tokens, log-probs that are finite and <= 0, versions in order, a batch's lengths that add up.
+
+    limits = limits_for(cfg.model, cfg.engines)        # the broker, once
+    msg = validate(decode(frames, max_bytes), limits)    # raises ProtocolError(code=...) on a bad message
+
+Every failure is a `ProtocolError` whose `code` is one of `broker.protocol.REJECT_CODES`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agentstream.config import EnginesConfig, ModelConfig
+from broker.protocol import (
+    Batch,
+    BatchRequest,
+    Hello,
+    Message,
+    ProtocolError,
+    Transition,
+    VersionUpdate,
+    WeightUpdate,
+)
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FORMATS = ("safetensors", "peft_adapter")
+"""`WeightUpdate.format` values a weight agent can apply."""
+LOGPROB_SLACK = 1e-3
+"""A log-probability is <= 0; this much above 0 is let through as rounding of a server's answer."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Run-dependent bounds on a message's content (0: unknown, not checked)."""
+
+    vocab_size: int = 0
+    """Token ids must be < this (the model's `vocab_size`: the rows of its embedding)."""
+    max_tokens: int = 0
+    """Prompt + response tokens of one transition (the engines' max_model_len)."""
+
+
+def model_vocab_size(model_path: str) -> int:
+    """`vocab_size` from a Hugging Face model directory's config.json (also under `text_config`); 0 if absent."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    for node in (config, config.get("text_config") or {}):
+        if isinstance(node, dict) and isinstance(node.get("vocab_size"), int) and node["vocab_size"] > 0:
+            return node["vocab_size"]
+    return 0
+
+
+def limits_for(model: ModelConfig, engines: EnginesConfig) -> Limits:
+    """The limits of a run: its model's vocabulary and its engines' context length."""
+    vocab = model_vocab_size(model.path)
+    if not vocab:
+        log.warning("no vocab_size in %s/config.json: token ids are only checked to be >= 0", model.path)
+    return Limits(vocab_size=vocab, max_tokens=engines.max_model_len)
+
+
+def validate(msg: Message, limits: Limits) -> Message:
+    """`msg` if it satisfies `limits` and its fields agree with each other; else raises ProtocolError."""
+    check = _CHECKS.get(type(msg))
+    if check is not None:
+        check(msg, limits)
+    return msg
+
+
+def _fail(msg: Message, text: str, code: str) -> None:
+    raise ProtocolError(f"{msg.kind}: {text}", code)
+
+
+def _check_token_ids(msg: Message, name: str, ids: np.ndarray, limits: Limits) -> None:
+    if not ids.size:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0:
+        _fail(msg, f"{name} holds {lo}; token ids are >= 0", "out_of_vocab")
+    if limits.vocab_size and hi >= limits.vocab_size:
+        _fail(msg, f"{name} holds {hi}, outside the model's vocabulary of {limits.vocab_size} "
+                   f"(is the actor's model the broker's model.path?)", "out_of_vocab")
+
+
+def _check_logprobs(msg: Message, logprobs: np.ndarray) -> None:
+    if not np.isfinite(logprobs).all():
+        _fail(msg, f"logprobs hold {int((~np.isfinite(logprobs)).sum())} nan/inf values", "non_finite")
+    if logprobs.size and float(logprobs.max()) > LOGPROB_SLACK:
+        _fail(msg, f"logprobs hold {float(logprobs.max()):.4g}; a log-probability is <= 0", "out_of_range")
+
+
+def _transition(msg: Transition, limits: Limits) -> None:
+    if msg.logprobs.shape != msg.response_ids.shape:
+        _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
+    n = msg.prompt_ids.size + msg.response_ids.size
+    if limits.max_tokens and n > limits.max_tokens:
+        _fail(msg, f"{n} prompt + response tokens exceed engines.max_model_len={limits.max_tokens}", "too_long")
+    if msg.step < 0 or msg.group_id < 0:
+        _fail(msg, f"step={msg.step}, group_id={msg.group_id}: both must be >= 0", "out_of_range")
+    if not 0 <= msg.version_lo <= msg.version_hi:
+        _fail(msg, f"version interval [{msg.version_lo}, {msg.version_hi}] must satisfy 0 <= lo <= hi",
+              "out_of_range")
+    _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
+    _check_token_ids(msg, "response_ids", msg.response_ids, limits)
+    _check_logprobs(msg, msg.logprobs)
+
+
+def _batch(msg: Batch, limits: Limits) -> None:
+    per_transition = ("group_index", "traj_index", "step_index", "prompt_lens", "response_lens", "rewards",
+                      "dones", "valid", "version_lo", "version_hi")
+    n = msg.group_index.size
+    if any(getattr(msg, f).size != n for f in per_transition) or len(msg.anchors) not in (0, n):
+        _fail(msg, f"per-transition fields do not all hold {n} entries", "inconsistent")
+    for lens, ids in ((msg.prompt_lens, msg.prompt_ids), (msg.response_lens, msg.response_ids)):
+        if (n and int(lens.min()) < 0) or int(lens.sum(dtype=np.int64)) != ids.size:
+            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} but {ids.size} token ids came",
+                  "inconsistent")
+    if msg.logprobs.size != msg.response_ids.size:
+        _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
+    if not np.isfinite(msg.rewards).all():
+        _fail(msg, "rewards hold nan/inf values", "non_finite")
+    _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
+    _check_token_ids(msg, "response_ids", msg.response_ids, limits)
+    _check_logprobs(msg, msg.logprobs)
+
+
+def _batch_request(msg: BatchRequest, limits: Limits) -> None:
+    if msg.step < 0 or msg.world_size < 1 or not 0 <= msg.rank < msg.world_size:
+        _fail(msg, f"step={msg.step}, rank={msg.rank}, world_size={msg.world_size}: need step >= 0 and "
+                   f"0 <= rank < world_size", "out_of_range")
+
+
+def _hello(msg: Hello, limits: Limits) -> None:
+    if msg.incarnation < 0 or msg.pid < 0:
+        _fail(msg, f"incarnation={msg.incarnation}, pid={msg.pid}: both must be >= 0", "out_of_range")
+
+
+def _version_update(msg: VersionUpdate, limits: Limits) -> None:
+    if msg.version < 0:
+        _fail(msg, f"version={msg.version} must be >= 0", "out_of_range")
+
+
+def _weight_update(msg: WeightUpdate, limits: Limits) -> None:
+    if msg.format not in WEIGHT_FORMATS or msg.version < 0:
+        _fail(msg, f"format={msg.format!r}, version={msg.version}: need a format in {WEIGHT_FORMATS} and "
+                   f"version >= 0", "out_of_range")
+
+
+_CHECKS: dict[type, Callable[..., None]] = {
+    Transition: _transition, Batch: _batch, BatchRequest: _batch_request, Hello: _hello,
+    VersionUpdate: _version_update, WeightUpdate: _weight_update,
+}
+
+__all__ = ["LOGPROB_SLACK", "WEIGHT_FORMATS", "Limits", "limits_for", "model_vocab_size", "validate"]

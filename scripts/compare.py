@@ -1,0 +1,157 @@
+"""Learning-curve comparisons: several real runs of the launcher, one PNG per x-axis and one CSV per comparison.
+
+    .venv/bin/python scripts/compare.py preset        # the learn_frozenlake preset alone: its learning curve
+    .venv/bin/python scripts/compare.py staleness     # sync (staleness 0) vs async 2 / 4 with TIS vs async 4 uncorrected
+    .venv/bin/python scripts/compare.py algorithm     # GRPO vs GiGPO, same env and budget
+    .venv/bin/python scripts/compare.py memory        # last-k vs full history on long FrozenLake episodes
+    .venv/bin/python scripts/compare.py staleness --steps 40 --out runs/compare-staleness -- learner.lr=5e-4
+
+Every arm is `scripts/launch.py preset=learn_frozenlake` plus the arm's overrides (and any after `--`),
+run one after another so that they do not compete for the CPU. The evaluator validates each run on the
+same held-out seeds (VALIDATION_SEEDS) every `--every` learner steps. Into the output folder go each
+arm's run folder, `curves.csv` (one row per validation of every arm), `key_figures.csv` (start, end,
+best, time and samples to reach `--target`), `success_vs_samples.png` and `success_vs_time.png`.
+An arm that already has a finished run folder there is not run again (`--rerun` to redo it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from actors.evaluate import CSV_NAME, read_rows
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a comparison."""
+
+    label: str
+    overrides: tuple[str, ...]
+
+
+COMPARISONS: dict[str, tuple[Arm, ...]] = {
+    "preset": (Arm("learn_frozenlake", ()),),  # the preset alone: its learning curve
+    "staleness": (
+        Arm("sync (staleness 0)", ("trainer.max_staleness=0",)),
+        Arm("async 2, TIS", ("trainer.max_staleness=2", "algorithm.off_policy=tis")),
+        Arm("async 4, TIS", ("trainer.max_staleness=4", "algorithm.off_policy=tis")),
+        Arm("async 4, no correction", ("trainer.max_staleness=4", "algorithm.off_policy=none")),
+    ),
+    "algorithm": (
+        Arm("GRPO", ("algorithm=grpo",)),
+        Arm("GiGPO", ("algorithm=gigpo",)),
+    ),
+    "memory": (  # long episodes: a 6x6 lake, 30 steps; `full` repeats every step so far in each prompt
+        Arm("last-k (k=2)", ("memory.kind=last_k", "memory.k=2", "+env.kwargs.map_size=6", "env.max_steps=30")),
+        Arm("full history", ("memory.kind=full", "+env.kwargs.map_size=6", "env.max_steps=30")),
+    ),
+}
+FIELDS = ("arm", "version", "trajectories_trained", "wall_s", "val_success_rate", "val_return", "val_invalid_rate")
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-").replace("--", "-")
+
+
+def first_reaching(rows: list[dict[str, float]], target: float, key: str) -> float | None:
+    """`key` of the first validation whose success rate is >= target (None if none is)."""
+    return next((r[key] for r in rows if r["val_success_rate"] >= target), None)
+
+
+def key_figures(label: str, rows: list[dict[str, float]], target: float, wall_s: float) -> dict[str, object]:
+    """Start, end and best validation success, and when (seconds, trajectories) the target was first reached."""
+    rates = [r["val_success_rate"] for r in rows]
+    return {"arm": label, "start": rates[0] if rates else None, "end": rates[-1] if rates else None,
+            "best": max(rates) if rates else None, "target": target,
+            "time_to_target_s": first_reaching(rows, target, "wall_s"),
+            "trajectories_to_target": first_reaching(rows, target, "trajectories_trained"),
+            "final_version": rows[-1]["version"] if rows else None, "run_wall_s": round(wall_s, 1)}
+
+
+def run_arm(arm: Arm, run_dir: Path, steps: int, every: int, extra: list[str]) -> float:
+    """One launcher run; returns its wall time. Raises if the launcher fails (its output tail in the message)."""
+    argv = [sys.executable, "scripts/launch.py", "preset=learn_frozenlake", f"run.output_dir={run_dir}",
+            f"trainer.total_steps={steps}", f"validation.every={every}", "broker.dashboard_port=0",
+            *arm.overrides, *extra]
+    print(f"[compare] {arm.label}: {' '.join(argv[2:])}", flush=True)
+    started = time.time()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{arm.label}: launcher exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return time.time() - started
+
+
+def plot(curves: dict[str, list[dict[str, float]]], x: str, xlabel: str, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    for label, rows in curves.items():
+        ax.plot([r[x] for r in rows], [r["val_success_rate"] for r in rows], marker="o", markersize=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("comparison", choices=sorted(COMPARISONS))
+    p.add_argument("--steps", type=int, default=40, help="learner steps per arm")
+    p.add_argument("--every", type=int, default=4, help="validate every this many learner steps")
+    p.add_argument("--target", type=float, default=0.5, help="validation success rate whose first crossing is timed")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare-<comparison>)")
+    p.add_argument("--rerun", action="store_true", help="run arms again even if their run folder is finished")
+    p.add_argument("extra", nargs="*", help="overrides for every arm, after --")
+    args = p.parse_args()
+    out = Path(args.out or ROOT / "runs" / f"compare-{args.comparison}")
+    out.mkdir(parents=True, exist_ok=True)
+    curves: dict[str, list[dict[str, float]]] = {}
+    figures = []
+    for arm in COMPARISONS[args.comparison]:
+        run_dir = out / slug(arm.label)
+        summary_path = run_dir / "summary.json"
+        done = summary_path.is_file() and json.loads(summary_path.read_text()).get("status") == "finished"
+        if args.rerun or not done:
+            run_arm(arm, run_dir, args.steps, args.every, args.extra)
+        summary = json.loads(summary_path.read_text())
+        curves[arm.label] = rows = read_rows(run_dir / CSV_NAME)
+        figures.append(key_figures(arm.label, rows, args.target, float(summary.get("launcher_wall_s", 0.0))))
+        print(f"[compare] {json.dumps(figures[-1])}", flush=True)
+    write_csv(out / "curves.csv", [{"arm": a, **r} for a, rows in curves.items() for r in rows], list(FIELDS))
+    write_csv(out / "key_figures.csv", figures, list(figures[0]))
+    title = f"{args.comparison}: FrozenLake 5x5, tiny model, CPU" if args.comparison != "memory" else \
+        "memory: FrozenLake 6x6, 30 steps, tiny model, CPU"
+    plot(curves, "trajectories_trained", "trajectories trained", title, out / "success_vs_samples.png")
+    plot(curves, "wall_s", "wall-clock seconds since launch", title, out / "success_vs_time.png")
+    print(f"[compare] wrote {out}/curves.csv, key_figures.csv, success_vs_samples.png, success_vs_time.png", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Supervised warm start on the action format: a new model directory that writes parseable actions.
+
+    .venv/bin/python scripts/warm_start.py                     # .cache/tiny-model -> .cache/tiny-model-warm
+    .venv/bin/python scripts/warm_start.py --map-size 5 --frozen-prob 0.9 --max-steps 16 --steps 150
+
+What it teaches (learner/sft.py): prompts are real FrozenLake observations from random play, built by the
+real memory module and the model's chat template; every answer is `<action>A</action>` with A drawn
+uniformly from the four moves, whatever the observation. So the model learns to write one valid action and
+stop; it learns nothing about where to go (the best fit to uniformly random answers is a uniform choice).
+
+Idempotent: the output folder records a hash of every input (these arguments, the base model's files, the
+code of learner/sft.py); a second call with the same inputs does nothing. `--force` redoes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agentstream.config import REPO_ROOT, TINY_MODEL_DIR
+
+DEFAULT_OUT = REPO_ROOT / ".cache" / "tiny-model-warm"
+STAMP = "agentstream_warm_start.json"
+
+
+def input_key(args: argparse.Namespace, base: Path) -> str:
+    """sha256 over the arguments that shape the result, the base model's files and the SFT code."""
+    h = hashlib.sha256()
+    shaping = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force")}
+    h.update(json.dumps(shaping, sort_keys=True, default=str).encode())
+    for f in sorted(base.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    h.update((REPO_ROOT / "learner" / "sft.py").read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+def sample_check(model, tokenizer, demos, n: int = 64, seed: int = 1) -> dict[str, float]:
+    """Sample answers (temperature 1) to `n` held-out prompts: fraction that parse, and the moves' shares."""
+    import torch
+
+    from envs.base import Action
+    from envs.frozenlake import parse_action
+
+    torch.manual_seed(seed)
+    moves: collections.Counter[str] = collections.Counter()
+    valid = 0
+    for d in demos[:n]:
+        ids = torch.tensor([d.prompt_ids])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                             max_new_tokens=24, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        parsed = parse_action(text)
+        if isinstance(parsed, Action):
+            valid += 1
+            moves[str(parsed.value)] += 1
+    shares = {f"move_{k}": v / max(1, valid) for k, v in sorted(moves.items())}
+    return {"valid_fraction": valid / len(demos[:n]), **shares}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", default=str(TINY_MODEL_DIR), help="model to start from (the tiny model is made if absent)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="new model directory")
+    p.add_argument("--env", default="agentstream/FrozenLake-v0")
+    p.add_argument("--map-size", type=int, default=5)
+    p.add_argument("--frozen-prob", type=float, default=0.9)
+    p.add_argument("--max-steps", type=int, default=16)
+    p.add_argument("--memory", default="last_k")
+    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="redo even if the output matches the inputs")
+    args = p.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentstream.tiny_model import ensure_tiny_model
+    from learner.sft import FormatSpec, SftOptions, format_demos, train_sft
+
+    base, out = Path(args.base), Path(args.out)
+    if base.resolve() == TINY_MODEL_DIR.resolve():
+        ensure_tiny_model(base)
+    if not (base / "config.json").is_file():
+        print(f"[warm-start] --base {base} is not a model directory (no config.json)", file=sys.stderr)
+        return 2
+    key = input_key(args, base)
+    stamp = out / STAMP
+    if not args.force and stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
+        print(f"[warm-start] {out} is up to date (inputs unchanged); nothing to do", flush=True)
+        return 0
+
+    started = time.time()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob} if "FrozenLake" in args.env else {}
+    spec = FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
+    demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
+    held_out = format_demos(spec, tokenizer, 20, seed=args.seed + 10_000)
+    print(f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} {kwargs}",
+          flush=True)
+    history = train_sft(model, demos, SftOptions(args.steps, args.batch_size, args.lr, seed=args.seed),
+                        pad_id=tokenizer.pad_token_id)
+    check = sample_check(model, tokenizer, held_out)
+    print(f"[warm-start] held-out sampled answers: {check}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    if (base / "generation_config.json").is_file():
+        (out / "generation_config.json").write_bytes((base / "generation_config.json").read_bytes())
+    stamp.write_text(json.dumps({"key": key, "args": vars(args), "demos": len(demos), "final": history[-1],
+                                 "check": check, "seconds": time.time() - started}, indent=2, default=str))
+    print(f"[warm-start] wrote {out} in {time.time() - started:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

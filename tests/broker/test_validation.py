@@ -1,0 +1,173 @@
+"""Untrusted input: each kind of bad value is refused with its reason code (broker.protocol.REJECT_CODES),
+by `decode` (type-level checks) or `validation.validate` (run-dependent checks). Runs in < 1 s."""
+
+import dataclasses
+import json
+import random
+
+import msgpack
+import numpy as np
+import pytest
+
+from agentstream.config import EnginesConfig, ModelConfig
+from broker import protocol as P
+from broker.validation import Limits, limits_for, model_vocab_size, validate
+
+LIMITS = Limits(vocab_size=512, max_tokens=64)
+
+
+def transition(**kw) -> P.Transition:
+    base = {"traj_id": "a.0.g1", "group_id": 1, "actor": "actor-0", "step": 0, "prompt_ids": np.array([1, 2, 511], np.int32),
+                "response_ids": np.array([3, 4], np.int32), "logprobs": np.array([-0.5, 0.0], np.float32),
+                "version_lo": 0, "version_hi": 1, "reward": 1.0, "done": True, "truncated": False, "valid": True}
+    base.update(kw)
+    return P.Transition(**base)
+
+
+def code_of(frames, limits: Limits = LIMITS) -> str:
+    """The reject code of `frames` ("" when the message is accepted)."""
+    try:
+        validate(P.decode([bytes(f) for f in frames]), limits)
+    except P.ProtocolError as exc:
+        assert exc.code in P.REJECT_CODES, exc.code
+        return exc.code
+    return ""
+
+
+def with_header(msg: P.Message, **changes) -> list[bytes]:
+    """`msg` encoded, then its msgpack header edited (what a hostile sender can do)."""
+    frames = [bytes(f) for f in P.encode(msg)]
+    header = msgpack.unpackb(frames[0])
+    header.update(changes)
+    return [msgpack.packb(header), *frames[1:]]
+
+
+def test_a_valid_transition_passes() -> None:
+    assert code_of(P.encode(transition())) == ""
+
+
+@pytest.mark.parametrize("changes, code", [
+    # Token 512 is the first id outside a 512-entry vocabulary (ids 0..511).
+    ({"prompt_ids": np.array([1, 512], np.int32)}, "out_of_vocab"),
+    ({"response_ids": np.array([-1, 4], np.int32)}, "out_of_vocab"),
+    ({"logprobs": np.array([np.nan, -1.0], np.float32)}, "non_finite"),
+    ({"logprobs": np.array([-np.inf, -1.0], np.float32)}, "non_finite"),
+    ({"logprobs": np.array([0.5, -1.0], np.float32)}, "out_of_range"),  # a log-probability is <= 0
+    ({"logprobs": np.array([-1.0], np.float32)}, "inconsistent"),  # 1 log-prob for 2 response tokens
+    # 3 prompt + 62 response tokens = 65 > max_tokens 64; 3 + 61 = 64 is the largest that passes (below).
+    ({"response_ids": np.zeros(62, np.int32), "logprobs": np.zeros(62, np.float32)}, "too_long"),
+    ({"version_lo": 2, "version_hi": 1}, "out_of_range"),
+    ({"step": -1}, "out_of_range"),
+    ({"reward": float("nan")}, "non_finite"),
+    ({"reward": float("inf")}, "non_finite"),
+])
+def test_bad_transitions_are_refused_with_their_code(changes, code) -> None:
+    assert code_of(P.encode(transition(**changes))) == code
+
+
+def test_the_longest_transition_that_fits_passes() -> None:
+    msg = transition(response_ids=np.zeros(61, np.int32), logprobs=np.zeros(61, np.float32))  # 3 + 61 = 64
+    assert code_of(P.encode(msg)) == ""
+
+
+@pytest.mark.parametrize("changes, code", [
+    ({"step": 2**31}, "out_of_range"),  # one past int32: would overflow a batch's step_index
+    ({"group_id": 2**64 - 1}, "out_of_range"),  # msgpack's largest uint
+    ({"version_lo": -2}, "out_of_range"),  # -1 is the protocol's "none"; below is garbage
+    ({"traj_id": "x" * (P.MAX_NAME_CHARS + 1)}, "too_long"),
+    ({"info": {"k": [1, 2]}}, "bad_type"),  # nested containers are refused
+    ({"info": {"k": {"nested": 1}}}, "bad_type"),
+    ({"info": {str(i): i for i in range(P.MAX_DICT_ITEMS + 1)}}, "bad_header"),  # msgpack's map limit
+    ({"info": {"k": float("nan")}}, "non_finite"),
+    ({"done": 1}, "bad_type"),
+    ({"reward": "1.0"}, "bad_type"),
+    ({"info": {"k": msgpack.ExtType(1, b"payload")}}, "bad_header"),  # no ext types, ever
+])
+def test_bad_header_values_are_refused(changes, code) -> None:
+    assert code_of(with_header(transition(), **changes)) == code
+
+
+def test_array_descriptors_dtypes_and_shapes_are_checked() -> None:
+    frames = [bytes(f) for f in P.encode(transition())]
+    header = msgpack.unpackb(frames[0])
+    assert [a[0] for a in header["_arrays"]] == ["prompt_ids", "response_ids", "logprobs"]
+
+    def edited(i: int, spec: list) -> list[bytes]:
+        h = json.loads(json.dumps(header))
+        h["_arrays"][i] = spec
+        return [msgpack.packb(h), *frames[1:]]
+
+    # prompt_ids as float32: 3 x 4 bytes would fit the frame, but token ids must be int32.
+    assert code_of(edited(0, ["prompt_ids", "float32", [3]])) == "bad_dtype"
+    # A huge declared size is compared with the frame's real length, never allocated.
+    assert code_of(edited(0, ["prompt_ids", "int32", [2**40]])) == "bad_array"
+    # Two dims whose int64 product wraps to 0 (2**32 * 2**32 = 2**64): only 1-D arrays exist.
+    assert code_of(edited(0, ["prompt_ids", "int32", [2**32, 2**32]])) == "bad_array"
+    assert code_of(edited(0, ["prompt_ids", "int32", []])) == "bad_array"
+    assert code_of(edited(0, ["prompt_ids", "int32", [-3]])) == "bad_array"
+    assert code_of(edited(0, ["prompt_ids", "int32"])) == "bad_array"
+    assert code_of(frames[:-1]) == "bad_frames"  # a data frame missing
+    assert code_of([*frames, b"\x00" * 8]) == "bad_frames"  # one too many
+
+
+def test_other_kinds_are_checked() -> None:
+    assert code_of(P.encode(P.BatchRequest(step=0, rank=2, world_size=2))) == "out_of_range"
+    assert code_of(P.encode(P.BatchRequest(step=0, rank=0, world_size=0))) == "out_of_range"
+    assert code_of(P.encode(P.WeightUpdate(version=1, payload=b"x", format="pickle"))) == "out_of_range"
+    assert code_of(P.encode(P.Hello(role="actor", name="a", incarnation=-1))) == "out_of_range"
+    assert code_of(P.encode(P.Stats(source="a", role="actor", counters={"x": "many"}))) == "bad_type"
+    assert code_of(P.encode(P.Stats(source="a", role="actor", counters={"x": float("inf")}))) == "non_finite"
+    # A diverged loss is reported, not refused: gauges and metrics may be nan.
+    assert code_of(P.encode(P.Stats(source="a", role="learner", gauges={"loss": float("nan")}))) == ""
+    assert code_of(P.encode(P.VersionUpdate(version=3, metrics={"loss": float("nan")}))) == ""
+
+
+def test_batches_must_add_up() -> None:
+    def batch(**kw) -> P.Batch:
+        n2 = lambda dt: np.zeros(2, dt)
+        base = {"step": 0, "rank": 0, "learner_version": 0, "group_size": 2, "group_index": n2(np.int32),
+                    "traj_index": np.array([0, 1], np.int32), "step_index": n2(np.int32),
+                    "prompt_lens": np.array([2, 1], np.int32), "response_lens": np.array([1, 1], np.int32),
+                    "rewards": n2(np.float32), "dones": np.ones(2, bool), "valid": np.ones(2, bool),
+                    "version_lo": n2(np.int32), "version_hi": n2(np.int32), "prompt_ids": np.array([1, 2, 3], np.int32),
+                    "response_ids": np.array([4, 5], np.int32), "logprobs": np.array([-1, -2], np.float32)}
+        base.update(kw)
+        return P.Batch(**base)
+
+    assert code_of(P.encode(batch())) == ""
+    # prompt_lens say 2 + 2 = 4 prompt tokens; 3 came.
+    assert code_of(P.encode(batch(prompt_lens=np.array([2, 2], np.int32)))) == "inconsistent"
+    assert code_of(P.encode(batch(rewards=np.zeros(3, np.float32)))) == "inconsistent"
+    assert code_of(P.encode(batch(rewards=np.array([0, np.nan], np.float32)))) == "non_finite"
+
+
+def test_random_mutations_never_raise_anything_but_protocol_error() -> None:
+    """Property: whatever bytes arrive, decode + validate either accept or raise ProtocolError with a known
+    code (never another exception), and an accepted message satisfies the limits."""
+    rng = random.Random(5)
+    good = [bytes(f) for f in P.encode(transition())]
+    for _ in range(3000):
+        frames = [bytearray(f) for f in good]
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(frames))
+            if frames[i]:
+                frames[i][rng.randrange(len(frames[i]))] = rng.randrange(256)
+        try:
+            msg = validate(P.decode([bytes(f) for f in frames]), LIMITS)
+        except P.ProtocolError as exc:
+            assert exc.code in P.REJECT_CODES
+            continue
+        assert isinstance(msg, P.Transition)
+        assert np.isfinite(msg.logprobs).all() and (msg.logprobs <= 1e-3).all()
+        ids = np.concatenate([msg.prompt_ids, msg.response_ids])
+        assert ids.min() >= 0 and ids.max() < LIMITS.vocab_size
+
+
+def test_limits_come_from_the_model_config(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 777}))
+    limits = limits_for(dataclasses.replace(ModelConfig(), path=str(tmp_path)),
+                        dataclasses.replace(EnginesConfig(), max_model_len=300))
+    assert (limits.vocab_size, limits.max_tokens) == (777, 300)
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 9}}))  # multimodal layout
+    assert model_vocab_size(str(tmp_path)) == 9
+    assert model_vocab_size(str(tmp_path / "absent")) == 0  # unknown: ids only checked to be >= 0

@@ -1,0 +1,136 @@
+"""Smoke tests of the benchmarks (scripts/bench_*.py, scripts/gpu_check.sh): each runs on its smallest
+setting, prints its table and its ratio line last, and the numbers in them are sane.
+
+The figures themselves are noise at these sizes on a shared machine; what is asserted is what could
+break: every row is there, rates are positive and finite, counts add up, and the properties each
+benchmark is built on (the broker holds at least the array bytes it buffers; the chunked log-probs equal
+the learner's; a synchronous run has staleness 0 and an asynchronous one stays within its bound).
+Runtime here: ~1 min without e2e (broker, memory, GPU dry run), ~3 min more for the e2e ones (one vLLM
+server shared by the async and actor benchmarks, one more for the weight-sync benchmark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(*argv: str, timeout: float = 300) -> list[str]:
+    """Run a benchmark; its stdout lines (the test fails with its output if it exits non-zero)."""
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    assert proc.returncode == 0, f"{argv[0]} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return [line for line in proc.stdout.splitlines() if line.strip()]
+
+
+def numbers(line: str) -> list[float]:
+    return [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?", line)]
+
+
+def test_bench_broker_prints_both_sizes_and_the_ratio() -> None:
+    lines = run_script("scripts/bench_broker.py", "--transitions", "512", "--repeats", "1", timeout=180)
+    rows = {line.split()[0]: numbers(line) for line in lines[:-1] if line.startswith(("small", "large"))}
+    assert set(rows) == {"small", "large"}, lines
+    for name, tokens in (("small", 64), ("large", 2048)):
+        row = rows[name]  # tokens, n, raw tr/s, broker tr/s, raw MB/s, broker MB/s, broker us/tr, ratio
+        assert row[0] == tokens
+        assert all(math.isfinite(x) and x > 0 for x in row[2:]), row
+        assert row[7] == pytest.approx(row[3] / row[2], abs=0.01)  # ratio = broker / raw, as printed
+    assert lines[-1].startswith("ratio broker/raw: small ") and "large" in lines[-1]
+
+
+def test_bench_memory_broker_holds_the_arrays_and_chunking_agrees() -> None:
+    lines = run_script("scripts/bench_memory.py", "--transitions", "256", "--vocab", "4096", "--tokens", "128",
+                       "--chunk", "32", timeout=240)
+    small, large = (numbers(next(line for line in lines if line.startswith(p))) for p in ("small", "large"))
+    # [48, 16, array bytes, held bytes, overhead]: 48+16 int32 ids + 16 float32 log-probs = 320 bytes.
+    assert small[2] == 320 and large[2] == (1536 + 512) * 4 + 512 * 4
+    assert small[3] >= small[2] and large[3] >= large[2]  # the buffer holds at least the arrays it keeps
+    full = numbers(next(line for line in lines if line.startswith("learner response_logprobs")))
+    assert full[0] == 128 and full[1] > 0
+    assert lines[-1].startswith("learner peak without/with chunking:") and lines[-1].endswith("(same log-probs: True)")
+
+
+def test_gpu_check_dry_run_prints_every_figure() -> None:
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--steps", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for label in ("tokens/s:", "MFU:", "peak memory:", "gather full weights:"):
+        assert label in out, out
+    tokens_s = numbers(out.split("tokens/s:")[1].splitlines()[0].replace(",", ""))[0]
+    mfu = numbers(out.split("MFU:")[1].splitlines()[0])[0]
+    assert tokens_s > 0 and 0 < mfu <= 100
+
+
+# ------------------------------------------------------------------------------------ with vLLM (e2e)
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory: pytest.TempPathFactory):
+    """One vLLM server of the tiny model, shared by the async and actor benchmarks (--engine-url)."""
+    from agentstream.config import Config
+    from agentstream.procs import free_port, start, stop
+    from agentstream.tiny_model import make_tiny_model
+    from engines.server import server_command, wait_ready
+
+    cfg = Config()
+    cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+    port = free_port()
+    argv, env = server_command(cfg.model, cfg.engines, port)
+    proc = start(argv, tmp_path_factory.mktemp("logs") / "engine.log", env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_ready(url, 300, proc=proc))
+        yield cfg.model.path, url
+    finally:
+        stop(proc, 20)
+
+
+@pytest.mark.e2e
+def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(engine_url) -> None:
+    model, url = engine_url
+    lines = run_script("scripts/bench_async.py", "--bounds", "0,1", "--steps", "2", "--groups-per-step", "1",
+                       "--group-size", "2", "--max-steps", "2", "--max-tokens", "8", "--latency-ms", "10",
+                       "--model", model, "--engine-url", url, timeout=400)
+    rows = {int(numbers(line)[0]): line for line in lines if re.match(r"\s+\d+\s", line)}
+    assert set(rows) == {0, 1}, lines
+    for bound, line in rows.items():
+        # bound, wall s, train s, speed-up, idle %, busy %, staleness, trained
+        _, wall, train, _speed, idle, busy, stale, trained = numbers(line)[:8]
+        assert line.rstrip().endswith("finished")
+        assert wall > train > 0 and 0 <= idle <= 100 and 0 <= busy <= 100
+        assert 0 <= stale <= bound  # the broker enforces the bound; bound 0 is synchronous
+        assert trained > 0
+    assert lines[-1].startswith("speed-up over bound 0: bound 1 ")
+
+
+@pytest.mark.e2e
+def test_bench_actor_measures_both_paths(engine_url) -> None:
+    model, url = engine_url
+    lines = run_script("scripts/bench_actor.py", "--episodes", "4", "--seconds", "3", "--warmup", "1",
+                       "--max-tokens", "8", "--model", model, "--engine-url", url, timeout=300)
+    rates = {label: numbers(line)[-1] for line in lines for label in ("engine driven directly", "actor (+ broker)")
+             if line.startswith(label)}
+    assert set(rates) == {"engine driven directly", "actor (+ broker)"} and all(r > 0 for r in rates.values())
+    ratio = numbers(lines[-1])[0]
+    assert lines[-1].startswith("actor/ceiling:")
+    assert ratio == pytest.approx(rates["actor (+ broker)"] / rates["engine driven directly"], abs=0.01)
+
+
+@pytest.mark.e2e
+def test_bench_weights_one_full_update_reaches_the_engine() -> None:
+    lines = run_script("scripts/bench_weights.py", "--sizes", "tiny", "--modes", "full", "--updates", "1",
+                       timeout=400)
+    line = next(line for line in lines if line.startswith("tiny   full"))
+    row = numbers(line)  # params M, MB, gather s, send s, step->serve s, pause s, MB/s, loopback MB/s
+    _params_m, mb, gather, send, total, pause, rate, loopback = row[:8]
+    assert 0 <= gather <= total and 0 <= send <= total  # gather and send are parts of step -> serving
+    assert mb > 0 and rate == pytest.approx(mb / total, rel=0.05) and loopback > 0 and pause >= 0
+    assert lines[-1].startswith("step->serving: tiny/full ")

@@ -1,0 +1,234 @@
+"""Joining a running run: `scripts/launch.py role=actors broker.address=...` adds actors from another process.
+
+The end-to-end test (~1.5-2 min on 2 idle cores) starts a run with 1 actor (1 vLLM engine, 1 learner rank), adds
+2 actors with role=actors once the main launch prints the broker's address, and checks that all 3 send
+transitions that the broker takes in, that the dashboard lists them, that Ctrl-C of the joining launch stops
+its actors cleanly (their unfinished groups dropped as `actor_left`, nothing left running), and that the
+run goes on without them. The staleness bound is loose on purpose: this test is about actors, and
+admission never waits on weight sync here (tests/test_e2e.py covers that). The unit tests (milliseconds) cover the ETA, the progress line and how a joining
+launch merges its own fields into the run's config.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from agentstream import config as C
+from agentstream.join import joined_config
+from agentstream.launch import eta_s, format_progress
+from agentstream.procs import free_port
+from broker.protocol import Welcome
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_eta_uses_the_pace_since_the_first_sample() -> None:
+    # Versions 2 -> 5 took 30 s: 10 s per step; 10 - 5 = 5 steps left: 50 s. Start-up time is not counted.
+    assert eta_s([(100.0, 2), (115.0, 3), (130.0, 5)], total_steps=10) == pytest.approx(50.0)
+    assert eta_s([(100.0, 2), (130.0, 2)], total_steps=10) is None  # no progress yet: unknown, not infinite
+    assert eta_s([(100.0, 0)], total_steps=10) is None
+
+
+def test_progress_line_names_step_rates_and_eta() -> None:
+    state = {"learner": {"version": 4}, "engines": [{"version": 4}, {"version": 3}],
+             "rates": {"env_steps_per_s": 12.34, "tokens_per_s": 567.8, "transitions_per_s": 12.0},
+             "gauges": {"buffered_transitions": 40, "success_rate": 0.25, "actors_alive": 3}}
+    line = format_progress(state, 20, 80.4)
+    assert line.startswith("[agentstream] step 4/20 | engines v[4,3] | 12.3 env steps/s | 568 tok/s")
+    assert "actors 3" in line and line.endswith("ETA 80s")
+
+
+def test_a_joining_launch_takes_the_runs_config_but_its_own_actors_and_broker_fields() -> None:
+    run = C.Config()
+    run.run.output_dir = "runs/main"  # the launcher resolves `${now:...}` before the broker sends the config
+    run.env.group_size, run.trainer.total_steps, run.sampling.max_tokens = 2, 50, 40
+    run.broker.port, run.engines.count, run.engines.max_model_len = 5555, 3, 2048
+    local = C.Config()
+    local.run.output_dir = "runs/join"
+    local.run.role, local.broker.address, local.actors.count = "actors", "tcp://10.0.0.5:5555", 7
+    welcome = Welcome(engines=["http://e:1"], config=OmegaConf.to_yaml(OmegaConf.structured(run)))
+    cfg = joined_config(local, welcome)
+    assert (cfg.env.group_size, cfg.trainer.total_steps, cfg.sampling.max_tokens) == (2, 50, 40)  # the run's
+    assert cfg.engines.max_model_len == 2048  # the run's: prompts must fit the engines that serve them
+    assert (cfg.run.role, cfg.actors.count, cfg.broker.address) == ("actors", 7, "tcp://10.0.0.5:5555")  # ours
+    assert cfg.engines.count == 1 and cfg.engines.external_urls == []  # this host's servers: ours (default 1)
+
+
+def make_broker(max_staleness: int = 1):  # noqa: ANN201
+    """A Broker without sockets: what it would send is recorded as (ident, message)."""
+    from broker.server import Broker
+
+    cfg = C.Config()
+    cfg.run.output_dir = "runs/x"
+    cfg.trainer.max_staleness, cfg.learner.weight_port = max_staleness, 5556
+    broker = Broker(cfg, port=5555, dashboard_port=8787)
+    sent: list = []
+
+    async def record(ident: bytes, msg) -> None:  # noqa: ANN001
+        sent.append((ident, msg))
+
+    broker._send = record  # type: ignore[method-assign]
+    return broker, sent
+
+
+async def test_hello_with_want_welcome_gets_the_runs_engines_weights_and_config() -> None:
+    from broker.protocol import EngineStatus, Hello
+
+    broker, sent = make_broker()
+    await broker.handle(b"engine-0", EngineStatus(engine="engine-0", url="http://127.0.0.1:8000", version=0))
+    await broker.handle(b"learner-0", Hello(role="learner", name="learner-0"))  # no want_welcome: no answer
+    assert [m for _, m in sent if m.kind == "welcome"] == []
+    await broker.handle(b"launcher-x", Hello(role="launcher", name="launcher-x", want_welcome=True))
+    (ident, welcome), = [(i, m) for i, m in sent if m.kind == "welcome"]
+    assert ident == b"launcher-x" and welcome.engines == ["http://127.0.0.1:8000"]
+    assert welcome.weights == "tcp://127.0.0.1:5556" and welcome.dashboard == "http://127.0.0.1:8787/"
+    assert C.to_object(OmegaConf.create(welcome.config)).trainer.max_staleness == 1  # the run's config, loadable
+
+
+async def test_a_late_engine_is_used_only_once_it_serves_recent_weights() -> None:
+    from broker.protocol import EngineStatus, Hello
+
+    broker, sent = make_broker(max_staleness=1)
+    await broker.handle(b"engine-0", EngineStatus(engine="engine-0", url="http://a:1", version=0))
+    await broker.handle(b"actor-j", Hello(role="actor", name="actor-j", want_welcome=True))
+    broker.buffer.learner_version = 5
+    await broker.handle(b"engine-0", EngineStatus(engine="engine-0", url="http://a:1", version=5))
+    sent.clear()
+    # Joins at version 0 while the learner is at 5 (bound 1): 0 < 5 - 1, so admission must not wait on it
+    # (the learner that would update it may be waiting for a batch) and no actor is told about it.
+    await broker.handle(b"engine-9", EngineStatus(engine="engine-9", url="http://b:2", version=0))
+    assert broker.buffer.engine_versions == {"engine-0": 5} and sent == []
+    # Its weight agent applied the learner's version 5: now it counts and the following actor hears of it.
+    await broker.handle(b"engine-9", EngineStatus(engine="engine-9", url="http://b:2", version=5))
+    assert broker.buffer.engine_versions == {"engine-0": 5, "engine-9": 5}
+    (ident, welcome), = [(i, m) for i, m in sent if m.kind == "welcome"]
+    assert ident == b"actor-j" and welcome.engines == ["http://a:1", "http://b:2"]
+
+
+async def test_an_actor_follows_engines_that_join_later() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from actors.actor import follow_engines
+
+    broker = SimpleNamespace(welcomes=asyncio.Queue())
+    actor = SimpleNamespace(name="actor-0", engines=[SimpleNamespace(url="http://a:1")])
+    task = asyncio.create_task(follow_engines(broker, actor, lambda url: SimpleNamespace(url=url.rstrip("/"))))
+    try:
+        # The broker lists every usable engine each time; the one already known (trailing slash or not) is kept.
+        broker.welcomes.put_nowait(Welcome(engines=["http://a:1/", "http://b:2"]))
+        broker.welcomes.put_nowait(Welcome(engines=["http://a:1", "http://b:2", "http://c:3"]))
+        for _ in range(100):
+            if len(actor.engines) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.url for e in actor.engines] == ["http://a:1", "http://b:2", "http://c:3"]
+    finally:
+        task.cancel()
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def get_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def wait_for(predicate, timeout_s: float, what: str):  # noqa: ANN001, ANN201
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def processes_mentioning(needle: str) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if needle in cmd:
+                out.append(f"{pid}: {cmd[:200]}")
+    return out
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "scripts/launch.py", *argv], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 120) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)  # the launcher stops its own children
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(10)
+
+
+@pytest.mark.e2e
+def test_actors_added_from_another_launch_contribute_and_leave_cleanly(tmp_path: Path) -> None:
+    main_dir, join_dir, port = tmp_path / "main", tmp_path / "join", free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    main = start([f"run.output_dir={main_dir}", "actors.count=1", "actors.episodes_per_actor=4", "env.group_size=4",
+                  "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1", "learner.world_size=1",
+                  "trainer.groups_per_step=3", "trainer.max_staleness=50", "trainer.total_steps=1000",
+                  f"broker.dashboard_port={port}", "run.shutdown_timeout_s=5"], tmp_path / "main.out")
+    joiner = None
+    try:
+        out = tmp_path / "main.out"
+        line = wait_for(lambda: re.search(r"broker:\s+(tcp://\S+)", out.read_text()), 120, "the broker's address")
+        joiner = start(["role=actors", f"broker.address={line.group(1)}", "actors.count=2", "actors.episodes_per_actor=4",
+                        f"run.output_dir={join_dir}", "run.shutdown_timeout_s=20"], tmp_path / "join.out")
+
+        def senders() -> dict | None:  # every actor that has sent transitions, and how many
+            s = get_json(f"{api}/summary")
+            sent = {k: v for k, v in (s or {}).get("transitions_sent_by_actor", {}).items() if v > 0}
+            return sent if len(sent) == 3 else None
+
+        sent = wait_for(senders, 300, "three actors sending transitions")
+        assert "actor-0" in sent and sum(name.startswith("actor-") for name in sent) == 3
+        state = get_json(f"{api}/state")
+        assert state is not None and sum(a["alive"] for a in state["actors"]) == 3  # the dashboard shows them
+        assert state["counters"]["transitions_ingested"] >= sum(sent.values()) - 3 * 30  # stats lag by <= 1 s
+
+        assert stop(joiner) == 130, (tmp_path / "join.out").read_text()[-3000:]
+        js = json.loads((join_dir / "summary.json").read_text())
+        assert js["status"] == "interrupted" and js["processes_left"] == [], js
+        assert len(js["processes"]) == 2 and processes_mentioning(str(join_dir)) == []
+        version = get_json(f"{api}/state")["learner"]["version"]
+        # The run goes on with actor-0 alone: the joiners' unfinished groups do not hold admission slots.
+        wait_for(lambda: (s := get_json(f"{api}/state")) and s["learner"]["version"] >= version + 1, 180,
+                 "another learner step after the joined actors left")
+        joined = [n for n in sent if n != "actor-0"]
+        final = get_json(f"{api}/summary")
+        assert all(final["transitions_sent_by_actor"][n] >= sent[n] for n in joined)
+        assert stop(main) == 130, out.read_text()[-3000:]
+    finally:
+        for proc in (joiner, main):
+            if proc is not None and proc.poll() is None:
+                stop(proc)
+    summary = json.loads((main_dir / "summary.json").read_text())
+    assert summary["processes_left"] == [] and processes_mentioning(str(main_dir)) == []
+    dropped = sum(summary["transitions_dropped"].values())
+    assert summary["transitions_ingested"] == summary["transitions_trained"] + summary["transitions_buffered"] + dropped
+    assert set(summary["transitions_sent_by_actor"]) == set(sent)
+    assert set(summary["trained_group_shapes"]) == {"4/4"}  # a left actor's partial groups are never trained
