@@ -21,8 +21,8 @@ import os
 import re
 import signal
 import sys
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,6 +146,8 @@ class Launcher:
         self.children: list[Child] = []
         self.actor_restarts = 0
         self.restarts: Counter[str] = Counter()  # broker, engine, learner restarts (supervise)
+        self._restarting: set[asyncio.Task[None]] = set()  # engine restarts in flight
+        self._failed: RunFailed | None = None  # a background restart that failed
         self.started = time.time()
         self._exits: asyncio.Queue[Child] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
@@ -252,7 +254,7 @@ class Launcher:
         if self.cfg.validation.every > 0:
             await self.spawn(self.evaluator_child())
 
-    async def _guarded(self, coro, child: Child) -> None:  # noqa: ANN001
+    async def _guarded(self, coro, child: Child) -> None:
         """Await `coro`, but fail at once (with the reason) if any child exits meanwhile."""
         task = asyncio.ensure_future(coro)
         exit_wait = asyncio.ensure_future(self._exits.get())
@@ -287,6 +289,8 @@ class Launcher:
         """Until the learner finishes: restart dead actors, fail on any other death."""
         while True:
             child = await self._exits.get()
+            if self._failed is not None:
+                raise self._failed
             code = child.proc.returncode if child.proc else None
             if child.role == "learner" and code == 0:
                 log.info("learner finished its %d steps", self.cfg.trainer.total_steps)
@@ -331,9 +335,18 @@ class Launcher:
             await self.spawn(self.broker_child())
         elif key == "learner":
             await self.spawn(self.learner_child(resume=True))
-        else:
-            await self._restart_engine(child)
+        else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
+            task = asyncio.create_task(self._restart_engine_guarded(child), name=f"restart-{child.name}")
+            self._restarting.add(task)
+            task.add_done_callback(self._restarting.discard)
         return True
+
+    async def _restart_engine_guarded(self, child: Child) -> None:
+        try:
+            await self._restart_engine(child)
+        except Exception as exc:  # noqa: BLE001 (any failure ends the run, with its reason)
+            self._failed = exc if isinstance(exc, RunFailed) else RunFailed(f"restarting {child.name} failed: {exc!r}")
+            await self._exits.put(child)  # wakes supervise(), which raises it
 
     async def _restart_engine(self, child: Child) -> None:
         from engines.server import wait_ready
@@ -359,6 +372,9 @@ class Launcher:
     async def stop_all(self) -> list[str]:
         """Stop in dependency order (actors first, broker last); returns names of groups still alive."""
         self._stopping = True
+        for task in self._restarting:  # first: a restart in flight must not start a server after its role stopped
+            task.cancel()
+        await asyncio.gather(*self._restarting, return_exceptions=True)
         for roles in (("actor", "evaluator"), ("learner",), ("agent",), ("engine",), ("broker",)):
             await self.stop_roles(roles)
         for task in self._watchers:
@@ -433,8 +449,17 @@ async def run_async(cfg: Config, run_dir: Path) -> int:
     config_mod.save(resolved(cfg, launcher.wiring), launcher.config_path)
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
+    shutting_down = [False]
+
+    def on_signal() -> None:  # the first signal stops the run; later ones must not interrupt the shutdown
+        if shutting_down[0]:
+            print("[agentstream] already stopping: waiting for every process to exit", file=sys.stderr, flush=True)
+        else:
+            shutting_down[0] = True
+            main_task.cancel()  # type: ignore[union-attr]
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, main_task.cancel)  # type: ignore[union-attr]
+        loop.add_signal_handler(sig, on_signal)
     print(f"[agentstream] run folder: {run_dir}", flush=True)
     print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
           flush=True)
@@ -457,13 +482,14 @@ async def run_async(cfg: Config, run_dir: Path) -> int:
         except asyncio.CancelledError:
             status, reason, code = "interrupted", "stopped by a signal (Ctrl-C)", 130
         finally:
+            shutting_down[0] = True  # from here on, a signal does not cancel (it would orphan the children)
             if progress is not None:
                 progress.cancel()
         launcher._stopping = True
         await launcher.stop_roles(("actor",))  # their final stats reach the broker before it is asked
         try:
             summary = await _final_summary(session, launcher)
-        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError) as exc:
+        except (TimeoutError, aiohttp.ClientError, KeyError) as exc:
             summary = {"error": f"broker summary unavailable: {exc}"}
     left = await launcher.stop_all()
     from actors.evaluate import CSV_NAME, read_rows

@@ -60,15 +60,17 @@ class SyncClient:
 
     def request(self, msg: Message, timeout_s: float | None = None, resend_every_s: float | None = None,
                 before: tuple[Message, ...] = (), accept: Callable[[Message], bool] | None = None) -> Message:
-        """Send `msg` (after the messages `before`) and wait for the broker's answer (a Reject raises).
+        """Send `msg` and wait for the broker's answer (a Reject raises).
 
-        With `resend_every_s`, everything is sent again while no answer comes (a broker restarted from its
-        log lost the request; the requests must be idempotent). Answers `accept` refuses (repeats of an
+        With `resend_every_s`, `msg` is sent again, after the messages `before`, while no answer comes (a
+        broker restarted from its log lost the request; all of them must be idempotent). Answers `accept` refuses (repeats of an
         earlier answer) are skipped."""
         deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
+        resend = False
         while True:
-            for m in (*before, msg):
+            for m in (*before, msg) if resend else (msg,):
                 self.send(m)
+            resend = True
             resend_at = min(deadline, time.monotonic() + (resend_every_s or float("inf")))
             while (now := time.monotonic()) < resend_at or resend_at == float("inf"):
                 wait_ms = None if resend_at == float("inf") else max(1, int((resend_at - now) * 1000))

@@ -79,7 +79,7 @@ class AgentArgs:
     stats_interval: float = 1.0
     ready_timeout_s: float = 240.0
     apply_timeout_s: float = 600.0
-    dead_after_s: float = 10.0
+    dead_after_s: float = 30.0
     initial_version: int = 0  # -1: the server's weights are unknown (a server started elsewhere)
     curve_keys_dir: str = ""  # security: broker.curve_keys_dir (CURVE to learner and broker); "": none
     max_weight_bytes: int = 32 << 30  # security: a bigger frame from the learner drops the connection
@@ -347,7 +347,7 @@ class WeightAgent:
         while True:
             await asyncio.sleep(self.args.stats_interval)
             await self._send_stats(final=False)
-            await self._to_learner(self._status())
+            await self._send_status()  # also the broker's heartbeat: a restarted broker learns the version again
             if await self._server.healthy():
                 last_ok = time.monotonic()
             elif time.monotonic() - last_ok > self.args.dead_after_s:
@@ -408,7 +408,8 @@ def parse_args(argv: list[str] | None = None) -> AgentArgs:
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between Stats reports")
     p.add_argument("--ready-timeout", type=float, default=240.0, help="seconds to wait for the server at start")
     p.add_argument("--apply-timeout", type=float, default=600.0, help="seconds one server call may take")
-    p.add_argument("--dead-after", type=float, default=10.0, help="seconds without /health before giving up")
+    p.add_argument("--dead-after", type=float, default=30.0,
+                   help="seconds without /health before giving up (a loaded CPU machine can stall a live server ~10 s)")
     p.add_argument("--initial-version", type=int, default=0, choices=(0, -1),
                    help="0: the server runs the model's own weights; -1: unknown (a server started elsewhere): "
                         "no group is admitted on it until the learner's first weights arrive")

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from scripts.bench_async import vllm_server
 
 def generated_tokens(url: str) -> float:
     """The engine's own count of generated tokens so far (Prometheus counter)."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=60).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:generation_tokens_total"))
 
@@ -160,6 +161,8 @@ def main() -> None:
     parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
     parser.add_argument("--engine-url", default="", help="use this running vLLM server instead of starting one")
     args = parser.parse_args()
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from agentstream.config import TINY_MODEL_DIR
     from agentstream.tiny_model import ensure_tiny_model
 

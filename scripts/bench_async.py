@@ -166,6 +166,8 @@ def main() -> None:
     parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument("override", nargs="*", help="more launcher overrides, applied to every run")
     args = parser.parse_args()
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bounds = [int(b) for b in args.bounds.split(",")]
     from agentstream.config import TINY_MODEL_DIR
     from agentstream.tiny_model import ensure_tiny_model

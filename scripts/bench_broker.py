@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -297,6 +298,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="broker config override, e.g. --set broker.wal=false --set broker.tensorboard=false")
     args = parser.parse_args()
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     names = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in names if s not in SIZES]
     if unknown:

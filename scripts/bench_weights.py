@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -221,6 +222,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="tiny,small", help=f"comma-separated: {', '.join(SIZES)}")
     parser.add_argument("--modes", default="full,lora", help="comma-separated: full, lora")
     args = parser.parse_args()
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
     init_one_rank()
     from agentstream.tiny_model import make_tiny_model

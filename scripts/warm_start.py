@@ -35,7 +35,8 @@ STAMP = "agentstream_warm_start.json"
 def input_key(args: argparse.Namespace, base: Path) -> str:
     """sha256 over the arguments that shape the result, the base model's files and the SFT code."""
     h = hashlib.sha256()
-    shaping = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force")}
+    # Paths are not inputs (the base model's bytes are): the same model under another checkout hashes the same.
+    shaping = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force", "base")}
     h.update(json.dumps(shaping, sort_keys=True, default=str).encode())
     for f in sorted(base.iterdir()):
         if f.is_file():

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_testing import wait_for
 
 from agentstream.procs import free_port
 from broker.dashboard import make_app, serve
@@ -65,13 +66,7 @@ def browser() -> Iterator[Any]:
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    return wait_for(predicate, timeout_s, what, poll_s=0.2)
 
 
 def page(driver: Any, expr: str) -> Any:

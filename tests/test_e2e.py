@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_testing import api_state, processes_mentioning, wait_for
 
 from agentstream.procs import free_port
 
@@ -22,22 +23,9 @@ STEPS = 3
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
-    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.MULTILINE)
     assert match, f"{name}{labels} missing from /metrics"
     return float(match.group(1))
-
-
-def processes_mentioning(needle: str) -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if needle in cmd:
-                out.append(f"{pid}: {cmd[:200]}")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +80,8 @@ def test_no_process_is_left_running(run) -> None:
     assert processes_mentioning(str(run_dir)) == []
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_dead_actor_is_restarted_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) -> None:
     import signal
-    import urllib.request
 
     run_dir = tmp_path / "run"
     port = free_port()
@@ -114,11 +91,7 @@ def test_dead_actor_is_restarted_and_ctrl_c_leaves_nothing_behind(tmp_path: Path
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def state() -> dict | None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=2) as resp:
-                    return json.loads(resp.read())
-            except OSError:
-                return None
+            return api_state(port)
 
         wait_for(lambda: (s := state()) and s["learner"]["version"] >= 1, 300, "the first learner step")
         victims = [p.split(":")[0] for p in processes_mentioning("--name actor-0 ") if str(run_dir) in p]

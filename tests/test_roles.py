@@ -26,6 +26,7 @@ from agentstream import config as C
 from agentstream.join import joined_config
 from agentstream.launch import eta_s, format_progress
 from agentstream.procs import free_port
+from e2e_testing import processes_mentioning, wait_for
 from broker.protocol import Welcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,29 +144,6 @@ def get_json(url: str) -> dict | None:
             return json.loads(resp.read())
     except OSError:
         return None
-
-
-def wait_for(predicate, timeout_s: float, what: str):  # noqa: ANN001, ANN201
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
-def processes_mentioning(needle: str) -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if needle in cmd:
-                out.append(f"{pid}: {cmd[:200]}")
-    return out
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:

@@ -98,7 +98,7 @@ def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(engi
     model, url = engine_url
     lines = run_script("scripts/bench_async.py", "--bounds", "0,1", "--steps", "2", "--groups-per-step", "1",
                        "--group-size", "2", "--max-steps", "2", "--max-tokens", "8", "--latency-ms", "10",
-                       "--model", model, "--engine-url", url, timeout=400)
+                       "--model", model, "--engine-url", url, timeout=600)
     rows = {int(numbers(line)[0]): line for line in lines if re.match(r"\s+\d+\s", line)}
     assert set(rows) == {0, 1}, lines
     for bound, line in rows.items():
@@ -127,7 +127,7 @@ def test_bench_actor_measures_both_paths(engine_url) -> None:
 @pytest.mark.e2e
 def test_bench_weights_one_full_update_reaches_the_engine() -> None:
     lines = run_script("scripts/bench_weights.py", "--sizes", "tiny", "--modes", "full", "--updates", "1",
-                       timeout=400)
+                       timeout=600)
     line = next(line for line in lines if line.startswith("tiny   full"))
     row = numbers(line)  # params M, MB, gather s, send s, step->serve s, pause s, MB/s, loopback MB/s
     _params_m, mb, gather, send, total, pause, rate, loopback = row[:8]

@@ -1,0 +1,164 @@
+"""Chaos (issue 5): one real run (2 vLLM engines, a 2-rank FSDP2 learner checkpointing every step, 2 actors)
+in which the test pauses the learner, then kill -9s actors three times, one engine, the broker and the learner
+(each kill once the run made progress after the previous one).
+
+What must hold at the end, from summary.json, the learner's metrics log and /proc:
+- back-pressure: with the learner paused, the actors stop stepping and the broker's buffer stays bounded;
+- every acknowledged transition was trained exactly once or dropped with a recorded reason (or is still
+  buffered from groups in play when the run ended), and no partial group was trained;
+- the learner's version sequence, across its restart from a checkpoint, has no gaps or repeats;
+- every process was restarted as configured, the run finished, and nothing is left behind.
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from e2e_testing import api_state, processes_mentioning, wait_for
+
+from agentstream.procs import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+STEPS = 30  # enough that every kill lands while the run is still going (asserted before the last)
+G, MAX_STEPS, SLOTS = 4, 8, 4  # env.group_size, env.max_steps, actors x episodes_per_actor / G
+MAX_BUFFERED = 64
+
+
+def lineage(metrics_log: Path) -> list[int]:
+    """The learner's versions in the surviving lineage: a `resumed_from: v` line discards what came after v."""
+    versions: list[int] = []
+    for line in metrics_log.read_text().splitlines():
+        rec = json.loads(line)
+        if "resumed_from" in rec:
+            versions = [v for v in versions if v <= rec["resumed_from"]]
+        else:
+            versions.append(rec["version"])
+    return versions
+
+
+def newest_pid(run_dir: Path, child: str) -> int:
+    """The pid the launcher last started `child` under (its log: `started NAME (pid N)`)."""
+    pids = re.findall(rf"started {re.escape(child)} \(pid (\d+)\)", (run_dir / "launch.log").read_text())
+    assert pids, f"{child} not in the launcher's log"
+    return int(pids[-1])
+
+
+def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
+    run_dir, port = tmp_path / "run", free_port()
+    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "actors.count=2",
+            "actors.episodes_per_actor=8", f"env.group_size={G}", f"env.max_steps={MAX_STEPS}", "engines.count=2",
+            "learner.world_size=2", f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2",
+            "trainer.max_staleness=2", "checkpoint.every_steps=1", "broker.track_keys=true",
+            f"broker.max_buffered_transitions={MAX_BUFFERED}", "actors.max_restarts=10", "actors.ack_timeout_s=2",
+            "run.startup_timeout_s=600", f"broker.dashboard_port={port}"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rng = random.Random(5)
+    figures: dict[str, object] = {}
+
+    def state() -> dict | None:
+        return api_state(port)
+
+    def version() -> int:
+        s = state()
+        return s["learner"]["version"] if s else -1
+
+    def progress(by: int, what: str) -> None:
+        start = max(version(), 0)
+        wait_for(lambda: version() >= min(start + by, STEPS), 400, what)
+
+    try:
+        wait_for(lambda: version() >= 1, 600, "the first learner step")
+        figures["pause"] = pause_learner(run_dir, state)
+        for _ in range(3):
+            victim = rng.choice(["actor-0", "actor-1"])
+            pid = newest_pid(run_dir, victim)
+            assert psutil.pid_exists(pid), (victim, pid, (run_dir / "launch.log").read_text()[-3000:])
+            print(f"chaos: kill -9 {victim} (pid {pid}) at {time.time():.3f}", flush=True)
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: newest_pid(run_dir, victim) != pid, 120, f"{victim}'s restart")  # noqa: B023
+            time.sleep(3)
+        progress(1, "a learner step after the actor kills")
+        engine_pid = newest_pid(run_dir, "engine-0")
+        os.killpg(engine_pid, signal.SIGKILL)  # the whole vLLM process tree
+        progress(1, "a learner step while engine-0 is down (actors moved to engine-1)")
+        wait_for(lambda: newest_pid(run_dir, "agent-0") > engine_pid and engine_serves_current(state()), 900,
+                 "engine-0 back, at the learner's current weights")
+        assert version() <= STEPS - 5, "the run is nearly over before the learner kill: raise STEPS"
+        os.killpg(newest_pid(run_dir, "learner"), signal.SIGKILL)  # torchrun and both ranks
+        progress(2, "learner steps after its restart from the checkpoint")
+        os.kill(newest_pid(run_dir, "broker"), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    rel = s["reliability"]
+    figures.update(restarts=s["restarts"], actor_restarts=s["actor_restarts"], reliability=rel,
+                   dropped=s["transitions_dropped"], shapes=s["trained_group_shapes"])
+    print("chaos figures:", json.dumps(figures, indent=1))
+
+    assert s["status"] == "finished" and s["restarts"] == {"broker": 1, "engine": 1, "learner": 1}
+    assert s["actor_restarts"] == 3
+    # The learner's lineage: 1..STEPS once each, across its restart from a checkpoint.
+    assert lineage(run_dir / "learner_metrics.jsonl") == list(range(1, STEPS + 1))
+    assert "resumed_from" in (run_dir / "learner_metrics.jsonl").read_text()
+    assert s["learner_version"] == STEPS and set(s["engine_versions"].values()) == {STEPS}
+    # Delivery accounting, per transition key (broker.track_keys) and in totals.
+    keys = rel["keys"]
+    assert keys["settled_twice"] == 0
+    assert keys["tracked"] == keys["trained"] + keys["dropped"] + keys["buffered"] == rel["transitions_acked"]
+    assert keys["trained"] == s["transitions_trained"] > 0
+    assert rel["transitions_acked"] == s["transitions_ingested"] + sum(rel["transitions_rejected"].values())
+    assert s["transitions_ingested"] == s["transitions_trained"] + s["transitions_buffered"] + sum(s["transitions_dropped"].values())
+    assert set(s["transitions_dropped"]) <= {"actor_died", "actor_left", "actor_silent", "stale"}
+    assert set(s["trained_group_shapes"]) == {f"{G}/{G}"}  # no partial group was trained
+    assert rel["wal_events_recovered"] > 0  # the broker's second life started from its log
+    assert s["processes_left"] == [] and processes_mentioning(str(run_dir)) == []
+
+
+def engine_serves_current(st: dict | None) -> bool:
+    """engine-0 reports a version within one step of the learner's (it was brought to the current weights)."""
+    if not st:
+        return False
+    versions = {e["name"]: e["version"] for e in st["engines"] if e["alive"]}
+    return versions.get("engine-0", -1) >= st["learner"]["version"] - 1 >= 0
+
+
+def pause_learner(run_dir: Path, state) -> dict:
+    """SIGSTOP the learner until the actors have been blocked for 5 s (they finish the groups already admitted,
+    then admission holds them back): the buffer and the broker's memory stay bounded meanwhile."""
+    learner = newest_pid(run_dir, "learner")
+    broker = psutil.Process(newest_pid(run_dir, "broker"))
+    os.killpg(learner, signal.SIGSTOP)
+    samples: list[tuple[float, float, int]] = []
+    try:
+        for _ in range(120):
+            time.sleep(1)
+            st = state()
+            if st:
+                samples.append((st["gauges"]["buffered_transitions"], st["counters"].get("env_steps", 0.0),
+                                broker.memory_info().rss))
+            if len(samples) >= 6 and len({e for _, e, _ in samples[-6:]}) == 1:
+                break
+    finally:
+        os.killpg(learner, signal.SIGCONT)
+    buffered = [b for b, _, _ in samples]
+    steps = [e for _, e, _ in samples]
+    rss = [r for _, _, r in samples]
+    assert len(set(steps[-6:])) == 1, f"actors kept stepping for 2 min while the learner was paused: {steps}"
+    # Admission stops at MAX_BUFFERED held transitions; groups already in play may add at most G x MAX_STEPS
+    # each, one group per actor slot.
+    assert max(buffered) <= MAX_BUFFERED + SLOTS * G * MAX_STEPS, buffered
+    assert max(rss) - rss[0] < 50 * 2**20, rss  # no growth beyond noise while held back
+    return {"paused_s": len(samples), "buffered_max": max(buffered), "broker_rss_mib_peak": round(max(rss) / 2**20, 1)}
