@@ -422,7 +422,12 @@ def validate(cfg: Config) -> None:
             f"{cfg.sampling.max_tokens} must fit engines.max_model_len={cfg.engines.max_model_len} (the engine "
             f"refuses longer requests): lower memory.max_prompt_tokens or raise engines.max_model_len.")
     model = Path(cfg.model.path)
-    if model.resolve() != TINY_MODEL_DIR.resolve() and not (model / "config.json").is_file():
+    if model.name == "tiny-model-warm" and not (model / "config.json").is_file():
+        errors.append(
+            f"model.path={cfg.model.path!r} is the warm-started tiny model, which is not made yet: run "
+            f"`.venv/bin/python scripts/warm_start.py` once (1-2 minutes; it teaches only the action format)."
+        )
+    elif model.resolve() != TINY_MODEL_DIR.resolve() and not (model / "config.json").is_file():
         errors.append(
             f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json). "
             f"Point it at a local model directory, or leave it unset for the tiny local model."

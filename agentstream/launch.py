@@ -30,7 +30,7 @@ import aiohttp
 
 from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.procs import advertised_host, free_port, wait_gone
+from agentstream.procs import advertised_host, free_port, kill_matching, wait_gone
 
 log = logging.getLogger("launch")
 PY = sys.executable
@@ -334,6 +334,7 @@ class Launcher:
         if key == "broker":
             await self.spawn(self.broker_child())
         elif key == "learner":
+            self.kill_orphan_ranks()  # ranks of the dead torchrun would talk to the broker as the new ones
             await self.spawn(self.learner_child(resume=True))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
             task = asyncio.create_task(self._restart_engine_guarded(child), name=f"restart-{child.name}")
@@ -347,6 +348,12 @@ class Launcher:
         except Exception as exc:  # noqa: BLE001 (any failure ends the run, with its reason)
             self._failed = exc if isinstance(exc, RunFailed) else RunFailed(f"restarting {child.name} failed: {exc!r}")
             await self._exits.put(child)  # wakes supervise(), which raises it
+
+    def kill_orphan_ranks(self) -> None:
+        """torchrun starts each rank in a session of its own: after torchrun's own death they live on."""
+        left = kill_matching("learner.train", "--config", str(self.config_path))
+        if left:
+            log.warning("killed %d learner rank(s) that outlived torchrun: %s", len(left), left)
 
     async def _restart_engine(self, child: Child) -> None:
         from engines.server import wait_ready
@@ -377,6 +384,7 @@ class Launcher:
         await asyncio.gather(*self._restarting, return_exceptions=True)
         for roles in (("actor", "evaluator"), ("learner",), ("agent",), ("engine",), ("broker",)):
             await self.stop_roles(roles)
+        self.kill_orphan_ranks()
         for task in self._watchers:
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)

@@ -7,6 +7,7 @@ escalates to SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -85,3 +86,20 @@ def wait_gone(pgids: list[int], timeout_s: float = 10.0) -> list[int]:
         time.sleep(0.1)
         alive = [p for p in alive if group_alive(p)]
     return alive
+
+
+def kill_matching(*needles: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal every process whose command line contains all `needles`; returns their pids.
+
+    For processes that outlived their group's leader in a session of their own (torchrun starts each rank
+    in a new session: a kill -9 of torchrun leaves the ranks running)."""
+    import psutil
+
+    hit = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] != os.getpid() and all(n in cmd for n in needles):
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+                hit.append(proc.info["pid"])
+    return hit

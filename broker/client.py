@@ -59,11 +59,13 @@ class SyncClient:
         self._sock.send_multipart(encode(msg), copy=False)
 
     def request(self, msg: Message, timeout_s: float | None = None, resend_every_s: float | None = None,
-                before: tuple[Message, ...] = (), accept: Callable[[Message], bool] | None = None) -> Message:
+                before: tuple[Message, ...] = (), accept: Callable[[Message], bool] | None = None,
+                on_wait: Callable[[], None] | None = None) -> Message:
         """Send `msg` and wait for the broker's answer (a Reject raises).
 
         With `resend_every_s`, `msg` is sent again, after the messages `before`, while no answer comes (a
-        broker restarted from its log lost the request; all of them must be idempotent). Answers `accept` refuses (repeats of an
+        broker restarted from its log lost the request; all of them must be idempotent). `on_wait` is called
+        about once a second while no answer has come. Answers `accept` refuses (repeats of an
         earlier answer) are skipped."""
         deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
         resend = False
@@ -74,7 +76,12 @@ class SyncClient:
             resend_at = min(deadline, time.monotonic() + (resend_every_s or float("inf")))
             while (now := time.monotonic()) < resend_at or resend_at == float("inf"):
                 wait_ms = None if resend_at == float("inf") else max(1, int((resend_at - now) * 1000))
+                if on_wait is not None:
+                    wait_ms = 1000 if wait_ms is None else min(wait_ms, 1000)
                 if not self._sock.poll(wait_ms):
+                    if on_wait is not None and time.monotonic() < resend_at:
+                        on_wait()  # e.g. the learner's weight publisher serving a restarted engine
+                        continue
                     break
                 reply = decode(self._sock.recv_multipart(copy=False))
                 if isinstance(reply, Reject):

@@ -236,7 +236,7 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
         "learner_loss": learner.get("loss"), "learner_publish_s": learner.get("publish_s"),
         **{k: g.get(k) for k in ("buffered_transitions", "groups_ready", "staleness_mean", "staleness_max",
                                  "reward_mean", "success_rate", "invalid_action_ratio", "actors_alive",
-                                 "engines_alive")},
+                                 "engines_alive", "val_success_rate", "val_return", "val_version")},
     }
     for e in state["engines"]:
         point[f"engine_version/{e['name']}"] = e["version"]

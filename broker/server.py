@@ -313,8 +313,12 @@ class Broker:
         bring it up to date waits for a batch) until the learner's next publish reaches it; then the actors
         that follow the engine list are told about it."""
         b = self.buffer
-        if msg.engine in b.engine_versions:
+        if msg.engine in b.engine_versions and msg.version >= b.engine_versions[msg.engine]:
             return True
+        if msg.engine in b.engine_versions:  # its version went back: a restarted server, a joiner again
+            del b.engine_versions[msg.engine]
+            log.warning("%s is back at version %d: admission does not wait for it until it catches up",
+                        msg.engine, msg.version)
         if b.learner_version > 0 and msg.version < b.learner_version - b.max_staleness:
             log.info("%s joined at version %d (learner at %d): not used until it catches up", msg.engine,
                      msg.version, b.learner_version)
@@ -453,6 +457,10 @@ class Broker:
             "weight_sync_s": max((e["weight_sync_s"] for e in engines), default=0.0),
             "group_waiters": len(self._group_waiters),
         }
+        for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
+            if peer.role == "evaluator":
+                gauges.update({k: peer.gauges[k] for k in ("val_success_rate", "val_return", "val_version")
+                               if k in peer.gauges})
         lm = self.learner_metrics
         return {
             "time": now,

@@ -131,6 +131,12 @@ class WeightPublisher:
         log.info("published version %d (%.1f MB, %.2f s) to %s", version, len(payload) / 1e6,
                  time.perf_counter() - t0, sorted(self._sent))
 
+    def service(self) -> None:
+        """Take the registrations that arrived (a restarted or joining agent) and send it the newest weights;
+        call it while waiting for something else, so that a late agent never waits for the next publish."""
+        if not self._closed:
+            self._poll(0)
+
     def engine_versions(self) -> dict[str, int]:
         """The version each registered engine reported last (processes pending messages first)."""
         self._poll(0)

@@ -57,6 +57,8 @@ class Publisher(Protocol):
 
     def wait_for(self, version: int, n_engines: int, timeout_s: float) -> object: ...
 
+    def service(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -123,12 +125,13 @@ BATCH_RESEND_S = 10.0  # no batch this long: ask again (a broker restarted from 
 
 
 def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_s: float,
-                  before: tuple = ()) -> Batch:
+                  before: tuple = (), on_wait: Callable[[], None] | None = None) -> Batch:
     """Rank `rank`'s share of batch `step`; `before` (rank 0: its last VersionUpdate) is resent with it, so a
     restarted broker learns the learner's version again."""
     reply = client.request(BatchRequest(step=step, rank=rank, world_size=world), timeout_s=timeout_s,
                            resend_every_s=BATCH_RESEND_S, before=before,
-                           accept=lambda r: not isinstance(r, Batch) or (r.step, r.rank) == (step, rank))
+                           accept=lambda r: not isinstance(r, Batch) or (r.step, r.rank) == (step, rank),
+                           on_wait=on_wait)
     if not isinstance(reply, Batch):
         raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")
     if reply.step != step or reply.rank != rank:
@@ -227,7 +230,9 @@ def run_one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clien
                  state: RankState, world: int, device: torch.device, step_models: StepModels | None = None) -> None:
     t0 = time.perf_counter()
     before = (state.last_update,) if state.last_update is not None else ()
-    batch = request_batch(client, k, state.rank, world, args.batch_timeout_s, before)
+    # While rank 0 waits, its publisher serves engines that (re)start: they get the newest weights at once.
+    batch = request_batch(client, k, state.rank, world, args.batch_timeout_s, before,
+                          publisher.service if publisher is not None else None)
     wait_s = time.perf_counter() - t0
     metrics = train_step(model, optimizer, batch, opts, version=k, world_size=world, device=device,
                          models=step_models)  # algorithm hook (issue 3): critic / reference

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from e2e_testing import api_state, processes_mentioning, wait_for
 
-from agentstream.procs import free_port
+from agentstream.procs import free_port, kill_matching
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -93,7 +93,8 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
         wait_for(lambda: newest_pid(run_dir, "agent-0") > engine_pid and engine_serves_current(state()), 900,
                  "engine-0 back, at the learner's current weights")
         assert version() <= STEPS - 5, "the run is nearly over before the learner kill: raise STEPS"
-        os.killpg(newest_pid(run_dir, "learner"), signal.SIGKILL)  # torchrun and both ranks
+        learner = kill_matching("learner.train", str(run_dir))  # torchrun and both ranks (each in its own session)
+        assert len(learner) == 3, learner
         progress(2, "learner steps after its restart from the checkpoint")
         os.kill(newest_pid(run_dir, "broker"), signal.SIGKILL)
         out, _ = proc.communicate(timeout=900)
@@ -138,9 +139,8 @@ def engine_serves_current(st: dict | None) -> bool:
 def pause_learner(run_dir: Path, state) -> dict:
     """SIGSTOP the learner until the actors have been blocked for 5 s (they finish the groups already admitted,
     then admission holds them back): the buffer and the broker's memory stay bounded meanwhile."""
-    learner = newest_pid(run_dir, "learner")
     broker = psutil.Process(newest_pid(run_dir, "broker"))
-    os.killpg(learner, signal.SIGSTOP)
+    assert len(kill_matching("learner.train", str(run_dir), sig=signal.SIGSTOP)) == 3  # torchrun + 2 ranks
     samples: list[tuple[float, float, int]] = []
     try:
         for _ in range(120):
@@ -152,7 +152,7 @@ def pause_learner(run_dir: Path, state) -> dict:
             if len(samples) >= 6 and len({e for _, e, _ in samples[-6:]}) == 1:
                 break
     finally:
-        os.killpg(learner, signal.SIGCONT)
+        kill_matching("learner.train", str(run_dir), sig=signal.SIGCONT)
     buffered = [b for b, _, _ in samples]
     steps = [e for _, e, _ in samples]
     rss = [r for _, _, r in samples]

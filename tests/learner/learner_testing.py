@@ -106,6 +106,9 @@ class FilePublisher:
         (self.dir / "waited").write_text(f"{version} {n_engines}")
         return True
 
+    def service(self) -> None:
+        pass  # no agents to serve
+
     def close(self) -> None:
         (self.dir / "closed").write_text("1")
 
