@@ -61,6 +61,7 @@ class BrokerState:
         self._replaying = False
         self._since_compaction = 0
         self.recovered_events = 0
+        self.recovered_snapshot = False
 
     # ------------------------------------------------------------------ durability
     def _log(self, kind: str, body: Any) -> None:
@@ -84,6 +85,7 @@ class BrokerState:
         finally:
             self._replaying = False
         self.recovered_events = len(events)
+        self.recovered_snapshot = snapshot is not None
         if snapshot is not None or events:
             log.info("recovered %d events after %s snapshot: %d transitions buffered, %d retained, step %d",
                      len(events), "a" if snapshot is not None else "no", self.buffer.buffered(),
@@ -245,6 +247,7 @@ class BrokerState:
                                      if k.startswith("transitions_rejected_")},
             "transitions_retained": b.retained(),
             "wal_events_recovered": self.recovered_events,
+            "wal_snapshot_recovered": self.recovered_snapshot,
             "wal_torn_bytes": self.wal.torn_bytes if self.wal is not None else 0,
             "wal_bytes": self.wal.size_bytes() if self.wal is not None else 0,
         }
