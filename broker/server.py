@@ -21,27 +21,40 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from omegaconf import OmegaConf
-from aiohttp import web
 import zmq.asyncio
+from aiohttp import web
+from omegaconf import OmegaConf
 
 from agentstream import config as config_mod
 from agentstream.config import BrokerConfig, Config
-from broker import dashboard
+from broker import dashboard, metrics
 from broker.buffer import ReplayBuffer
 from broker.protocol import (
-    BatchRequest, EngineStatus, GroupGrant, GroupRequest, Hello, Message, ProtocolError, Reject, Stats,
-    Transition, VersionUpdate, decode, encode,
+    Ack,
+    BatchRequest,
+    EngineStatus,
+    GroupGrant,
+    GroupRequest,
+    Hello,
+    Message,
+    ProtocolError,
+    Reject,
+    Stats,
+    Transition,
+    VersionUpdate,
+    Welcome,  # roles: processes joining a running run
+    copy_when_sending,  # perf (bench): zero-copy only for large frames
+    decode,
+    encode,
 )
-from broker.protocol import Welcome  # roles: processes joining a running run
-from broker import metrics
-from broker.protocol import Ack
-from broker.protocol import copy_when_sending  # perf (bench): zero-copy only for large frames
-from broker.state import BrokerState
-from broker.wal import WriteAheadLog
-from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, StatsBook, env_outcomes
 from broker.security import CurveServer  # security: CURVE + allow-list off loopback
-from broker.validation import limits_for, validate  # security: run-dependent message checks
+from broker.state import BrokerState
+from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, StatsBook, env_outcomes
+from broker.validation import (  # security: run-dependent message checks
+    limits_for,
+    validate,
+)
+from broker.wal import WriteAheadLog
 
 log = logging.getLogger("broker")
 
@@ -179,7 +192,7 @@ class Broker:
                 await self._receive(frames)
             await self._flush_acks()
 
-    async def _receive(self, frames: list) -> None:  # noqa: ANN001 (zmq.Frame)
+    async def _receive(self, frames: list) -> None:
         ident, body = frames[0].bytes, frames[1:]
         try:
             msg = validate(decode(body, max_bytes=self.cfg.max_message_bytes), self.limits)
@@ -234,8 +247,10 @@ class Broker:
     # ------------------------------------------------------------------ handlers
     async def handle(self, ident: bytes, msg: Message, frames: list | None = None) -> None:
         if isinstance(msg, Transition):
-            raw = [f.bytes if hasattr(f, "bytes") else bytes(f) for f in frames] if frames else encode(msg)
-            res = self.state.ingest(msg, [bytes(f) for f in raw])
+            # The log keeps the frames as received (bytes); without a log nothing is copied.
+            raw = None if self.state.wal is None else (
+                [f.bytes for f in frames] if frames else [bytes(f) for f in encode(msg)])
+            res = self.state.ingest(msg, raw)
             if res.ack is not None:
                 self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=res.ack)
             if res.outcome == "completed":

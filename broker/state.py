@@ -169,8 +169,9 @@ class BrokerState:
                 del kept[min(kept)]
         return GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=request)
 
-    def ingest(self, t: Transition, frames: list[bytes]) -> Ingested:
-        """Take one transition (in order, once), or say why not."""
+    def ingest(self, t: Transition, frames: list[bytes] | None) -> Ingested:
+        """Take one transition (in order, once), or say why not. `frames`: its encoding, for the log (None
+        when there is no log)."""
         if t.seq >= 0:
             state = self.observe(t.actor, t.incarnation)
             if state == "stale":

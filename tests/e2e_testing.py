@@ -1,10 +1,14 @@
-"""Helpers of the end-to-end tests (launcher runs as subprocesses)."""
+"""Helpers shared by tests: launcher runs as subprocesses, raw broker clients, TensorBoard files."""
 
 import json
 import os
+import struct
 import time
 import urllib.request
 from pathlib import Path
+
+import zmq
+import zmq.asyncio
 
 
 def processes_mentioning(needle: str) -> list[str]:
@@ -37,3 +41,27 @@ def api_state(port: int) -> dict | None:
             return json.loads(resp.read())
     except OSError:
         return None
+
+
+def dealer(address: str, name: str) -> zmq.asyncio.Socket:
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, name.encode())
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    return sock
+
+
+def read_tensorboard(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) per tag from the TFRecord event files: u64 length, u32 crc, Event proto, u32 crc."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data, i = path.read_bytes(), 0
+        while i + 12 <= len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_testing import wait_for
+from e2e_testing import read_tensorboard, wait_for
 
 from agentstream.procs import free_port
 from broker.dashboard import make_app, serve
@@ -194,19 +193,7 @@ def get_json(url: str) -> dict[str, Any] | None:
 
 
 def tensorboard_tags(logdir: Path) -> dict[str, list[float]]:
-    """Scalars in a TensorBoard event file (TFRecord: u64 length, u32 crc, Event proto, u32 crc)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    tags: dict[str, list[float]] = {}
-    for path in logdir.glob("events.out.tfevents.*"):
-        data, i = path.read_bytes(), 0
-        while i + 12 <= len(data):
-            (n,) = struct.unpack("<Q", data[i:i + 8])
-            event = Event.FromString(data[i + 12:i + 12 + n])
-            i += 12 + n + 4
-            for v in event.summary.value:
-                tags.setdefault(v.tag, []).append(v.simple_value)
-    return tags
+    return {tag: [v for _, v in points] for tag, points in read_tensorboard(logdir).items()}
 
 
 @pytest.mark.e2e

@@ -34,6 +34,7 @@ import numpy as np
 import psutil
 import zmq
 import zmq.asyncio
+from e2e_testing import dealer
 
 from agentstream import config as config_mod
 from agentstream.config import Config
@@ -206,12 +207,7 @@ def make_bad_frames(n: int, limits: Limits, seed: int = 0) -> tuple[list[list[by
 
 
 # ------------------------------------------------------------------------------------------ clients
-def dealer(address: str, name: str) -> zmq.asyncio.Socket:
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, name.encode())
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    return sock
+
 
 
 async def recv(sock: zmq.asyncio.Socket, timeout_s: float = 60) -> P.Message:

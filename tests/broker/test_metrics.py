@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import sys
 from pathlib import Path
 
 import pytest
+from e2e_testing import read_tensorboard
 
 from agentstream.config import BrokerConfig, Config
 from broker import metrics
@@ -83,22 +83,6 @@ def test_flatten_names_one_key_per_series_and_nulls_non_finite_values() -> None:
 
 
 # ------------------------------------------------------------------------------------------ sinks
-
-
-def read_tensorboard(logdir: Path) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) per tag from the TFRecord event files: u64 length, u32 crc, Event proto, u32 crc."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(logdir.glob("events.out.tfevents.*")):
-        data, i = path.read_bytes(), 0
-        while i + 12 <= len(data):
-            (n,) = struct.unpack("<Q", data[i:i + 8])
-            event = Event.FromString(data[i + 12:i + 12 + n])
-            i += 12 + n + 4
-            for v in event.summary.value:
-                out.setdefault(v.tag, []).append((event.step, v.simple_value))
-    return out
 
 
 def test_jsonl_and_tensorboard_sinks_hold_the_same_points(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import numpy as np
 import zmq
 import zmq.asyncio
+from e2e_testing import dealer
 
 from agentstream.config import Config
 from agentstream.procs import free_port
@@ -31,13 +32,6 @@ async def start_broker(cfg: Config) -> tuple[Broker, asyncio.Task, str]:
         await asyncio.sleep(0.01)
     return broker, task, f"tcp://127.0.0.1:{port}"
 
-
-def dealer(address: str, name: str) -> zmq.asyncio.Socket:
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, name.encode())
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    return sock
 
 
 async def recv(sock: zmq.asyncio.Socket) -> P.Message:
