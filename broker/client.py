@@ -66,7 +66,7 @@ class SyncClient:
         With `resend_every_s`, `msg` is sent again, after the messages `before`, while no answer comes (a
         broker restarted from its log lost the request; all of them must be idempotent). `on_wait` is called
         about once a second while no answer has come. Answers `accept` refuses (repeats of an
-        earlier answer) are skipped."""
+        earlier answer, refusals of an earlier resend) are skipped."""
         deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
         resend = False
         while True:
@@ -84,10 +84,11 @@ class SyncClient:
                         continue
                     break
                 reply = decode(self._sock.recv_multipart(copy=False))
+                if accept is not None and not accept(reply):
+                    continue
                 if isinstance(reply, Reject):
                     raise RuntimeError(f"broker refused {msg.kind}: {reply.reason}")
-                if accept is None or accept(reply):
-                    return reply
+                return reply
             if time.monotonic() >= deadline:
                 raise BrokerUnavailable(f"no answer from the broker to {msg.kind} within {timeout_s}s")
 

@@ -243,6 +243,8 @@ class Reject:
     """Broker -> client: the request was refused; `reason` says why and how to fix it."""
 
     reason: str
+    step: int = -1  # the refused BatchRequest's step (-1: not a batch request): a refused resend of an answered
+    # request reaches a learner that has moved on, which tells it from a refusal of its current request
     kind: Literal["reject"] = "reject"
 
 

@@ -359,7 +359,7 @@ class Broker:
         if req.world_size != self.buffer.world_size or not 0 <= req.rank < req.world_size:
             reason = (f"rank {req.rank} of world {req.world_size} does not match the broker's "
                       f"learner.world_size={self.buffer.world_size}")
-            await self._send(ident, Reject(reason=reason))
+            await self._send(ident, Reject(reason=reason, step=req.step))
             return
         b = self.buffer
         if req.step > b.next_step and b.next_step == 0 and not b.formed:
@@ -376,7 +376,7 @@ class Broker:
             try:
                 share = self.state.share(req.step, req.rank)
             except ValueError as exc:
-                await self._send(ident, Reject(reason=str(exc)))
+                await self._send(ident, Reject(reason=str(exc), step=req.step))
                 continue
             if share is None:
                 self._batch_waiters.append((ident, req))

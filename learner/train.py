@@ -35,7 +35,7 @@ from torch import Tensor
 
 from agentstream.config import Config, load
 from broker.client import SyncClient
-from broker.protocol import Batch, BatchRequest, Hello, Stats, VersionUpdate
+from broker.protocol import Batch, BatchRequest, Hello, Reject, Stats, VersionUpdate
 from learner.checkpoint import (
     Extras, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume, save_checkpoint,
 )
@@ -124,13 +124,20 @@ class RankState:
 BATCH_RESEND_S = 10.0  # no batch this long: ask again (a broker restarted from its log lost the request)
 
 
+def _answers(reply: Batch | Reject, step: int, rank: int) -> bool:
+    """Whether `reply` answers this request, not a resend of an earlier step's (answered while it travelled)."""
+    if isinstance(reply, Reject):
+        return reply.step in (-1, step)
+    return (reply.step, reply.rank) == (step, rank)
+
+
 def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_s: float,
                   before: tuple = (), on_wait: Callable[[], None] | None = None) -> Batch:
     """Rank `rank`'s share of batch `step`; `before` (rank 0: its last VersionUpdate) is resent with it, so a
     restarted broker learns the learner's version again."""
     reply = client.request(BatchRequest(step=step, rank=rank, world_size=world), timeout_s=timeout_s,
                            resend_every_s=BATCH_RESEND_S, before=before,
-                           accept=lambda r: not isinstance(r, Batch) or (r.step, r.rank) == (step, rank),
+                           accept=lambda r: not isinstance(r, (Batch, Reject)) or _answers(r, step, rank),
                            on_wait=on_wait)
     if not isinstance(reply, Batch):
         raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")

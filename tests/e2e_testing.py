@@ -24,14 +24,26 @@ def processes_mentioning(needle: str) -> list[str]:
     return out
 
 
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.5):
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.5, run_dir: Path | None = None):
+    """`predicate`'s first true value within `timeout_s`; on timeout, what the run `run_dir` said of itself."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
+                         + ("" if run_dir is None else f"; the run says:\n{run_account(run_dir)}"))
+
+
+def run_account(run_dir: Path) -> str:
+    """A run's own account of how it stands: its summary's status and reason, else its launch log's end."""
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        return f"status {s.get('status')}: {s.get('reason', '')}"
+    log = run_dir / "launch.log"
+    return "\n".join(log.read_text().splitlines()[-20:]) if log.exists() else "(nothing yet)"
 
 
 def api_state(port: int) -> dict | None:

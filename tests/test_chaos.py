@@ -73,10 +73,10 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
 
     def progress(by: int, what: str) -> None:
         start = max(version(), 0)
-        wait_for(lambda: version() >= min(start + by, STEPS), 400, what)
+        wait_for(lambda: version() >= min(start + by, STEPS), 400, what, run_dir=run_dir)
 
     try:
-        wait_for(lambda: version() >= 1, 600, "the first learner step")
+        wait_for(lambda: version() >= 1, 600, "the first learner step", run_dir=run_dir)
         figures["pause"] = pause_learner(run_dir, state)
         for _ in range(3):
             victim = rng.choice(["actor-0", "actor-1"])
@@ -84,7 +84,7 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
             assert psutil.pid_exists(pid), (victim, pid, (run_dir / "launch.log").read_text()[-3000:])
             print(f"chaos: kill -9 {victim} (pid {pid}) at {time.time():.3f}", flush=True)
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: newest_pid(run_dir, victim) != pid, 120, f"{victim}'s restart")  # noqa: B023
+            wait_for(lambda: newest_pid(run_dir, victim) != pid, 120, f"{victim}'s restart", run_dir=run_dir)  # noqa: B023
             time.sleep(3)
         progress(1, "a learner step after the actor kills")
         engine_pid = newest_pid(run_dir, "engine-0")

@@ -93,11 +93,13 @@ def test_dead_actor_is_restarted_and_ctrl_c_leaves_nothing_behind(tmp_path: Path
         def state() -> dict | None:
             return api_state(port)
 
-        wait_for(lambda: (s := state()) and s["learner"]["version"] >= 1, 300, "the first learner step")
+        wait_for(lambda: (s := state()) and s["learner"]["version"] >= 1, 300, "the first learner step",
+                 run_dir=run_dir)
         victims = [p.split(":")[0] for p in processes_mentioning("--name actor-0 ") if str(run_dir) in p]
         assert victims, "actor-0 not found"
         os.kill(int(victims[0]), signal.SIGKILL)
-        wait_for(lambda: (s := state()) and any(a["incarnation"] == 1 for a in s["actors"]), 120, "actor-0's restart")
+        wait_for(lambda: (s := state()) and any(a["incarnation"] == 1 for a in s["actors"]), 120, "actor-0's restart",
+                 run_dir=run_dir)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
