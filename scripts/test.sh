@@ -6,4 +6,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m pytest -ra "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=30 "$@"
