@@ -26,8 +26,9 @@ class RunConfig:
     output_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
     """Run folder: config, logs of every process, summary.json, weights handed to engines."""
     role: str = "all"
-    """`all` starts broker, engines, learner and actors; `actors` (actors.count more actors) or `engines`
-    (engines.count more vLLM servers + weight agents) join the running run at broker.address."""
+    """`all` starts broker, engines, learner and actors; `actors` (actors.count more actors), `engines`
+    (engines.count more vLLM servers + weight agents) or `learner` (node learner.node_rank of a learner
+    with learner.nnodes > 1) join the running run at broker.address."""
     seed: int = 0
     """Base seed for env seeds and sampling."""
     log_interval_s: float = 1.0
@@ -203,7 +204,15 @@ class LearnerConfig:
     """The FSDP2 policy trainer under torchrun."""
 
     world_size: int = 2
-    """Number of learner ranks (processes under torchrun)."""
+    """Number of learner ranks (processes under torchrun), on all its hosts together."""
+    nnodes: int = 1
+    """Hosts the learner spans (world_size/nnodes ranks on each): the main launch runs node 0, every other
+    host joins with `role=learner broker.address=... learner.node_rank=K` (multi-node torchrun)."""
+    node_rank: int = 0
+    """This host's node of the learner: 0 in the main launch, 1..nnodes-1 in a role=learner launch."""
+    rdzv_port: int = 0
+    """Port of torchrun's rendezvous on node 0's host (learner.weight_host), where the other nodes meet it;
+    0 picks a free one (the joining launches learn it from the broker)."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with GPUs, else gloo), gloo or nccl."""
     lr: float = 1e-4
@@ -471,8 +480,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
-ROLES = ("all", "actors", "engines")
-"""What one launch starts: the whole run, or more actors / engines for a running one."""
+ROLES = ("all", "actors", "engines", "learner")
+"""What one launch starts: the whole run, or more actors / engines / learner ranks for a running one."""
 
 
 def _role_errors(cfg: Config) -> list[str]:
@@ -483,8 +492,22 @@ def _role_errors(cfg: Config) -> list[str]:
         return [f"run.role={role} joins a running run: set broker.address=tcp://HOST:PORT (the main launch prints "
                 f"it as `broker:`); got broker.address={address!r}."]
     if role == "all" and address:
-        return [f"broker.address={address!r} is only for role=actors or role=engines; role=all starts its own "
+        return [f"broker.address={address!r} is only for role=actors, engines or learner; role=all starts its own "
                 f"broker (set broker.host/broker.port to choose where it listens)."]
+    return _learner_node_errors(cfg.learner, role)
+
+
+def _learner_node_errors(c: LearnerConfig, role: str) -> list[str]:
+    """Multi-node learner: whole hosts of ranks, and each launch in its own node's place."""
+    if c.nnodes < 1 or c.world_size % c.nnodes:
+        return [f"learner.world_size={c.world_size} over learner.nnodes={c.nnodes} hosts: every host runs the same "
+                f"number of ranks, so world_size must be a multiple of nnodes (>= 1)."]
+    # (a role=learner launch is checked again with the run's nnodes, from the broker, once it joined)
+    if role == "learner" and not (1 <= c.node_rank and (c.nnodes == 1 or c.node_rank < c.nnodes)):
+        return [f"role=learner joins as node learner.node_rank={c.node_rank} of the run's learner.nnodes={c.nnodes}: "
+                f"set learner.node_rank to 1..nnodes-1 (node 0 is the main launch's)."]
+    if role == "all" and c.node_rank != 0:
+        return [f"learner.node_rank={c.node_rank}: the main launch runs node 0; other nodes join with role=learner."]
     return []
 
 

@@ -2,6 +2,7 @@
 
     python scripts/launch.py role=actors  broker.address=tcp://HOST:PORT actors.count=4
     python scripts/launch.py role=engines broker.address=tcp://HOST:PORT engines.count=1
+    python scripts/launch.py role=learner broker.address=tcp://HOST:PORT learner.node_rank=1
 
 The launch says Hello to the broker and gets its Welcome: the run's config (so the joiners play the same env
 with the same model and sampling), the engines serving recent weights, the learner's weight address and the
@@ -14,6 +15,9 @@ role=actors: N actor processes named `actor-<host>-<pid>-<i>`; each asks the bro
 role=engines: N vLLM servers, each with a weight agent that registers with the learner's publisher (it
 gets the newest weights at the learner's next step) and with the broker, which lets actors use the engine
 once it serves recent weights.
+role=learner: node learner.node_rank of a learner that spans learner.nnodes hosts (multi-node torchrun): its
+world_size/nnodes ranks meet node 0 (the main launch's) at its rendezvous; the learner trains once every node
+has joined. Its own fields: learner.node_rank and learner.torch_threads.
 
 The launch ends when the run finishes (the learner reached trainer.total_steps), when the broker stops
 answering (15 s), or
@@ -76,7 +80,7 @@ class BrokerLink:
         await self.client.close()
 
 
-async def watch_run(link: BrokerLink, total_steps: int, every_s: float = 2.0, answer_s: float = 15.0) -> str:
+async def watch_run(link: BrokerLink, total_steps: float, every_s: float = 2.0, answer_s: float = 15.0) -> str:
     """Return why the run is over: the learner reached its last step, or the broker stopped answering."""
     while True:
         await asyncio.sleep(every_s)
@@ -96,9 +100,19 @@ def joined_config(local: Config, welcome: Welcome) -> Config:
     model = run_cfg.model
     if Path(local.model.path).resolve() != config_mod.TINY_MODEL_DIR.resolve():
         model = dataclasses.replace(model, path=local.model.path)
+    learner = dataclasses.replace(run_cfg.learner, node_rank=local.learner.node_rank,
+                                  torch_threads=local.learner.torch_threads)
     # broker.*: this host's own (address to join, its CURVE key folder, socket limits), not the broker's.
     return dataclasses.replace(run_cfg, run=local.run, actors=local.actors, engines=engines, model=model,
-                               broker=local.broker)
+                               broker=local.broker, learner=learner)
+
+
+def joining(cfg: Config) -> str:
+    """What this launch adds to the run, in words."""
+    if cfg.run.role == "learner":
+        return (f"learner node {cfg.learner.node_rank} of {cfg.learner.nnodes} "
+                f"({cfg.learner.world_size // cfg.learner.nnodes} ranks)")
+    return f"{cfg.actors.count if cfg.run.role == 'actors' else cfg.engines.count} {cfg.run.role}"
 
 
 def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
@@ -107,11 +121,16 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
     if cfg.run.role == "engines":
         host, base = advertised_host(cfg.engines.host), cfg.engines.base_port
         urls = [f"http://{host}:{base + 2 * i if base else free_port(cfg.engines.host)}" for i in range(cfg.engines.count)]
+    learner_host = welcome.weights.split("//", 1)[-1].rsplit(":", 1)[0]  # node 0's host (rank 0 publishes there)
     return Wiring(
-        broker=cfg.broker.address, broker_port=0,  # actors, weight agents -> the run's broker
+        broker=cfg.broker.address, broker_port=0,  # actors, weight agents, learner ranks -> the run's broker
         dashboard=welcome.dashboard.rstrip("/"), dashboard_port=0,  # this launch -> the run's state
         weights=welcome.weights,  # new weight agents -> the learner's publisher
         engines=urls,  # new weight agents -> new servers; empty for actors: they ask the broker
+        # learner ranks of this node -> node 0's rendezvous; `weights_bind` only tells them that rank 0 (on
+        # node 0, which binds it) publishes, so that they join its collective gathers of the weights
+        rdzv=f"{learner_host}:{cfg.learner.rdzv_port}" if cfg.run.role == "learner" else "",
+        weights_bind=welcome.weights if cfg.run.role == "learner" else "",
     )
 
 
@@ -119,7 +138,9 @@ async def _start(launcher: Launcher) -> None:
     """Start this launch's processes: engines (and, once each is ready, its weight agent) or actors."""
     from engines.server import wait_ready
 
-    if launcher.cfg.run.role == "engines":
+    if launcher.cfg.run.role == "learner":
+        await launcher.spawn(launcher.learner_child())
+    elif launcher.cfg.run.role == "engines":
         if not launcher.wiring.weights:
             raise RunFailed("the broker does not know the learner's weight address (was the run started with an "
                             "older launcher?); engines cannot join it")
@@ -135,11 +156,13 @@ async def _start(launcher: Launcher) -> None:
 
 async def _supervise_until_over(launcher: Launcher, link: BrokerLink) -> str:
     """Restart dead actors (fail on any other death) until the run is over; returns why it is."""
-    over = asyncio.create_task(watch_run(link, launcher.cfg.trainer.total_steps))
+    # A learner node ends with its ranks (torchrun's exit barrier waits for every node's), not at the last step.
+    last = launcher.cfg.trainer.total_steps if launcher.cfg.run.role != "learner" else float("inf")
+    over = asyncio.create_task(watch_run(link, last))
     supervise = asyncio.create_task(launcher.supervise())
     try:
         done, _ = await asyncio.wait({over, supervise}, return_when=asyncio.FIRST_COMPLETED)
-        return over.result() if over in done else "stopped"
+        return over.result() if over in done else "the learner finished its steps"  # (supervise's only return)
     finally:
         for task in (over, supervise):
             task.cancel()
@@ -160,11 +183,14 @@ async def run_join(local: Config, run_dir: Path) -> int:
     try:
         welcome = await link.welcome(local.run.startup_timeout_s)
         cfg = joined_config(local, welcome)
+        if cfg.run.role == "learner" and cfg.learner.nnodes == 1:
+            raise config_mod.ConfigError("role=learner: the run's learner runs on one host (learner.nnodes=1); "
+                                         "start the run with learner.nnodes=N to spread it over N hosts")
         config_mod.validate(cfg)
         launcher = Launcher(cfg, run_dir, join_wiring(cfg, welcome), prefix=name)
         config_mod.save(cfg, launcher.config_path)
         print(f"[agentstream] joined the run at {cfg.broker.address} (learner at version {welcome.learner_version}) "
-              f"with {cfg.actors.count if cfg.run.role == 'actors' else cfg.engines.count} {cfg.run.role}", flush=True)
+              f"with {joining(cfg)}", flush=True)
         print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   run folder: {run_dir}", flush=True)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             progress = asyncio.create_task(progress_loop(session, launcher.wiring, cfg.trainer.total_steps))

@@ -47,6 +47,7 @@ class Wiring:
     weights: str  # weight agents -> learner rank 0 (ZeroMQ ROUTER; rank 0 pushes weights down it)
     engines: list[str] = field(default_factory=list)  # actors, weight agents -> vLLM servers (HTTP)
     weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
+    rdzv: str = ""  # learner nodes 1.. -> node 0's torchrun rendezvous (host:port); only with learner.nnodes > 1
 
 
 def wire(cfg: Config) -> Wiring:
@@ -60,11 +61,12 @@ def wire(cfg: Config) -> Wiring:
     engine_ports = [base + 2 * i if base else free_port(cfg.engines.host) for i in range(cfg.engines.count)]
     engine_host = advertised_host(cfg.engines.host)
     engine_urls = list(cfg.engines.external_urls) or [f"http://{engine_host}:{p}" for p in engine_ports]
+    rdzv = f"{advertised_host(wh)}:{cfg.learner.rdzv_port or free_port(wh)}" if cfg.learner.nnodes > 1 else ""
     return Wiring(
         broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
         dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
         weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
-        engines=engine_urls,
+        engines=engine_urls, rdzv=rdzv,
     )
 
 
@@ -74,6 +76,8 @@ def resolved(cfg: Config, w: Wiring) -> Config:
     out = copy.deepcopy(cfg)
     out.broker.port, out.broker.dashboard_port, out.learner.weight_port = (
         w.broker_port, w.dashboard_port, int(w.weights.rsplit(":", 1)[1]))
+    if w.rdzv:
+        out.learner.rdzv_port = int(w.rdzv.rsplit(":", 1)[1])
     return out
 
 
@@ -188,16 +192,20 @@ class Launcher:
         return ["--curve-keys", str(Path(keys).resolve())] if keys else []
 
     def learner_child(self, resume: bool = False) -> Child:
-        n = self.cfg.learner.world_size
-        argv = [PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        """torchrun with this host's ranks of the learner: all of them, or (learner.nnodes > 1) node
+        learner.node_rank's share, which meets the other nodes at node 0's rendezvous (`Wiring.rdzv`)."""
+        c = self.cfg.learner
+        master, port = self.wiring.rdzv.rsplit(":", 1) if self.wiring.rdzv else ("127.0.0.1", str(free_port()))
+        argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(c.nnodes), "--node-rank", str(c.node_rank),
+                "--nproc-per-node", str(c.world_size // c.nnodes), "--master-addr", master, "--master-port", port,
                 "-m", "learner.train", "--config", str(self.config_path), "--broker", self.wiring.broker,
                 "--weights-bind", self.wiring.weights_bind, "--out", str(self.run_dir)]
         if self.cfg.engines.external_urls:
             argv.append("--publish-initial")  # servers started elsewhere may hold other weights
         if resume:
             argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
-        return self._child("learner", "learner", argv, {"OMP_NUM_THREADS": str(self.cfg.learner.torch_threads)})
+        name = "learner" if c.nnodes == 1 else f"learner-node{c.node_rank}"
+        return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(c.torch_threads)})
 
     def actor_child(self, i: int, incarnation: int = 0) -> Child:
         name = f"actor-{self.prefix}{i}"
@@ -324,7 +332,9 @@ class Launcher:
         (from its latest checkpoint), within each role's restart budget. False: not restartable."""
         key = "engine" if child.role == "agent" else child.role
         budget = {"broker": self.cfg.broker.max_restarts, "engine": self.cfg.engines.max_restarts,
-                  "learner": self.cfg.learner.max_restarts if self.cfg.checkpoint.every_steps > 0 else 0}.get(key, 0)
+                  # a learner on several hosts restarts as a whole or not at all: not by one host's launch
+                  "learner": self.cfg.learner.max_restarts
+                  if self.cfg.checkpoint.every_steps > 0 and self.cfg.learner.nnodes == 1 else 0}.get(key, 0)
         if self.restarts[key] >= budget:
             return False
         self.restarts[key] += 1
@@ -473,6 +483,10 @@ async def run_async(cfg: Config, run_dir: Path) -> int:
           flush=True)
     print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
           f"broker.address={launcher.wiring.broker} actors.count=N)", flush=True)
+    if cfg.learner.nnodes > 1:
+        print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each other "
+              f"host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
+              f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})", flush=True)
     status, reason, code = "finished", "", 0
     summary: dict = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -527,7 +541,7 @@ def run(cfg: Config, run_dir: Path) -> int:
 
         ensure_tiny_model(cfg.model.path)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.run.role != "all":  # more actors or engines for a running run
+    if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run
         from agentstream.join import run_join
 
         return asyncio.run(run_join(cfg, run_dir))

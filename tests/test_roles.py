@@ -1,12 +1,15 @@
-"""Joining a running run: `scripts/launch.py role=actors broker.address=...` adds actors from another process.
+"""Joining a running run: `scripts/launch.py role=actors|engines broker.address=...` from other processes.
 
-The end-to-end test (~1.5-2 min on 2 idle cores) starts a run with 1 actor (1 vLLM engine, 1 learner rank), adds
-2 actors with role=actors once the main launch prints the broker's address, and checks that all 3 send
-transitions that the broker takes in, that the dashboard lists them, that Ctrl-C of the joining launch stops
-its actors cleanly (their unfinished groups dropped as `actor_left`, nothing left running), and that the
-run goes on without them. The staleness bound is loose on purpose: this test is about actors, and
-admission never waits on weight sync here (tests/test_e2e.py covers that). The unit tests (milliseconds) cover the ETA, the progress line and how a joining
-launch merges its own fields into the run's config.
+The end-to-end test (~2-3 min on 2 idle cores) starts a run with 1 actor (1 vLLM engine, 1 learner rank), then,
+once the main launch prints the broker's address, adds 2 actors with role=actors and 1 engine with
+role=engines. It checks that all 3 actors send transitions that the broker takes in and that the dashboard
+lists them; that the joined engine is brought to a weight version newer than the learner's when it joined,
+and generates for the joined actors (which follow engines that join; the main run's actor keeps its own);
+that Ctrl-C of each joining launch stops its processes cleanly (the actors' unfinished groups dropped as
+`actor_left`, nothing left running); and that the run goes on without them. The staleness bound is loose
+on purpose: this test is about joining, and admission never waits on weight sync here (tests/test_e2e.py
+covers that). The unit tests (milliseconds) cover the ETA, the progress line and how a joining launch merges
+its own fields into the run's config.
 """
 
 import json
@@ -62,6 +65,22 @@ def test_a_joining_launch_takes_the_runs_config_but_its_own_actors_and_broker_fi
     assert cfg.engines.max_model_len == 2048  # the run's: prompts must fit the engines that serve them
     assert (cfg.run.role, cfg.actors.count, cfg.broker.address) == ("actors", 7, "tcp://10.0.0.5:5555")  # ours
     assert cfg.engines.count == 1 and cfg.engines.external_urls == []  # this host's servers: ours (default 1)
+
+
+def test_a_joining_learner_node_takes_the_runs_learner_but_its_own_node_rank() -> None:
+    from agentstream.join import join_wiring
+
+    run = C.Config()
+    run.run.output_dir = "runs/main"
+    run.learner.world_size, run.learner.nnodes, run.learner.rdzv_port, run.learner.lr = 8, 2, 29400, 3e-6
+    local = C.Config()
+    local.run.role, local.broker.address, local.learner.node_rank = "learner", "tcp://10.0.0.5:5555", 1
+    welcome = Welcome(weights="tcp://hosta:5556", config=OmegaConf.to_yaml(OmegaConf.structured(run)))
+    cfg = joined_config(local, welcome)
+    assert (cfg.learner.world_size, cfg.learner.nnodes, cfg.learner.lr, cfg.learner.node_rank) == (8, 2, 3e-6, 1)
+    wiring = join_wiring(cfg, welcome)
+    assert wiring.rdzv == "hosta:29400"  # node 0's host (where rank 0 publishes) and the run's rendezvous port
+    assert wiring.weights_bind == "tcp://hosta:5556" and wiring.engines == []
 
 
 def make_broker(max_staleness: int = 1):  # noqa: ANN201
@@ -162,46 +181,69 @@ def stop(proc: subprocess.Popen, timeout_s: float = 120) -> int:
         return proc.wait(10)
 
 
+def generated_tokens(engine_url: str) -> float:
+    """vLLM's own count of the tokens an engine generated (its Prometheus /metrics), -1 if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{engine_url}/metrics", timeout=3) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return -1.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
 @pytest.mark.e2e
-def test_actors_added_from_another_launch_contribute_and_leave_cleanly(tmp_path: Path) -> None:
-    main_dir, join_dir, port = tmp_path / "main", tmp_path / "join", free_port()
+def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(tmp_path: Path) -> None:
+    main_dir, join_dir, engine_dir, port = tmp_path / "main", tmp_path / "join", tmp_path / "engine", free_port()
     api = f"http://127.0.0.1:{port}/api"
     main = start([f"run.output_dir={main_dir}", "actors.count=1", "actors.episodes_per_actor=4", "env.group_size=4",
                   "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1", "learner.world_size=1",
                   "trainer.groups_per_step=3", "trainer.max_staleness=50", "trainer.total_steps=1000",
                   f"broker.dashboard_port={port}", "run.shutdown_timeout_s=5"], tmp_path / "main.out")
-    joiner = None
+    joiner = engines = None
     try:
         out = tmp_path / "main.out"
         line = wait_for(lambda: re.search(r"broker:\s+(tcp://\S+)", out.read_text()), 120, "the broker's address")
         joiner = start(["role=actors", f"broker.address={line.group(1)}", "actors.count=2", "actors.episodes_per_actor=4",
                         f"run.output_dir={join_dir}", "run.shutdown_timeout_s=20"], tmp_path / "join.out")
+        joined_at = (get_json(f"{api}/state") or {"learner": {"version": 0}})["learner"]["version"]
+        engines = start(["role=engines", f"broker.address={line.group(1)}", "engines.count=1", "engines.kv_cache_gib=1",
+                         f"run.output_dir={engine_dir}", "run.shutdown_timeout_s=20"], tmp_path / "engines.out")
 
         def senders() -> dict | None:  # every actor that has sent transitions, and how many
             s = get_json(f"{api}/summary")
             sent = {k: v for k, v in (s or {}).get("transitions_sent_by_actor", {}).items() if v > 0}
             return sent if len(sent) == 3 else None
 
-        sent = wait_for(senders, 300, "three actors sending transitions")
+        sent = wait_for(senders, 300, "three actors sending transitions", run_dir=main_dir)
         assert "actor-0" in sent and sum(name.startswith("actor-") for name in sent) == 3
         state = get_json(f"{api}/state")
         assert state is not None and sum(a["alive"] for a in state["actors"]) == 3  # the dashboard shows them
         assert state["counters"]["transitions_ingested"] >= sum(sent.values()) - 3 * 30  # stats lag by <= 1 s
 
-        assert stop(joiner) == 130, (tmp_path / "join.out").read_text()[-3000:]
-        js = json.loads((join_dir / "summary.json").read_text())
-        assert js["status"] == "interrupted" and js["processes_left"] == [], js
-        assert len(js["processes"]) == 2 and processes_mentioning(str(join_dir)) == []
+        def joined_engine() -> dict | None:  # the joined engine, once it serves weights newer than at its join
+            rows = (get_json(f"{api}/state") or {}).get("engines", [])
+            new = [e for e in rows if e["name"] != "engine-0" and e["alive"] and e["version"] > joined_at]
+            return new[0] if new else None
+
+        engine = wait_for(joined_engine, 420, "the joined engine serving a newer weight version", run_dir=main_dir)
+        wait_for(lambda: generated_tokens(engine["url"]) > 0, 180, "the joined actors generating on the joined engine")
+
+        for proc, folder, log, n in ((joiner, join_dir, "join.out", 2), (engines, engine_dir, "engines.out", 2)):
+            assert stop(proc) == 130, (tmp_path / log).read_text()[-3000:]
+            js = json.loads((folder / "summary.json").read_text())
+            assert js["status"] == "interrupted" and js["processes_left"] == [], js
+            assert len(js["processes"]) == n and processes_mentioning(str(folder)) == []  # (engine + its agent)
         version = get_json(f"{api}/state")["learner"]["version"]
         # The run goes on with actor-0 alone: the joiners' unfinished groups do not hold admission slots.
         wait_for(lambda: (s := get_json(f"{api}/state")) and s["learner"]["version"] >= version + 1, 180,
-                 "another learner step after the joined actors left")
+                 "another learner step after the joined actors and engine left", run_dir=main_dir)
         joined = [n for n in sent if n != "actor-0"]
         final = get_json(f"{api}/summary")
         assert all(final["transitions_sent_by_actor"][n] >= sent[n] for n in joined)
         assert stop(main) == 130, out.read_text()[-3000:]
     finally:
-        for proc in (joiner, main):
+        for proc in (joiner, engines, main):
             if proc is not None and proc.poll() is None:
                 stop(proc)
     summary = json.loads((main_dir / "summary.json").read_text())
@@ -210,3 +252,37 @@ def test_actors_added_from_another_launch_contribute_and_leave_cleanly(tmp_path:
     assert summary["transitions_ingested"] == summary["transitions_trained"] + summary["transitions_buffered"] + dropped
     assert set(summary["transitions_sent_by_actor"]) == set(sent)
     assert set(summary["trained_group_shapes"]) == {"4/4"}  # a left actor's partial groups are never trained
+
+
+@pytest.mark.e2e
+def test_a_learner_on_two_nodes_trains_once_the_second_node_joins(tmp_path: Path) -> None:
+    """Multi-node torchrun, both "hosts" on this machine: the main launch runs node 0 (one rank), a role=learner
+    launch node 1 (the other); the run's 2-rank learner can only take a step once both are in."""
+    main_dir, node_dir = tmp_path / "main", tmp_path / "node1"
+    main = start([f"run.output_dir={main_dir}", "actors.count=1", "actors.episodes_per_actor=4", "env.group_size=4",
+                  "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1", "learner.world_size=2",
+                  "learner.nnodes=2", "trainer.groups_per_step=2", "trainer.total_steps=3",
+                  f"broker.dashboard_port={free_port()}"], tmp_path / "main.out")
+    node = None
+    try:
+        out = tmp_path / "main.out"
+        line = wait_for(lambda: re.search(r"role=learner broker.address=(tcp://\S+)", out.read_text()), 120,
+                        "the main launch's line for the other learner nodes")
+        node = start(["role=learner", f"broker.address={line.group(1)}", "learner.node_rank=1",
+                      f"run.output_dir={node_dir}"], tmp_path / "node.out")
+        assert main.wait(600) == 0, out.read_text()[-3000:]
+        assert node.wait(120) == 0, (tmp_path / "node.out").read_text()[-3000:]
+    finally:
+        for proc in (node, main):
+            if proc is not None and proc.poll() is None:
+                stop(proc)
+    summary = json.loads((main_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["processes_left"] == []
+    versions = [json.loads(x)["version"] for x in (main_dir / "learner_metrics.jsonl").read_text().splitlines()
+                if "resumed_from" not in x]
+    assert versions == [1, 2, 3]
+    ns = json.loads((node_dir / "summary.json").read_text())
+    assert ns["status"] == "finished" and ns["reason"] == "the learner finished its steps", ns
+    assert ns["processes"] == ["learner-node1"] and ns["processes_left"] == [], ns
+    assert summary["launcher_wall_s"] < 240  # (torchrun's exit barrier did not wait for a node stopped early)
+    assert processes_mentioning(str(main_dir)) == [] and processes_mentioning(str(node_dir)) == []

@@ -77,9 +77,13 @@ def test_attribute_docs_reads_the_string_under_each_field() -> None:
 
 @pytest.mark.parametrize("role, extra, needle", [
     ("actors", [], "set broker.address=tcp://HOST:PORT"),
-    ("workers", [], "run.role='workers' is unknown; use one of all, actors, engines"),
-    ("all", ["broker.address=tcp://h:1"], "is only for role=actors or role=engines"),
+    ("workers", [], "run.role='workers' is unknown; use one of all, actors, engines, learner"),
+    ("all", ["broker.address=tcp://h:1"], "is only for role=actors, engines or learner"),
     ("engines", ["broker.address=tcp://h:1", "engines.count=0"], "engines.count=0: must be at least 1"),
+    ("all", ["learner.world_size=3", "learner.nnodes=2"], "world_size must be a multiple of nnodes"),
+    ("all", ["learner.nnodes=2", "learner.node_rank=1"], "the main launch runs node 0"),
+    ("learner", ["broker.address=tcp://h:1"], "set learner.node_rank to 1..nnodes-1"),
+    ("learner", ["broker.address=tcp://h:1", "learner.nnodes=2", "learner.node_rank=2"], "learner.node_rank=2 of"),
 ])
 def test_role_mistakes_say_what_to_change(role: str, extra: list[str], needle: str) -> None:
     with pytest.raises(C.ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
