@@ -37,6 +37,7 @@ class Group:
     owner: str = ""  # the actor that plays it
     trajectories: dict[str, list[Transition]] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    _min_version: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def transitions(self) -> int:
@@ -56,7 +57,11 @@ class Group:
         return max(returns) - min(returns) <= 1e-9
 
     def min_version(self) -> int:
-        return min(t.version_lo for steps in self.trajectories.values() for t in steps)
+        """The oldest policy version in the group. Asked of ready groups only, which take no more transitions:
+        cached (perf: every batch formation asks it of every ready group, scripts/bench_broker.py)."""
+        if self._min_version is None:
+            self._min_version = min(t.version_lo for steps in self.trajectories.values() for t in steps)
+        return self._min_version
 
 
 @dataclass

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 import msgpack
 import numpy as np
@@ -337,14 +337,15 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}; known: {sorted(_KINDS)}", "unknown_kind")
-    specs = _SPECS[kind]
+    specs, checkers = _SPECS[kind], _CHECKERS[kind]
     values: dict[str, Any] = {}
     for name, value in header.items():
         if name in ("v", "_arrays"):
             continue
-        if name not in specs:
+        check = checkers.get(name)
+        if check is None:
             raise ProtocolError(f"{kind}: unknown field {str(name)[:40]!r}", "unknown_field")
-        _check_field(kind, name, specs[name], value)
+        check(value)
         values[name] = value
     arrays = header.get("_arrays", [])
     if not isinstance(arrays, list) or len(arrays) != len(bufs) - 1:
@@ -400,32 +401,53 @@ def _unpack_header(buf: Any) -> dict[str, Any]:
     return header
 
 
-def _check_field(kind: str, name: str, hint: Any, value: Any) -> None:
+def _field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
+    """The check of header field `kind.name` by its type hint, decided once per field (perf: deciding it per
+    value was a third of the broker's decode time, scripts/bench_broker.py)."""
     where = f"{kind}.{name}"
     origin = typing.get_origin(hint)
     if origin is Literal:
-        if value not in typing.get_args(hint):
-            raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {typing.get_args(hint)}", "bad_type")
-        return
+        choices = typing.get_args(hint)
+
+        def literal(value: Any) -> None:
+            if value not in choices:
+                raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {choices}", "bad_type")
+        return literal
     if hint in (np.ndarray, bytes):
-        raise ProtocolError(f"{where}: must travel as a data frame, not in the header", "bad_type")
+        def frame_only(value: Any) -> None:
+            raise ProtocolError(f"{where}: must travel as a data frame, not in the header", "bad_type")
+        return frame_only
     allowed = _SCALAR_TYPES.get(origin or hint)
-    if allowed is None or not isinstance(value, allowed) or (hint in (int, float) and isinstance(value, bool)):
-        raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}",
-                            "bad_type")
+    no_bool = hint in (int, float)
     if hint is int:
-        _check_int(where, value, 2**63 - 1 if name in _INT64_FIELDS else INT32_MAX)
+        hi = 2**63 - 1 if name in _INT64_FIELDS else INT32_MAX
+        check = lambda value: _check_int(where, value, hi)  # noqa: E731
     elif hint is float:
-        _check_number(where, value, finite=True)
+        check = lambda value: _check_number(where, value, finite=True)  # noqa: E731
     elif hint is str:
-        _check_text(where, value, MAX_NAME_CHARS if name in _NAME_FIELDS else MAX_TEXT_CHARS)
+        limit = MAX_NAME_CHARS if name in _NAME_FIELDS else MAX_TEXT_CHARS
+        check = lambda value: _check_text(where, value, limit)  # noqa: E731
     elif hint is dict:
-        _check_dict(where, value, numeric=name in _NUMERIC_DICTS, finite=name not in _NON_FINITE_OK)
+        numeric, finite = name in _NUMERIC_DICTS, name not in _NON_FINITE_OK
+        check = lambda value: _check_dict(where, value, numeric=numeric, finite=finite)  # noqa: E731
     elif hint is list:
-        if len(value) > MAX_LIST_ITEMS:
-            raise ProtocolError(f"{where}: {len(value)} items, more than {MAX_LIST_ITEMS}", "too_long")
-        for item in value:
-            _check_scalar_value(where, item, numeric=False, finite=True)
+        check = lambda value: _check_list(where, value)  # noqa: E731
+    else:
+        check = lambda value: None  # noqa: E731  (bool: its type is all there is to check)
+
+    def typed(value: Any) -> None:
+        if allowed is None or not isinstance(value, allowed) or (no_bool and isinstance(value, bool)):
+            raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}",
+                                "bad_type")
+        check(value)
+    return typed
+
+
+def _check_list(where: str, value: list) -> None:
+    if len(value) > MAX_LIST_ITEMS:
+        raise ProtocolError(f"{where}: {len(value)} items, more than {MAX_LIST_ITEMS}", "too_long")
+    for item in value:
+        _check_scalar_value(where, item, numeric=False, finite=True)
 
 
 def _check_int(where: str, value: int, hi: int) -> None:
@@ -494,6 +516,10 @@ def _decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tupl
         raise ProtocolError(f"{kind}.{name}: {len(buf)} bytes do not hold {shape} of {dtype_name}", "bad_array")
     arr = np.frombuffer(buf, dtype=dtype, count=count) if count else np.zeros(0, dtype)
     return name, arr
+
+
+_CHECKERS = {kind: {name: _field_checker(kind, name, hint) for name, hint in specs.items()}
+             for kind, specs in _SPECS.items()}
 
 
 __all__ = ["PROTOCOL_VERSION", "REJECT_CODES", "Message", "ProtocolError", "encode", "decode", *(c.__name__ for c in typing.get_args(Message))]

@@ -92,6 +92,9 @@ class Broker:
         self._run_cfg = cfg  # roles: sent to joining processes in Welcome
         self._engine_followers: set[bytes] = set()  # roles: actors told when the engine list grows
         self._sock: zmq.asyncio.Socket | None = None
+        self._direct: zmq.Socket | None = None  # the same socket, for sends without asyncio (see `serve`)
+        self._outbox: list[list] = []  # replies held until the receive loop's round ends (`_send`)
+        self._holding = False
         # security: what every message is checked against, CURVE (serve()), and rate-limited reject logs
         self.limits = limits_for(cfg.model, cfg.engines)
         self._curve: CurveServer | None = None
@@ -117,6 +120,10 @@ class Broker:
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.bind(f"tcp://{self.cfg.host}:{self.port}")
+        # perf (scripts/bench_broker.py): replies go out through a plain (shadow) socket, without an asyncio
+        # future per message. A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
+        # ZeroMQ drops the message (its resend protocol covers that), so a non-blocking send always returns.
+        self._direct = zmq.Socket.shadow(self._sock.underlying)
         app = dashboard.make_app(self.snapshot, history_fn=lambda: list(self.history),
                                  history_s=self.cfg.dashboard_history_s)
         app.router.add_get("/api/summary", self._summary_handler)
@@ -183,14 +190,20 @@ class Broker:
         drain = zmq.Socket.shadow(self._sock.underlying)
         while True:
             await self._sock.poll(None, zmq.POLLIN)
-            # Take what already arrived, then flush the log once and acknowledge all of it together.
-            for _ in range(256):
-                try:
-                    frames = drain.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                await self._receive(frames)
-            await self._flush_acks()
+            # Take what already arrived, then flush the log once and send every reply (acknowledgements
+            # together, one per client) at the end.
+            self._holding = True
+            try:
+                for _ in range(256):
+                    try:
+                        frames = drain.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    await self._receive(frames)
+                await self._flush_acks()
+            finally:
+                self._holding = False
+                self._flush_outbox()
 
     async def _receive(self, frames: list) -> None:
         ident, body = frames[0].bytes, frames[1:]
@@ -230,7 +243,7 @@ class Broker:
     async def _flush_acks(self) -> None:
         acks, self._acks = self._acks, {}
         for ident, ack in acks.items():
-            await self._send(ident, ack)  # `_send` flushes the log first
+            await self._send(ident, ack)  # the log is flushed before any of them leaves
 
     def _count_malformed(self, ident: bytes, reason: str) -> None:
         self.buffer.counts["malformed_messages"] += 1
@@ -238,11 +251,23 @@ class Broker:
         log.warning("rejected a message from %r: %s", ident, reason)
 
     async def _send(self, ident: bytes, msg: Message) -> None:
-        assert self._sock is not None
+        """Send `msg` to `ident`: at once, or (while the receive loop handles what arrived) with the others at
+        the end of that round, after a single flush of the log."""
+        self._outbox.append([ident, *encode(msg)])
+        if not self._holding:
+            self._flush_outbox()
+
+    def _flush_outbox(self) -> None:
+        if not self._outbox:
+            return
         if self.state.wal is not None:
             self.state.wal.flush()  # nothing leaves that depends on a change the log does not hold yet
-        frames = [ident, *encode(msg)]
-        await self._sock.send_multipart(frames, copy=copy_when_sending(frames))  # perf: small ones are copied
+        out, self._outbox = self._outbox, []
+        for frames in out:
+            try:
+                self._direct.send_multipart(frames, zmq.NOBLOCK, copy=copy_when_sending(frames))  # small: copied
+            except zmq.ZMQError as exc:  # not expected of a ROUTER; the peer's resend covers a lost reply
+                log.warning("a reply to %r was not sent: %r", frames[0][:64], exc)
 
     # ------------------------------------------------------------------ handlers
     async def handle(self, ident: bytes, msg: Message, frames: list | None = None) -> None:
