@@ -22,7 +22,7 @@ from collections import deque
 import zmq
 import zmq.asyncio
 
-from broker.protocol import Ack, GroupGrant, GroupRequest, Message, Reject, Transition, decode, encode
+from broker.protocol import MAX_BUNDLE, Ack, GroupGrant, GroupRequest, Message, Reject, Transition, Transitions, decode, encode
 from broker.protocol import Welcome  # roles
 from broker.security import load_client_keys, secure_client  # security
 
@@ -113,18 +113,23 @@ class AsyncClient:
         # At-least-once delivery of transitions (see `send_transition`), and resent group requests.
         self.incarnation, self.max_unacked, self.ack_timeout_s = 0, 256, 5.0
         self._seq = 0
-        self._unacked: deque[tuple[int, list]] = deque()  # (seq, encoded frames), oldest first
+        self._unacked: deque[Transition] = deque()  # keyed, oldest first
+        self._outgoing: list[Transition] = []  # keyed, not sent yet (`_send_loop` sends them together)
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
         self._room = asyncio.Condition()
         self._last_progress = time.monotonic()  # last ack that freed something (or last resend)
         self._requests: dict[int, tuple[GroupRequest, asyncio.Future[GroupGrant]]] = {}
         self._next_request = 0
         self._resender: asyncio.Task[None] | None = None
-        self.counters: dict[str, int] = {"transitions_resent": 0, "group_requests_resent": 0, "acks": 0}
+        self.counters: dict[str, int] = {"transitions_resent": 0, "group_requests_resent": 0, "acks": 0,
+                                         "transition_messages": 0}
 
     async def start(self, incarnation: int = 0, max_unacked: int = 256, ack_timeout_s: float = 5.0) -> None:
         self.incarnation, self.max_unacked, self.ack_timeout_s = incarnation, max_unacked, ack_timeout_s
         self._reader = asyncio.create_task(self._read(), name=f"{self.name}-broker-reader")
         self._resender = asyncio.create_task(self._resend_loop(), name=f"{self.name}-resender")
+        self._sender = asyncio.create_task(self._send_loop(), name=f"{self.name}-sender")
 
     @property
     def unacked(self) -> int:
@@ -132,16 +137,30 @@ class AsyncClient:
 
     async def send_transition(self, t: Transition) -> None:
         """Send `t` under the next delivery key and keep it until the broker acknowledges it; waits while
-        `max_unacked` are outstanding (back-pressure from a slow or absent broker)."""
+        `max_unacked` are outstanding (back-pressure from a slow or absent broker). Transitions that come
+        while one is being sent go out together, as one Transitions message (no waiting added)."""
         async with self._room:
             await self._room.wait_for(lambda: len(self._unacked) < self.max_unacked)
             keyed = dataclasses.replace(t, incarnation=self.incarnation, seq=self._seq)
             self._seq += 1
-            frames = encode(keyed)
             if not self._unacked:
                 self._last_progress = time.monotonic()  # the ack clock starts with the oldest outstanding one
-            self._unacked.append((keyed.seq, frames))
-        await self._sock.send_multipart(frames, copy=False)
+            self._unacked.append(keyed)
+            self._outgoing.append(keyed)
+            self._wake.set()
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outgoing:
+                batch, self._outgoing = self._outgoing[:MAX_BUNDLE], self._outgoing[MAX_BUNDLE:]
+                await self._send_transitions(batch)
+
+    async def _send_transitions(self, ts: list[Transition]) -> None:
+        msg = ts[0] if len(ts) == 1 else Transitions.of(ts)
+        self.counters["transition_messages"] += 1
+        await self._sock.send_multipart(encode(msg), copy=False)
 
     async def drain(self, timeout_s: float) -> int:
         """Wait (bounded) until the broker acknowledged everything sent; returns how many are still not."""
@@ -156,7 +175,7 @@ class AsyncClient:
             return
         async with self._room:
             freed = 0
-            while self._unacked and self._unacked[0][0] <= ack.upto:
+            while self._unacked and self._unacked[0].seq <= ack.upto:
                 self._unacked.popleft()
                 freed += 1
             if freed:
@@ -171,9 +190,10 @@ class AsyncClient:
         while True:
             await asyncio.sleep(self.ack_timeout_s / 2)
             if self._unacked and time.monotonic() - self._last_progress > self.ack_timeout_s:
-                for _, frames in list(self._unacked):
-                    await self._sock.send_multipart(frames, copy=False)
-                self.counters["transitions_resent"] += len(self._unacked)
+                pending = list(self._unacked)
+                for i in range(0, len(pending), MAX_BUNDLE):
+                    await self._send_transitions(pending[i:i + MAX_BUNDLE])
+                self.counters["transitions_resent"] += len(pending)
                 self._last_progress = time.monotonic()
             for req, fut in list(self._requests.values()):
                 if not fut.done() and time.monotonic() - getattr(fut, "sent_at", 0.0) > self.ack_timeout_s:
@@ -216,10 +236,11 @@ class AsyncClient:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
-        if self._resender is not None:
-            self._resender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._resender
+        for task in (self._resender, self._sender):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         for _, fut in self._requests.values():
             fut.cancel()
         self._sock.close()

@@ -135,6 +135,58 @@ class Transition:
     kind: Literal["transition"] = "transition"
 
 
+TRANSITION_ITEM_FIELDS = ("traj_id", "group_id", "step", "version_lo", "version_hi", "reward", "done", "truncated",
+                          "valid", "anchor", "info", "seq")
+"""A Transition's header fields as one item of `Transitions.items` (positional, in this order)."""
+MAX_BUNDLE = 4096
+"""Transitions in one `Transitions` message at most."""
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """Actor -> broker: consecutive transitions of one actor incarnation in one message, taken by the broker
+    one after another exactly as if they had come one by one (perf: one receive, one header and one pass of
+    checks for all of them; scripts/bench_broker.py).
+
+    Columnar: item i's scalar fields are `items[i]` (TRANSITION_ITEM_FIELDS order); its token arrays are
+    slices of the concatenated arrays, cut by `prompt_lens` and `response_lens`."""
+
+    actor: str
+    incarnation: int
+    items: list  # [N] lists, TRANSITION_ITEM_FIELDS order
+    prompt_lens: np.ndarray  # [N] int32
+    response_lens: np.ndarray  # [N] int32
+    prompt_ids: np.ndarray  # [sum(prompt_lens)] int32
+    response_ids: np.ndarray  # [sum(response_lens)] int32
+    logprobs: np.ndarray  # [sum(response_lens)] float32
+    kind: Literal["transitions"] = "transitions"
+
+    @classmethod
+    def of(cls, ts: list[Transition]) -> Transitions:
+        """Bundle `ts` (one actor incarnation, at least one)."""
+        first = ts[0]
+        if any(t.actor != first.actor or t.incarnation != first.incarnation for t in ts):
+            raise ValueError("a Transitions message holds one actor incarnation's transitions")
+        return cls(
+            actor=first.actor, incarnation=first.incarnation,
+            items=[[getattr(t, f) for f in TRANSITION_ITEM_FIELDS] for t in ts],
+            prompt_lens=np.array([t.prompt_ids.size for t in ts], np.int32),
+            response_lens=np.array([t.response_ids.size for t in ts], np.int32),
+            prompt_ids=np.concatenate([t.prompt_ids for t in ts]).astype(np.int32, copy=False),
+            response_ids=np.concatenate([t.response_ids for t in ts]).astype(np.int32, copy=False),
+            logprobs=np.concatenate([t.logprobs for t in ts]).astype(np.float32, copy=False))
+
+    def split(self) -> list[Transition]:
+        """The transitions, in order (their arrays view this message's)."""
+        out, p, r = [], 0, 0
+        for item, n_p, n_r in zip(self.items, self.prompt_lens.tolist(), self.response_lens.tolist()):
+            out.append(Transition(actor=self.actor, incarnation=self.incarnation, prompt_ids=self.prompt_ids[p:p + n_p],
+                                  response_ids=self.response_ids[r:r + n_r], logprobs=self.logprobs[r:r + n_r],
+                                  **dict(zip(TRANSITION_ITEM_FIELDS, item))))
+            p, r = p + n_p, r + n_r
+        return out
+
+
 @dataclass(frozen=True)
 class Ack:
     """Broker -> actor: every transition of this incarnation with seq <= `upto` is in the broker's log.
@@ -249,8 +301,8 @@ class Reject:
 
 
 Message = Union[
-    Hello, Welcome, GroupRequest, GroupGrant, Transition, Ack, Stats, BatchRequest, Batch, VersionUpdate, EngineStatus,
-    WeightUpdate, Reject,
+    Hello, Welcome, GroupRequest, GroupGrant, Transition, Transitions, Ack, Stats, BatchRequest, Batch, VersionUpdate,
+    EngineStatus, WeightUpdate, Reject,
 ]
 _KINDS: dict[str, type] = {cls.__dataclass_fields__["kind"].default: cls for cls in typing.get_args(Message)}
 
@@ -379,7 +431,7 @@ _ARRAY_FIELD_DTYPES = {
     "prompt_ids": "int32", "response_ids": "int32", "logprobs": "float32", "group_index": "int32",
     "traj_index": "int32", "step_index": "int32", "prompt_lens": "int32", "response_lens": "int32",
     "rewards": "float32", "dones": "bool", "valid": "bool", "version_lo": "int32", "version_hi": "int32",
-}
+}  # (Transitions' prompt_lens/response_lens/prompt_ids/response_ids/logprobs are covered by the same names)
 """The dtype each array field must travel as (a field not listed takes any of _ARRAY_DTYPES)."""
 
 
@@ -405,6 +457,8 @@ def _field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
     """The check of header field `kind.name` by its type hint, decided once per field (perf: deciding it per
     value was a third of the broker's decode time, scripts/bench_broker.py)."""
     where = f"{kind}.{name}"
+    if (kind, name) == ("transitions", "items"):
+        return lambda value: _check_items(where, value)
     origin = typing.get_origin(hint)
     if origin is Literal:
         choices = typing.get_args(hint)
@@ -441,6 +495,20 @@ def _field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
                                 "bad_type")
         check(value)
     return typed
+
+
+def _check_items(where: str, value: Any) -> None:
+    """`Transitions.items`: each item a list of a Transition's header fields, each checked as in a Transition."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BUNDLE:
+        raise ProtocolError(f"{where}: expected a list of 1..{MAX_BUNDLE} items", "bad_type" if not isinstance(
+            value, list) else "too_long")
+    checks = [_CHECKERS["transition"][f] for f in TRANSITION_ITEM_FIELDS]
+    for item in value:
+        if not isinstance(item, list) or len(item) != len(checks):
+            raise ProtocolError(f"{where}: an item must list the {len(checks)} fields {TRANSITION_ITEM_FIELDS}",
+                                "bad_type")
+        for check, field_value in zip(checks, item):
+            check(field_value)
 
 
 def _check_list(where: str, value: list) -> None:

@@ -41,6 +41,7 @@ from broker.protocol import (
     Reject,
     Stats,
     Transition,
+    Transitions,
     VersionUpdate,
     Welcome,  # roles: processes joining a running run
     copy_when_sending,  # perf (bench): zero-copy only for large frames
@@ -271,19 +272,25 @@ class Broker:
 
     # ------------------------------------------------------------------ handlers
     async def handle(self, ident: bytes, msg: Message, frames: list | None = None) -> None:
-        if isinstance(msg, Transition):
+        if isinstance(msg, (Transition, Transitions)):
             # The log keeps the frames as received (bytes); without a log nothing is copied.
             raw = None if self.state.wal is None else (
                 [f.bytes for f in frames] if frames else [bytes(f) for f in encode(msg)])
-            res = self.state.ingest(msg, raw)
-            if res.ack is not None:
-                self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=res.ack)
-            if res.outcome == "completed":
+            if isinstance(msg, Transition):
+                results = [self.state.ingest(msg, raw)]
+            else:
+                results = self.state.ingest_many(msg.split(), raw)
+            completed = False
+            for res in results:
+                if res.ack is not None:
+                    self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=res.ack)
+                completed |= res.outcome == "completed"
+                if res.outcome == "rejected":
+                    reason = res.detail.split(":", 1)[0]
+                    self.rejected[reason] = self.rejected.get(reason, 0) + 1
+                    self._count_malformed(ident, f"transition rejected ({res.detail})")
+            if completed:
                 await self._serve_batches()
-            elif res.outcome == "rejected":
-                reason = res.detail.split(":", 1)[0]
-                self.rejected[reason] = self.rejected.get(reason, 0) + 1
-                self._count_malformed(ident, f"transition rejected ({res.detail})")
         elif isinstance(msg, GroupRequest):
             known = self.state.grants.get(ident.decode(errors="replace"))
             if msg.request >= 0 and known is not None and known[0] == msg.incarnation and msg.request in known[1]:

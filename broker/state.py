@@ -11,7 +11,8 @@ one is a gap (not taken: the actor resends from the last acknowledged). A messag
 incarnation of an actor means the old one died: its unfinished groups are settled by the buffer's rule.
 Group requests are idempotent: a resent (actor, incarnation, request) gets the grant it got before.
 
-Events: admit, transition, incarnation, drop_owner, version, resume, form, served, count. Accounting, at every moment:
+Events: admit, transition, transitions (a Transitions message: what its transitions did is derived again on
+replay, so nothing inside it is logged separately), incarnation, drop_owner, version, resume, form, served, count. Accounting, at every moment:
 transitions_acked == transitions_ingested + transitions_rejected_*, and
 transitions_ingested == transitions_trained + buffered + transitions_dropped_*.
 """
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.buffer import RejectedTransition, ReplayBuffer
-from broker.protocol import Batch, GroupGrant, Transition, decode, encode
+from broker.protocol import Batch, GroupGrant, Transition, Transitions, decode, encode
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger("broker.state")
@@ -59,13 +60,14 @@ class BrokerState:
         self.delivery: dict[str, list[int]] = {}  # actor -> [incarnation, highest seq taken]
         self.grants: dict[str, list[Any]] = {}  # actor -> [incarnation, {request: [gid, seed, min_version]}]
         self._replaying = False
+        self._inside = False  # applying a logged Transitions message: the events inside it are not logged
         self._since_compaction = 0
         self.recovered_events = 0
         self.recovered_snapshot = False
 
     # ------------------------------------------------------------------ durability
     def _log(self, kind: str, body: Any) -> None:
-        if self.wal is not None and not self._replaying:
+        if self.wal is not None and not self._replaying and not self._inside:
             self.wal.append(kind, body)
             self._since_compaction += 1
 
@@ -97,6 +99,10 @@ class BrokerState:
             self.admit(*body)
         elif kind == "transition":
             self.ingest(_transition(body), body)
+        elif kind == "transitions":
+            msg = decode(body)
+            assert isinstance(msg, Transitions)
+            self.ingest_many(msg.split(), body)
         elif kind == "incarnation":
             self.new_incarnation(*body)
         elif kind == "drop_owner":
@@ -194,6 +200,16 @@ class BrokerState:
             self.buffer.counts[f"transitions_rejected_{exc.reason}"] += 1
             return Ingested("rejected", ack=t.seq if t.seq >= 0 else None, detail=f"{exc.reason}: {exc}")
         return Ingested("completed" if completed else "taken", ack=t.seq if t.seq >= 0 else None)
+
+    def ingest_many(self, ts: list[Transition], frames: list[bytes] | None) -> list[Ingested]:
+        """`ingest` each of a Transitions message's transitions, in order; `frames`: the message's encoding,
+        logged once (replaying it takes the same decisions again, from the same state)."""
+        self._log("transitions", frames)
+        self._inside = True
+        try:
+            return [self.ingest(t, None) for t in ts]
+        finally:
+            self._inside = False
 
     def count(self, name: str) -> None:
         """A message that changed nothing but is counted (logged too, so that the counts survive a restart)."""

@@ -29,6 +29,7 @@ from broker.protocol import (
     Message,
     ProtocolError,
     Transition,
+    Transitions,
     VersionUpdate,
     WeightUpdate,
 )
@@ -117,6 +118,30 @@ def _transition(msg: Transition, limits: Limits) -> None:
     _check_logprobs(msg, msg.logprobs)
 
 
+def _transitions(msg: Transitions, limits: Limits) -> None:
+    """Each transition's checks (`_transition`), the array ones in one pass over the concatenated arrays."""
+    n = len(msg.items)
+    if msg.prompt_lens.size != n or msg.response_lens.size != n:
+        _fail(msg, f"{n} items but {msg.prompt_lens.size} prompt and {msg.response_lens.size} response lengths",
+              "inconsistent")
+    for lens, ids in ((msg.prompt_lens, msg.prompt_ids), (msg.response_lens, msg.response_ids)):
+        if int(lens.min()) < 0 or int(lens.sum(dtype=np.int64)) != ids.size:
+            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} but {ids.size} token ids came", "inconsistent")
+    if msg.logprobs.size != msg.response_ids.size:
+        _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
+    longest = int((msg.prompt_lens.astype(np.int64) + msg.response_lens).max())
+    if limits.max_tokens and longest > limits.max_tokens:
+        _fail(msg, f"{longest} prompt + response tokens exceed engines.max_model_len={limits.max_tokens}", "too_long")
+    for traj_id, group_id, step, lo, hi, *_ in msg.items:
+        if step < 0 or group_id < 0:
+            _fail(msg, f"{traj_id}: step={step}, group_id={group_id}: both must be >= 0", "out_of_range")
+        if not 0 <= lo <= hi:
+            _fail(msg, f"{traj_id}: version interval [{lo}, {hi}] must satisfy 0 <= lo <= hi", "out_of_range")
+    _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
+    _check_token_ids(msg, "response_ids", msg.response_ids, limits)
+    _check_logprobs(msg, msg.logprobs)
+
+
 def _batch(msg: Batch, limits: Limits) -> None:
     per_transition = ("group_index", "traj_index", "step_index", "prompt_lens", "response_lens", "rewards",
                       "dones", "valid", "version_lo", "version_hi")
@@ -159,7 +184,7 @@ def _weight_update(msg: WeightUpdate, limits: Limits) -> None:
 
 
 _CHECKS: dict[type, Callable[..., None]] = {
-    Transition: _transition, Batch: _batch, BatchRequest: _batch_request, Hello: _hello,
+    Transition: _transition, Transitions: _transitions, Batch: _batch, BatchRequest: _batch_request, Hello: _hello,
     VersionUpdate: _version_update, WeightUpdate: _weight_update,
 }
 

@@ -3,10 +3,11 @@
     .venv/bin/python scripts/bench_broker.py [--transitions 20000] [--sizes small,large] [--repeats 2]
 
 Three processes for the broker path, as in a run: a producer (an actor's stand-in: pipelined GroupRequests,
-then every transition of each granted group, each built as a `Transition` and encoded by
-`broker.protocol`), the real broker (`python -m broker.server`, ingest, group assembly, batch forming) and
+then every transition of each granted group, each built as a `Transition`, the group's sent as one
+`Transitions` message (as the actor's client sends transitions that come together; `--one-per-message`:
+one message each) encoded by `broker.protocol`), the real broker (`python -m broker.server`, ingest, group assembly, batch forming) and
 a learner stub that only receives its batches (BatchRequest -> Batch -> VersionUpdate). The raw baseline
-sends the same encoded transitions from the same producer code over PUSH -> PULL to a sink that only counts
+sends the same encoded messages from the same producer code over PUSH -> PULL to a sink that only counts
 them. Rate = transitions / (last received - first sent). Sizes: small = 1 step per trajectory, 64 tokens
 (48 prompt + 16 response); large = 4 steps per trajectory, 2,048 tokens (1,536 + 512) per transition.
 The last line is the broker/raw ratio for each size (target >= 0.5).
@@ -91,8 +92,16 @@ def _group_transitions(size: Size, pool: list, group_id: int) -> list:
     return out
 
 
+def _messages(transitions: list, bundle: bool) -> list:
+    """What goes over the socket: the group's transitions in one Transitions message (as the actor's client
+    sends transitions that come together), or one Transition message each."""
+    from broker.protocol import Transitions
+
+    return [Transitions.of(transitions)] if bundle else transitions
+
+
 # ------------------------------------------------------------------------------------ raw PUSH/PULL
-def raw_producer(address: str, size: Size, n: int, start_q: mp.Queue) -> None:
+def raw_producer(address: str, size: Size, n: int, start_q: mp.Queue, bundle: bool = True) -> None:
     from broker.protocol import encode
 
     sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -104,14 +113,14 @@ def raw_producer(address: str, size: Size, n: int, start_q: mp.Queue) -> None:
     start_q.put(time.time())
     sent, gid = 0, 0
     while sent < n:
-        for t in _group_transitions(size, pool, gid):
-            sock.send_multipart(encode(t), copy=False)
+        for m in _messages(_group_transitions(size, pool, gid), bundle):
+            sock.send_multipart(encode(m), copy=False)
         sent += per_group
         gid += 1
     sock.close(linger=-1)
 
 
-def raw_sink(address_q: mp.Queue, n: int, out_q: mp.Queue) -> None:
+def raw_sink(address_q: mp.Queue, n: int, out_q: mp.Queue, per_message: int = 1) -> None:
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.RCVHWM, 10_000)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -119,18 +128,18 @@ def raw_sink(address_q: mp.Queue, n: int, out_q: mp.Queue) -> None:
     got = 0
     while got < n:
         sock.recv_multipart(copy=False)
-        got += 1
+        got += per_message
     out_q.put((time.time(), got))
     sock.close()
 
 
-def run_raw(size: Size, n: int) -> float:
+def run_raw(size: Size, n: int, bundle: bool = True) -> float:
     ctx = mp.get_context("spawn")
     addr_q, out_q, start_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
     n = _round_up(n, GROUP_SIZE * size.steps)
-    sink = ctx.Process(target=raw_sink, args=(addr_q, n, out_q))
+    sink = ctx.Process(target=raw_sink, args=(addr_q, n, out_q, GROUP_SIZE * size.steps if bundle else 1))
     sink.start()
-    producer = ctx.Process(target=raw_producer, args=(addr_q.get(timeout=60), size, n, start_q))
+    producer = ctx.Process(target=raw_producer, args=(addr_q.get(timeout=60), size, n, start_q, bundle))
     producer.start()
     t0 = start_q.get(timeout=60)
     t1, got = _get(out_q, [sink, producer], None)
@@ -140,7 +149,7 @@ def run_raw(size: Size, n: int) -> float:
 
 
 # ------------------------------------------------------------------------------------ through the broker
-def broker_producer(address: str, size: Size, n_groups: int, start_q: mp.Queue) -> None:
+def broker_producer(address: str, size: Size, n_groups: int, start_q: mp.Queue, bundle: bool = True) -> None:
     from broker.client import SyncClient
     from broker.protocol import Ack, GroupGrant, GroupRequest, Hello, decode, encode
 
@@ -158,8 +167,8 @@ def broker_producer(address: str, size: Size, n_groups: int, start_q: mp.Queue) 
         while isinstance(grant, Ack):  # acknowledgements of what was sent: an actor reads them too
             grant = decode(sock.recv_multipart(copy=False))
         assert isinstance(grant, GroupGrant), grant
-        for t in _group_transitions(size, pool, grant.group_id):
-            sock.send_multipart(encode(t), copy=False)
+        for m in _messages(_group_transitions(size, pool, grant.group_id), bundle):
+            sock.send_multipart(encode(m), copy=False)
         if asked < n_groups:
             sock.send_multipart(encode(GroupRequest(actor="bench-actor")), copy=False)
             asked += 1
@@ -214,7 +223,7 @@ def broker_config(size: Size, n: int, folder: Path, overrides: tuple[str, ...] =
 
 
 def run_broker(size: Size, n: int, folder: Path, profile: Path | None = None,
-               overrides: tuple[str, ...] = ()) -> tuple[float, float]:
+               overrides: tuple[str, ...] = (), bundle: bool = True) -> tuple[float, float]:
     """(transitions/s, the broker's CPU seconds per transition). `profile`: run the broker under cProfile
     and write its stats there."""
     from agentstream.procs import start, stop
@@ -236,7 +245,7 @@ def run_broker(size: Size, n: int, folder: Path, profile: Path | None = None,
         address = f"tcp://127.0.0.1:{port}"
         stub = ctx.Process(target=learner_stub, args=(address, n, out_q))
         stub.start()
-        producer = ctx.Process(target=broker_producer, args=(address, size, n_groups, start_q))
+        producer = ctx.Process(target=broker_producer, args=(address, size, n_groups, start_q, bundle))
         producer.start()
         t0 = start_q.get(timeout=60)
         t1, got = _get(out_q, [stub, producer], folder / f"broker-{size.name}.log")
@@ -295,6 +304,8 @@ def main() -> None:
                         "(large ones: a quarter of this)")
     parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large")
     parser.add_argument("--repeats", type=int, default=2, help="measurements of each path (median reported)")
+    parser.add_argument("--one-per-message", action="store_true", help="send each transition as its own "
+                        "Transition message (both paths) instead of each group's as one Transitions message")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="broker config override, e.g. --set broker.wal=false --set broker.tensorboard=false")
     args = parser.parse_args()
@@ -304,6 +315,9 @@ def main() -> None:
     unknown = [s for s in names if s not in SIZES]
     if unknown:
         parser.error(f"--sizes: unknown {unknown}; known: {sorted(SIZES)}")
+    bundle = not args.one_per_message
+    print(f"# messages: {'one Transitions message per group' if bundle else 'one Transition message per transition'}"
+          f" (same payloads on both paths)", flush=True)
     print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
     print(f"{'size':<6} {'tokens':>6} {'n':>7} {'raw tr/s':>10} {'broker tr/s':>12} {'raw MB/s':>9} "
           f"{'broker MB/s':>11} {'broker us/tr':>12} {'ratio':>6}", flush=True)
@@ -314,8 +328,8 @@ def main() -> None:
             n = args.transitions if name == "small" else max(args.transitions // 4, 64)
             raws, brokers, cpus = [], [], []
             for _ in range(args.repeats):  # interleaved: drift on the shared machine hits both alike
-                raws.append(run_raw(size, n))
-                rate, cpu = run_broker(size, n, Path(tmp), overrides=tuple(args.set))
+                raws.append(run_raw(size, n, bundle))
+                rate, cpu = run_broker(size, n, Path(tmp), overrides=tuple(args.set), bundle=bundle)
                 brokers.append(rate)
                 cpus.append(cpu)
             raw, brk = statistics.median(raws), statistics.median(brokers)

@@ -66,6 +66,7 @@ def valid_transition(rng: random.Random, n_prompt: int | None = None) -> P.Trans
 def valid_message(rng: random.Random) -> P.Message:
     return rng.choice([
         lambda: valid_transition(rng),
+        lambda: P.Transitions.of([valid_transition(rng) for _ in range(rng.randint(2, 4))]),
         lambda: P.Hello(role="actor", name=f"x{rng.randint(0, 9)}", incarnation=rng.randint(0, 3)),
         lambda: P.Stats(source="x", role="actor", counters={"env_steps": rng.randint(0, 99)}, gauges={"g": 1.5}),
         lambda: P.BatchRequest(step=rng.randint(0, 50), rank=0, world_size=1),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from broker.buffer import ReplayBuffer
-from broker.protocol import Transition, encode
+from broker.protocol import Transition, Transitions, decode, encode
 from broker.state import BrokerState
 from broker.wal import WriteAheadLog
 
@@ -30,6 +30,25 @@ def tr(actor: str, inc: int, seq: int, gid: int, traj: str, step: int, done: boo
 
 def ingest(state: BrokerState, t: Transition):
     return state.ingest(t, [bytes(f) for f in encode(t)])
+
+
+def ingest_bundle(state: BrokerState, ts: list[Transition]) -> list:
+    """`ts` as one Transitions message, through its encoding (as the broker gets it)."""
+    frames = [bytes(f) for f in encode(Transitions.of(ts))]
+    return state.ingest_many(decode(frames).split(), frames)
+
+
+def test_a_bundle_is_taken_as_its_transitions_one_by_one() -> None:
+    single, bundled = make_state(None), make_state(None)
+    gs = [st.admit("a", 0, request=0) for st in (single, bundled)]
+    assert gs[0] == gs[1]
+    g = gs[0].group_id
+    stream = [tr("a", 0, 0, g, "x", 0, False), tr("a", 0, 2, g, "x", 2, False), tr("a", 0, 0, g, "x", 0, False),
+              tr("a", 0, 1, g, "x", 1, True), tr("a", 0, 2, g, "y", 0, True)]
+    one_by_one = [(r.outcome, r.ack) for r in (ingest(single, t) for t in stream)]
+    assert one_by_one == [("taken", 0), ("gap", None), ("duplicate", 0), ("taken", 1), ("completed", 2)]
+    assert [(r.outcome, r.ack) for r in ingest_bundle(bundled, stream)] == one_by_one
+    assert bundled.snapshot() == single.snapshot()
 
 
 def test_intake_is_in_order_once_and_acknowledged() -> None:
@@ -72,12 +91,30 @@ def test_partial_groups_serve_the_finished_trajectories_when_configured() -> Non
 
 
 def random_run(s: BrokerState, rng: random.Random, steps: int, actors: dict) -> None:
-    """Two actors play groups; now and then a learner takes a batch, checkpoints, or an actor restarts."""
+    """Two actors play groups; now and then a learner takes a batch, checkpoints, or an actor restarts. Half
+    of the transitions go in bundles (Transitions messages) of random size, duplicates included."""
+    pending: dict[str, list[Transition]] = {"a": [], "b": []}
+
+    def send(name: str, t: Transition) -> None:
+        if rng.random() < 0.5:
+            pending[name].append(t)
+        else:
+            flush(name)
+            ingest(s, t)
+
+    def flush(name: str) -> None:
+        if pending[name]:
+            ingest_bundle(s, pending[name])
+            pending[name] = []
+
     for _ in range(steps):
         name = rng.choice(["a", "b"])
         st = actors.setdefault(name, {"inc": 0, "seq": 0, "req": 0, "groups": {}})
         roll = rng.random()
+        if rng.random() < 0.2:
+            flush(name)
         if roll < 0.03:
+            flush(name)
             st.update(inc=st["inc"] + 1, seq=0, req=0, groups={})
             s.observe(name, st["inc"])
         elif roll < 0.25 and s.buffer.admissible():
@@ -95,9 +132,9 @@ def random_run(s: BrokerState, rng: random.Random, steps: int, actors: dict) -> 
             gid = rng.choice(list(st["groups"]))
             traj = rng.choice(list(st["groups"][gid]))
             done = rng.random() < 0.4
-            ingest(s, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done, s.buffer.learner_version))
+            send(name, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done, s.buffer.learner_version))
             if rng.random() < 0.1:  # a resend of the same transition (lost ack): a duplicate
-                ingest(s, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done))
+                send(name, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done))
             st["seq"] += 1
             st["groups"][gid][traj] += 1
             if done:
@@ -105,6 +142,8 @@ def random_run(s: BrokerState, rng: random.Random, steps: int, actors: dict) -> 
                 if not st["groups"][gid]:
                     del st["groups"][gid]
         s.maybe_compact()
+    for name in pending:
+        flush(name)
 
 
 def accounting(s: BrokerState) -> None:

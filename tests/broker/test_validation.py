@@ -46,7 +46,7 @@ def test_a_valid_transition_passes() -> None:
     assert code_of(P.encode(transition())) == ""
 
 
-@pytest.mark.parametrize("changes, code", [
+BAD_TRANSITIONS = [
     # Token 512 is the first id outside a 512-entry vocabulary (ids 0..511).
     ({"prompt_ids": np.array([1, 512], np.int32)}, "out_of_vocab"),
     ({"response_ids": np.array([-1, 4], np.int32)}, "out_of_vocab"),
@@ -60,9 +60,19 @@ def test_a_valid_transition_passes() -> None:
     ({"step": -1}, "out_of_range"),
     ({"reward": float("nan")}, "non_finite"),
     ({"reward": float("inf")}, "non_finite"),
-])
+]
+
+
+@pytest.mark.parametrize("changes, code", BAD_TRANSITIONS)
 def test_bad_transitions_are_refused_with_their_code(changes, code) -> None:
     assert code_of(P.encode(transition(**changes))) == code
+
+
+@pytest.mark.parametrize("changes, code", BAD_TRANSITIONS)
+def test_one_bad_transition_refuses_its_bundle_with_the_same_code(changes, code) -> None:
+    good = transition(traj_id="a.0.g1.ok")
+    assert code_of(P.encode(P.Transitions.of([good, good]))) == ""
+    assert code_of(P.encode(P.Transitions.of([good, transition(**changes), good]))) == code
 
 
 def test_the_longest_transition_that_fits_passes() -> None:
@@ -161,6 +171,27 @@ def test_random_mutations_never_raise_anything_but_protocol_error() -> None:
         assert np.isfinite(msg.logprobs).all() and (msg.logprobs <= 1e-3).all()
         ids = np.concatenate([msg.prompt_ids, msg.response_ids])
         assert ids.min() >= 0 and ids.max() < LIMITS.vocab_size
+
+
+def test_random_mutations_of_a_bundle_never_raise_anything_but_protocol_error() -> None:
+    rng = random.Random(6)
+    good = [bytes(f) for f in P.encode(P.Transitions.of([transition(), transition(step=1, seq=1)]))]
+    accepted = 0
+    for _ in range(3000):
+        frames = [bytearray(f) for f in good]
+        i = rng.randrange(len(frames))
+        if frames[i]:
+            frames[i][rng.randrange(len(frames[i]))] = rng.randrange(256)
+        try:
+            msg = validate(P.decode([bytes(f) for f in frames]), LIMITS)
+        except P.ProtocolError as exc:
+            assert exc.code in P.REJECT_CODES
+            continue
+        accepted += 1
+        for t in msg.split():
+            assert t.logprobs.size == t.response_ids.size and t.prompt_ids.size + t.response_ids.size <= 64
+            assert np.isfinite(t.logprobs).all() and 0 <= t.version_lo <= t.version_hi
+    assert accepted > 0  # some mutations (e.g. of a token id within the vocabulary) are harmless
 
 
 def test_limits_come_from_the_model_config(tmp_path) -> None:

@@ -1,0 +1,62 @@
+"""The actor's broker client over a real ZeroMQ socket pair: transitions that come together go out together
+(one Transitions message), in seq order; acknowledged ones are forgotten; without an acknowledgement every
+unacknowledged one is sent again."""
+
+import asyncio
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from broker.client import AsyncClient
+from broker.protocol import Ack, Transition, Transitions, decode, encode
+
+
+def tr(i: int) -> Transition:
+    return Transition(traj_id=f"t{i}", group_id=7, actor="actor-0", step=i, prompt_ids=np.arange(2 + i, dtype=np.int32),
+                      response_ids=np.arange(i % 3, dtype=np.int32), logprobs=np.full(i % 3, -0.25, np.float32),
+                      version_lo=0, version_hi=0, reward=float(i), done=False, truncated=False, valid=True,
+                      info={"i": i})
+
+
+async def received(router: zmq.asyncio.Socket, n: int) -> tuple[bytes, list[int], list[Transition]]:
+    """(the client's identity, the size of each message, the transitions in order) until `n` came."""
+    sizes, got, ident = [], [], b""
+    while len(got) < n:
+        ident, *frames = await asyncio.wait_for(router.recv_multipart(copy=False), 10)
+        msg = decode(frames)
+        ts = msg.split() if isinstance(msg, Transitions) else [msg]
+        sizes.append(len(ts))
+        got += ts
+    return ident.bytes, sizes, got
+
+
+def test_transitions_sent_together_arrive_bundled_in_order_and_are_resent_until_acknowledged() -> None:
+    async def main() -> None:
+        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        client = AsyncClient(f"tcp://127.0.0.1:{port}", "actor-0")
+        await client.start(incarnation=3, max_unacked=64, ack_timeout_s=0.4)
+        try:
+            await asyncio.gather(*(client.send_transition(tr(i)) for i in range(10)))
+            ident, sizes, got = await received(router, 10)
+            assert sum(sizes) == 10 and len(sizes) < 10  # fewer messages than transitions
+            assert [t.seq for t in got] == list(range(10)) and {t.incarnation for t in got} == {3}
+            for want, t in zip((tr(i) for i in range(10)), got):
+                assert (t.traj_id, t.step, t.reward, t.info) == (want.traj_id, want.step, want.reward, want.info)
+                np.testing.assert_array_equal(t.prompt_ids, want.prompt_ids)
+                np.testing.assert_array_equal(t.logprobs, want.logprobs)
+            assert client.unacked == 10
+            await router.send_multipart([ident, *encode(Ack(actor="actor-0", incarnation=3, upto=5))])
+            for _ in range(100):
+                if client.unacked == 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert client.unacked == 4  # 0..5 acknowledged
+            _, _, again = await received(router, 4)  # nothing acknowledged for 0.4 s: 6..9 come again
+            assert [t.seq for t in again] == [6, 7, 8, 9] and client.counters["transitions_resent"] >= 4
+        finally:
+            await client.close()
+            router.close(linger=0)
+
+    asyncio.run(main())
