@@ -285,6 +285,8 @@ class ReplayBuffer:
         self.live_admitted = max(self.live_admitted, step * self.groups_per_step)
 
     def _drop_stale(self, version: int) -> None:
+        if version <= self.max_staleness:
+            return  # (versions are >= 0: no group can lag more than the bound yet)
         keep: deque[Group] = deque()
         for group in self.ready:
             if version - group.min_version() > self.max_staleness:

@@ -80,9 +80,14 @@ class EngineClient:
         # The newest version this client has read from the engine. Versions only grow, so a cached
         # value is a safe lower bound for what produces the next request's first token.
         self._known_version: int | None = None
+        # perf: the fresh read after each answer is shared by every answer that arrived before it started
+        # (`_version_after`): one /weight_info request for the answers of one event-loop round.
+        self._next_read: asyncio.Future[int] | None = None
+        self.version_reads = 0
 
     async def version(self) -> int:
         """The policy version the engine serves now (a fresh read; also refreshes the cache)."""
+        self.version_reads += 1
         body = await self._request("GET", "/weight_info")
         v = parse_version(body.get("weight_version"), self.url)
         # Assign, don't max(): out-of-order answers can only make the cache lower (still a lower bound),
@@ -112,9 +117,31 @@ class EngineClient:
                 "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.base_model)
             )
         ids, logprobs, text, finish = self._parse_choice(body)
-        hi = await self.version()
+        hi = await self._version_after()
         # hi < lo only if the engine restarted (its version went back) while we held an old read.
         return Generation(ids, logprobs, text, finish, version_lo=min(lo, hi), version_hi=hi)
+
+    async def _version_after(self) -> int:
+        """A version read that starts after this call: every caller of this event-loop round shares one
+        (single flight), which starts at the loop's next round, so it is fresh for all of them."""
+        if self._next_read is None:
+            loop = asyncio.get_running_loop()
+            fut = self._next_read = loop.create_future()
+
+            def start() -> None:
+                self._next_read = None  # callers from now on need a read that starts after them
+                loop.create_task(self.version()).add_done_callback(settle)
+
+            def settle(task: asyncio.Task[int]) -> None:
+                if task.cancelled():
+                    fut.cancel()
+                elif task.exception() is not None:
+                    fut.set_exception(task.exception())  # type: ignore[arg-type]
+                else:
+                    fut.set_result(task.result())
+
+            loop.call_soon(start)
+        return await asyncio.shield(self._next_read)
 
     # ------------------------------------------------------------------------------------ internal
     def _completion_body(

@@ -160,6 +160,24 @@ async def test_client_generate_brackets_versions(fake_vllm):
         assert fake_vllm.calls.count("/weight_info") == 3  # one before the first call, one after each
 
 
+async def test_answers_that_arrive_together_share_one_fresh_version_read(fake_vllm):
+    fake_vllm.version = "2"
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(fake_vllm.url, session, timeout_s=5)
+        assert await client.version() == 2  # lo is known: no read before sending
+        fake_vllm.calls.clear()
+        gens = await asyncio.gather(*(client.generate([1], SamplingConfig()) for _ in range(8)))
+        assert all((g.version_lo, g.version_hi) == (2, 2) for g in gens)
+        reads = fake_vllm.calls.count("/weight_info")
+        assert fake_vllm.calls.count("/v1/completions") == 8 and 1 <= reads < 8  # shared, not one each
+        # Each read started after the answers it serves: an update that lands meanwhile is seen by them all.
+        fake_vllm.bump_on_completion = True
+        gens = await asyncio.gather(*(client.generate([1], SamplingConfig()) for _ in range(4)))
+        # 2 -> 6 by 4 answers: each answer's read sees at least its own bump, the last one's sees all four.
+        assert fake_vllm.version == "6" and min(g.version_hi for g in gens) >= 3
+        assert max(g.version_hi for g in gens) == 6
+
+
 async def test_client_retries_once_on_a_dropped_connection(fake_vllm):
     fake_vllm.version = "1"
     async with aiohttp.ClientSession() as session:
