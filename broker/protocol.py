@@ -504,11 +504,31 @@ def _check_items(where: str, value: Any) -> None:
             value, list) else "too_long")
     checks = [_CHECKERS["transition"][f] for f in TRANSITION_ITEM_FIELDS]
     for item in value:
+        if _plainly_valid(item):
+            continue
         if not isinstance(item, list) or len(item) != len(checks):
             raise ProtocolError(f"{where}: an item must list the {len(checks)} fields {TRANSITION_ITEM_FIELDS}",
                                 "bad_type")
         for check, field_value in zip(checks, item):
             check(field_value)
+
+
+def _plainly_valid(item: Any) -> bool:
+    """perf: True for an item that every check of `_check_items` accepts, decided in one expression (the
+    usual case); False sends it through those checks, which then say what is wrong. Never looser than them."""
+    if type(item) is not list or len(item) != 12:
+        return False
+    traj_id, group_id, step, lo, hi, reward, done, truncated, valid, anchor, info, seq = item
+    return (type(traj_id) is str and len(traj_id) <= MAX_NAME_CHARS and type(group_id) is int
+            and 0 <= group_id < 2**63 and type(step) is int and 0 <= step <= INT32_MAX and type(lo) is int
+            and 0 <= lo <= INT32_MAX and type(hi) is int and 0 <= hi <= INT32_MAX and type(reward) is float
+            and math.isfinite(reward) and type(done) is bool and type(truncated) is bool and type(valid) is bool
+            and type(anchor) is str and len(anchor) <= MAX_TEXT_CHARS and type(seq) is int and -1 <= seq <= INT32_MAX
+            and type(info) is dict and len(info) <= MAX_DICT_ITEMS
+            and all(type(k) is str and len(k) <= MAX_NAME_CHARS and (
+                v is None or type(v) is bool or (type(v) is int and -(2**63) <= v <= 2**63)
+                or (type(v) is float and math.isfinite(v)) or (type(v) is str and len(v) <= MAX_TEXT_CHARS))
+                for k, v in info.items()))
 
 
 def _check_list(where: str, value: list) -> None:

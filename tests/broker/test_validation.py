@@ -202,3 +202,24 @@ def test_limits_come_from_the_model_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 9}}))  # multimodal layout
     assert model_vocab_size(str(tmp_path)) == 9
     assert model_vocab_size(str(tmp_path / "absent")) == 0  # unknown: ids only checked to be >= 0
+
+
+def test_the_fast_acceptance_of_bundle_items_is_never_looser_than_the_checks() -> None:
+    """Property: on random items near the edges, `_plainly_valid` accepts only what every per-field check
+    of a Transition accepts (it exists only to skip those checks for the usual, well-formed item)."""
+    rng = random.Random(7)
+    edge = [0, 1, -1, -2, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 0.5, -0.0, float("nan"), float("inf"), True, False,
+            None, "", "x" * 257, "ok", [], {}, {"a": 1}, {"a": float("nan")}, {"k" * 300: 1}, {"a": [1]}, {1: 2},
+            {"a": "y" * (P.MAX_TEXT_CHARS + 1)}, {"a": None}, {"a": True}]
+    base = [getattr(transition(seq=3), f) for f in P.TRANSITION_ITEM_FIELDS]
+    checks = [P._CHECKERS["transition"][f] for f in P.TRANSITION_ITEM_FIELDS]
+    fast_accepted = 0
+    for _ in range(20_000):
+        item = list(base)
+        for _ in range(rng.randint(0, 2)):
+            item[rng.randrange(len(item))] = rng.choice(edge)
+        if P._plainly_valid(item):
+            fast_accepted += 1
+            for check, value in zip(checks, item):
+                check(value)  # raises if the fast path was looser
+    assert fast_accepted > 1000
