@@ -258,6 +258,12 @@ class TrainerConfig:
     """Groups in one global batch (split across learner ranks, whole groups only)."""
     max_staleness: int = 2
     """Maximum policy lag (learner version - producing version); 0 is synchronous training."""
+    max_samples_per_group: int = 1
+    """Sample reuse (Reverb's max_times_sampled): a group may be in this many batches, fresh groups first, while
+    no staler than max_staleness; 1 trains each group once."""
+    samples_per_insert: float = 0.0
+    """Sample reuse rate limit (Reverb's SampleToInsertRatio): groups sampled <= this x groups completed, else
+    the learner waits for fresh groups; 0: no limit but max_samples_per_group. Must be 0 or >= 1."""
     invalid_action_penalty: float = -0.1
     """Reward added to a step whose text did not parse into an action."""
 
@@ -456,6 +462,11 @@ def validate(cfg: Config) -> None:
             f"trainer.groups_per_step={cfg.trainer.groups_per_step} is smaller than "
             f"learner.world_size={cfg.learner.world_size}: every rank needs at least one whole group."
         )
+    t = cfg.trainer
+    if t.max_samples_per_group < 1 or not (t.samples_per_insert == 0 or t.samples_per_insert >= 1):
+        errors.append(f"trainer.max_samples_per_group={t.max_samples_per_group} (>= 1; 1 = no reuse) and "
+                      f"trainer.samples_per_insert={t.samples_per_insert} (0 = no limit, or >= 1: every fresh group "
+                      f"is one sample already, a ratio below 1 would stop training).")
     if cfg.trainer.max_staleness < 0:
         errors.append(f"trainer.max_staleness={cfg.trainer.max_staleness}: must be >= 0 (0 = synchronous).")
     if cfg.broker.dead_actor_groups not in ("drop", "serve"):

@@ -38,6 +38,7 @@ class Group:
     trajectories: dict[str, list[Transition]] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
     _min_version: int | None = field(default=None, repr=False, compare=False)
+    samples: int = 0  # batches it has been in (sample reuse: at most max_samples_per_group)
 
     @property
     def transitions(self) -> int:
@@ -127,7 +128,7 @@ class ReplayBuffer:
     def __init__(self, group_size: int, groups_per_step: int, world_size: int, max_staleness: int,
                  max_buffered_transitions: int, seed_base: int = 0, drop_zero_variance: bool = False,
                  retain_formed: bool = False, partial_groups: str = "drop", min_partial: int = 2,
-                 track_keys: bool = False):
+                 track_keys: bool = False, max_samples_per_group: int = 1, samples_per_insert: float = 0.0):
         self.group_size = group_size
         self.groups_per_step = groups_per_step
         self.world_size = world_size
@@ -140,6 +141,12 @@ class ReplayBuffer:
         self.retain_formed = retain_formed
         self.partial_groups = partial_groups  # a dead actor's group: "drop" it, or "serve" its finished part
         self.min_partial = min_partial
+        # Sample reuse, as DeepMind's Reverb: a trained group may be trained again (max_samples_per_group
+        # times in all) while no staler than the bound, and while samples <= samples_per_insert x inserts
+        # (0: no ratio limit). Fresh groups always come first; with the default 1 nothing is reused.
+        self.max_samples = max_samples_per_group
+        self.samples_per_insert = samples_per_insert
+        self.reuse: deque[Group] = deque()  # trained groups that may be sampled again, newest last
         self.fates: dict[str, str] | None = {} if track_keys else None  # key -> "trained:<step>" | "dropped:<why>"
         self.learner_version = 0
         self.engine_versions: dict[str, int] = {}
@@ -160,7 +167,8 @@ class ReplayBuffer:
         step = self.live_admitted // self.groups_per_step
         if step > self.learner_version + self.max_staleness:
             return False
-        held = self.counts["transitions_ingested"] - self.counts["transitions_trained"] - sum(self.dropped().values())
+        held = (self.counts["transitions_ingested"] - self.counts["transitions_trained"] - sum(self.dropped().values())
+                + self.reused_held())
         if held >= self.max_buffered:
             return False
         need = max(0, step - self.max_staleness)
@@ -222,6 +230,7 @@ class ReplayBuffer:
                 self._drop(group, "zero_variance")  # no signal: its slot is freed, admission refills it
                 return False
             self.ready.append(group)
+            self.counts["groups_inserted"] += 1  # (sample reuse: the ratio's denominator)
             return True
         return False
 
@@ -232,23 +241,43 @@ class ReplayBuffer:
             return False
         version = max(self.learner_version, step)  # the learner's version while it trains step k is k
         self._drop_stale(version)
-        if len(self.ready) < self.groups_per_step:
+        fresh = min(len(self.ready), self.groups_per_step)
+        again = self.groups_per_step - fresh
+        if again and (again > len(self.reuse) or not self._may_sample(again)):
             return False
-        groups = [self.ready.popleft() for _ in range(self.groups_per_step)]
+        groups = [self.ready.popleft() for _ in range(fresh)] + [self.reuse.pop() for _ in range(again)]  # newest
         self.formed[step] = FormedStep(version, partition_by_tokens(groups, self.world_size))
         self.next_step = step + 1
-        self.counts["groups_trained"] += len(groups)
         self.last_staleness = []
         for group in groups:
-            self.trained_group_shapes[f"{len(group.trajectories)}/{len(group.finished)}"] += 1
+            first = group.samples == 0
+            group.samples += 1
+            self.counts["groups_sampled"] += 1
+            self.counts["groups_trained" if first else "groups_reused"] += 1
+            if first:
+                self.trained_group_shapes[f"{len(group.trajectories)}/{len(group.finished)}"] += 1
             for steps in group.trajectories.values():
-                self.counts["transitions_trained"] += len(steps)
+                self.counts["transitions_trained" if first else "transitions_reused"] += len(steps)
                 for t in steps:
                     lag = version - t.version_lo
                     self.staleness_hist[lag] += 1
                     self.last_staleness.append(lag)
-                self._settle(steps, f"trained:{step}")
+                if first:
+                    self._settle(steps, f"trained:{step}")
+            if group.samples < self.max_samples:
+                self.reuse.append(group)
         return True
+
+    def _may_sample(self, again: int) -> bool:
+        """Reverb's rate limit: `again` more reused samples keep samples <= samples_per_insert x inserts."""
+        if self.samples_per_insert <= 0:
+            return True
+        samples = self.counts["groups_sampled"] + self.groups_per_step
+        return samples <= self.samples_per_insert * self.counts["groups_inserted"]
+
+    def reused_held(self) -> int:
+        """Transitions held only for reuse (already trained once)."""
+        return sum(g.transitions for g in self.reuse) if self.reuse else 0
 
     def share(self, step: int, rank: int) -> Batch | None:
         """Rank `rank`'s share of global batch `step` once formed (see `try_form`), else None. A retained step
@@ -287,6 +316,10 @@ class ReplayBuffer:
     def _drop_stale(self, version: int) -> None:
         if version <= self.max_staleness:
             return  # (versions are >= 0: no group can lag more than the bound yet)
+        if self.reuse:  # trained already: too stale to train again, it is let go (nothing to account as dropped)
+            kept = deque(g for g in self.reuse if version - g.min_version() <= self.max_staleness)
+            self.counts["groups_retired_stale"] += len(self.reuse) - len(kept)
+            self.reuse = kept
         keep: deque[Group] = deque()
         for group in self.ready:
             if version - group.min_version() > self.max_staleness:
@@ -334,7 +367,7 @@ class ReplayBuffer:
         """Everything needed to rebuild this buffer, as msgpack-able values; transitions as their frames."""
 
         def group(g: Group) -> dict:
-            return {"id": g.group_id, "seed": g.seed, "owner": g.owner,
+            return {"id": g.group_id, "seed": g.seed, "owner": g.owner, "samples": g.samples,
                     "steps": [encode_transition(t) for steps in g.trajectories.values() for t in steps]}
 
         return {
@@ -344,6 +377,7 @@ class ReplayBuffer:
             "open": [group(g) for g in self.open.values()], "ready": [group(g) for g in self.ready],
             "formed": [[s, f.version, sorted(f.served), [[group(g) for g in share] for share in f.shares]]
                        for s, f in self.formed.items()],
+            "reuse": [group(g) for g in self.reuse],
             "fates": self.fates,
         }
 
@@ -351,7 +385,7 @@ class ReplayBuffer:
         """Inverse of `to_state` (into a freshly made buffer of the same configuration)."""
 
         def group(d: dict) -> Group:
-            g = Group(d["id"], d["seed"], d["owner"])
+            g = Group(d["id"], d["seed"], d["owner"], samples=d.get("samples", 0))
             for frames in d["steps"]:
                 t = decode_transition(frames)
                 g.trajectories.setdefault(t.traj_id, []).append(t)
@@ -368,5 +402,6 @@ class ReplayBuffer:
         self.ready = deque(group(d) for d in state["ready"])
         self.formed = {s: FormedStep(v, [[group(d) for d in share] for share in shares], set(served))
                        for s, v, served, shares in state["formed"]}
+        self.reuse = deque(group(d) for d in state.get("reuse", []))
         if self.fates is not None and state.get("fates") is not None:
             self.fates = dict(state["fates"])

@@ -73,6 +73,7 @@ class Broker:
             drop_zero_variance=cfg.algorithm.dynamic_sampling,
             retain_formed=cfg.checkpoint.every_steps > 0, partial_groups=cfg.broker.dead_actor_groups,
             min_partial=cfg.broker.min_partial_group, track_keys=cfg.broker.track_keys,
+            max_samples_per_group=cfg.trainer.max_samples_per_group, samples_per_insert=cfg.trainer.samples_per_insert,
         )
         # Reliability: every change to the buffer is a logged event (broker.state); None: nothing durable.
         wal = WriteAheadLog(run_dir / "broker-wal", fsync=cfg.broker.wal_fsync) if cfg.broker.wal and run_dir else None

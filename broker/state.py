@@ -237,11 +237,11 @@ class BrokerState:
 
     def try_form(self, step: int) -> bool:
         """Form batch `step` if enough groups are complete. Logged whenever it changed anything: forming also
-        drops groups that became too stale, even when too few remain to form the batch."""
+        drops groups that became too stale (and lets go of reusable ones), even when it forms nothing."""
         counts = self.buffer.counts
-        before = counts["groups_dropped_stale"]
+        before = counts["groups_dropped_stale"], counts["groups_retired_stale"]
         formed = self.buffer.try_form(step)
-        if formed or counts["groups_dropped_stale"] != before:
+        if formed or (counts["groups_dropped_stale"], counts["groups_retired_stale"]) != before:
             self._log("form", step)
         return formed
 

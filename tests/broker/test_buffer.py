@@ -212,3 +212,65 @@ def test_a_dead_actors_unfinished_groups_are_dropped_and_their_slots_freed() -> 
     assert b.dropped() == {"actor_died": 1} and not b.open
     assert b.admissible()  # the slot is free for the restarted actor
     invariant(b)
+
+
+def complete_group(b: ReplayBuffer, lo: int = 0) -> int:
+    """Admit one group of G=2 and finish both trajectories (one step each)."""
+    gid, _, _ = b.admit()
+    b.add(tr(gid, f"g{gid}.a", 0, done=True, lo=lo))
+    b.add(tr(gid, f"g{gid}.b", 0, done=True, lo=lo))
+    return gid
+
+
+def formed_groups(b: ReplayBuffer, step: int) -> list[int]:
+    return sorted(g.group_id for share in b.formed[step].shares for g in share)
+
+
+def test_sample_reuse_trains_a_group_at_most_max_samples_times_fresh_groups_first() -> None:
+    b = ReplayBuffer(group_size=2, groups_per_step=2, world_size=1, max_staleness=10, max_buffered_transitions=100,
+                     max_samples_per_group=2)
+    g0, g1 = complete_group(b), complete_group(b)
+    assert b.try_form(0) and formed_groups(b, 0) == [g0, g1]
+    assert b.try_form(1) and formed_groups(b, 1) == [g0, g1]  # nothing fresh: both again (their 2nd sample)
+    assert not b.try_form(2)  # both used up: the learner waits for fresh groups
+    g2 = complete_group(b)
+    assert not b.try_form(2)  # one fresh, none left to reuse
+    g3 = complete_group(b)
+    assert b.try_form(2) and formed_groups(b, 2) == [g2, g3]
+    c = b.counts  # hand count: 4 groups x 2 transitions trained once, g0 and g1 once more
+    assert (c["groups_trained"], c["groups_reused"], c["transitions_trained"], c["transitions_reused"]) == (4, 2, 8, 4)
+    invariant(b)  # a reused group is not counted as trained twice
+
+
+def test_sample_to_insert_ratio_holds_back_reuse() -> None:
+    b = ReplayBuffer(group_size=2, groups_per_step=2, world_size=1, max_staleness=10, max_buffered_transitions=100,
+                     max_samples_per_group=3, samples_per_insert=1.5)
+    complete_group(b), complete_group(b)
+    assert b.try_form(0)  # 2 samples of 2 inserts
+    assert not b.try_form(1)  # 2 reused would make 4 samples > 1.5 x 2 inserts = 3
+    g2 = complete_group(b)  # 3 inserts: up to 4.5 samples
+    assert b.try_form(1) and g2 in formed_groups(b, 1) and b.counts["groups_reused"] == 1  # 1 fresh + 1 reused
+
+
+def test_reuse_stops_once_a_group_is_too_stale() -> None:
+    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=1, max_buffered_transitions=100,
+                     max_samples_per_group=5)
+    complete_group(b, lo=0)
+    assert b.try_form(0) and b.try_form(1)  # versions 0 and 1: lag 0 and 1, within the bound
+    b.learner_version = 2
+    assert not b.try_form(2)  # lag 2 > 1: let go, not trained again
+    assert b.counts["groups_retired_stale"] == 1 and b.counts["groups_reused"] == 1 and not b.reuse
+    assert b.dropped() == {}  # trained already: nothing is dropped
+
+
+def test_the_reuse_pool_survives_a_snapshot() -> None:
+    from broker.state import _frames, _transition
+
+    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=10, max_buffered_transitions=100,
+                     max_samples_per_group=3)
+    complete_group(b)
+    assert b.try_form(0)
+    copy = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=10,
+                        max_buffered_transitions=100, max_samples_per_group=3)
+    copy.load_state(b.to_state(_frames), _transition)
+    assert [g.samples for g in copy.reuse] == [1] and copy.try_form(1) and copy.try_form(2) and not copy.try_form(3)

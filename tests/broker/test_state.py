@@ -158,7 +158,8 @@ def test_recovery_rebuilds_the_same_state_after_crashes_at_random_points(tmp_pat
     for trial in range(6):
         rng = random.Random(trial)
         folder = tmp_path / f"wal{trial}"
-        s = make_state(folder)
+        reuse = {"max_samples_per_group": 2} if trial % 2 else {}  # odd trials: groups are trained twice
+        s = make_state(folder, **reuse)
         s.recover()
         actors: dict = {}
         for crash in range(4):
@@ -167,12 +168,13 @@ def test_recovery_rebuilds_the_same_state_after_crashes_at_random_points(tmp_pat
             expected = s.snapshot()
             copy = tmp_path / f"crash{trial}.{crash}"
             shutil.copytree(folder, copy)  # the files as a kill -9 leaves them (unflushed appends are lost)
-            s = make_state(copy)
+            s = make_state(copy, **reuse)
             s.recover()
             assert s.snapshot() == expected
             accounting(s)
             folder = copy
         assert s.buffer.counts["groups_trained"] > 0 and s.buffer.counts["transitions_duplicate"] > 0
+        assert (s.buffer.counts["groups_reused"] > 0) == bool(reuse)
 
 
 def test_retained_batches_are_served_again_to_a_resumed_learner_until_checkpointed(tmp_path: Path) -> None:
