@@ -151,11 +151,14 @@ def test_batches_must_add_up() -> None:
     assert code_of(P.encode(batch(rewards=np.array([0, np.nan], np.float32)))) == "non_finite"
 
 
-def test_random_mutations_never_raise_anything_but_protocol_error() -> None:
+@pytest.mark.parametrize("bundle", [False, True])
+def test_random_mutations_never_raise_anything_but_protocol_error(bundle: bool) -> None:
     """Property: whatever bytes arrive, decode + validate either accept or raise ProtocolError with a known
-    code (never another exception), and an accepted message satisfies the limits."""
+    code (never another exception), and every transition of an accepted message satisfies the limits."""
     rng = random.Random(5)
-    good = [bytes(f) for f in P.encode(transition())]
+    msg = P.Transitions.of([transition(), transition(step=1, seq=1)]) if bundle else transition()
+    good = [bytes(f) for f in P.encode(msg)]
+    accepted = 0
     for _ in range(3000):
         frames = [bytearray(f) for f in good]
         for _ in range(rng.randint(1, 3)):
@@ -163,34 +166,17 @@ def test_random_mutations_never_raise_anything_but_protocol_error() -> None:
             if frames[i]:
                 frames[i][rng.randrange(len(frames[i]))] = rng.randrange(256)
         try:
-            msg = validate(P.decode([bytes(f) for f in frames]), LIMITS)
-        except P.ProtocolError as exc:
-            assert exc.code in P.REJECT_CODES
-            continue
-        assert isinstance(msg, P.Transition)
-        assert np.isfinite(msg.logprobs).all() and (msg.logprobs <= 1e-3).all()
-        ids = np.concatenate([msg.prompt_ids, msg.response_ids])
-        assert ids.min() >= 0 and ids.max() < LIMITS.vocab_size
-
-
-def test_random_mutations_of_a_bundle_never_raise_anything_but_protocol_error() -> None:
-    rng = random.Random(6)
-    good = [bytes(f) for f in P.encode(P.Transitions.of([transition(), transition(step=1, seq=1)]))]
-    accepted = 0
-    for _ in range(3000):
-        frames = [bytearray(f) for f in good]
-        i = rng.randrange(len(frames))
-        if frames[i]:
-            frames[i][rng.randrange(len(frames[i]))] = rng.randrange(256)
-        try:
-            msg = validate(P.decode([bytes(f) for f in frames]), LIMITS)
+            got = validate(P.decode([bytes(f) for f in frames]), LIMITS)
         except P.ProtocolError as exc:
             assert exc.code in P.REJECT_CODES
             continue
         accepted += 1
-        for t in msg.split():
+        assert isinstance(got, type(msg))
+        for t in got.split() if bundle else [got]:
             assert t.logprobs.size == t.response_ids.size and t.prompt_ids.size + t.response_ids.size <= 64
-            assert np.isfinite(t.logprobs).all() and 0 <= t.version_lo <= t.version_hi
+            assert np.isfinite(t.logprobs).all() and (t.logprobs <= 1e-3).all() and 0 <= t.version_lo <= t.version_hi
+            ids = np.concatenate([t.prompt_ids, t.response_ids])
+            assert ids.min() >= 0 and ids.max() < LIMITS.vocab_size
     assert accepted > 0  # some mutations (e.g. of a token id within the vocabulary) are harmless
 
 
