@@ -122,8 +122,8 @@ def write_csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> N
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("comparison", choices=sorted(COMPARISONS))
-    p.add_argument("--steps", type=int, default=40, help="learner steps per arm")
-    p.add_argument("--every", type=int, default=4, help="validate every this many learner steps")
+    p.add_argument("--steps", type=int, default=60, help="learner steps per arm")
+    p.add_argument("--every", type=int, default=6, help="validate every this many learner steps")
     p.add_argument("--target", type=float, default=0.5, help="validation success rate whose first crossing is timed")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<comparison>)")
     p.add_argument("--rerun", action="store_true", help="run arms again even if their run folder is finished")
