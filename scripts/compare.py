@@ -53,8 +53,8 @@ COMPARISONS: dict[str, tuple[Arm, ...]] = {
         Arm("GiGPO", ("algorithm=gigpo",)),
     ),
     "memory": (  # long episodes: a 6x6 lake, 30 steps; `full` repeats every step so far in each prompt
-        Arm("last-k (k=2)", ("memory.kind=last_k", "memory.k=2", "+env.kwargs.map_size=6", "env.max_steps=30")),
-        Arm("full history", ("memory.kind=full", "+env.kwargs.map_size=6", "env.max_steps=30")),
+        Arm("last-k (k=2)", ("memory.kind=last_k", "memory.k=2", "env.kwargs.map_size=6", "env.max_steps=30")),
+        Arm("full history", ("memory.kind=full", "env.kwargs.map_size=6", "env.max_steps=30")),
     ),
 }
 FIELDS = ("arm", "version", "trajectories_trained", "wall_s", "val_success_rate", "val_return", "val_invalid_rate")

@@ -140,10 +140,14 @@ def test_weight_publisher_accepts_allowed_agents_only(tmp_path) -> None:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, name.encode())
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDTIMEO, 2000)  # a refused client's send waits for a handshake that never comes
             secure_client(sock, load_client_keys(folder))
             sock.connect(pub.address)
-            sock.send_multipart(P.encode(P.EngineStatus(engine=name, url="u", version=0)))
             socks.append(sock)
+            try:
+                sock.send_multipart(P.encode(P.EngineStatus(engine=name, url="u", version=0)))
+            except zmq.Again:
+                assert name == "engine-bad"  # refused before its message could even be queued
         deadline = time.monotonic() + 5
         while "engine-ok" not in pub.engine_versions() and time.monotonic() < deadline:
             time.sleep(0.05)
