@@ -336,8 +336,8 @@ def main() -> None:
             mb = size.tokens * 4 + size.response * 4  # token ids + log-probs, bytes per transition
             ratios[name] = brk / raw
             print(f"{name:<6} {size.tokens:>6} {n:>7} {raw:>10.0f} {brk:>12.0f} {raw * mb / 1e6:>9.1f} "
-                  f"{brk * mb / 1e6:>11.1f} {statistics.median(cpus) * 1e6:>12.1f} {brk / raw:>6.2f}", flush=True)
-    print("ratio broker/raw: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()) + " (target >= 0.50)")
+                  f"{brk * mb / 1e6:>11.1f} {statistics.median(cpus) * 1e6:>12.1f} {brk / raw:>6.3f}", flush=True)
+    print("ratio broker/raw: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()) + " (target >= 0.50)")
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ def test_bench_broker_prints_both_sizes_and_the_ratio() -> None:
     for name, tokens in (("small", 64), ("large", 2048)):
         row = rows[name]  # tokens, n, raw tr/s, broker tr/s, raw MB/s, broker MB/s, broker us/tr, ratio
         assert row[0] == tokens
-        assert all(math.isfinite(x) and x > 0 for x in row[2:]), row
-        assert row[7] == pytest.approx(row[3] / row[2], abs=0.01)  # ratio = broker / raw, as printed
+        assert all(math.isfinite(x) and x >= 0 for x in row[2:]), row  # (MB/s and ratio print 0.0 under load)
+        assert row[2] > 0 and row[3] > 0 and row[6] > 0, row  # raw and broker rates, broker us/transition
+        assert row[7] == pytest.approx(row[3] / row[2], abs=0.001)  # ratio = broker / raw, as printed
     assert lines[-1].startswith("ratio broker/raw: small ") and "large" in lines[-1]
 
 
