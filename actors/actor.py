@@ -96,6 +96,9 @@ class Actor:
         total, step = 0.0, 0
         try:
             while True:
+                # GiGPO's step groups gather the steps taken from the same state: the anchor of `obs`, the state
+                # the action is chosen in (not of the state it leads to).
+                anchor = str(info.get("anchor", ""))
                 prompt_ids = self._prompt_ids(mem.messages(obs))
                 self.requests_in_flight += 1
                 try:
@@ -116,7 +119,7 @@ class Actor:
                     prompt_ids=np.asarray(prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
                     logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
                     version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=bool(terminated),
-                    truncated=bool(truncated), valid=valid, anchor=str(info.get("anchor", "")),
+                    truncated=bool(truncated), valid=valid, anchor=anchor,
                     info={"success": bool(info.get("success", False))},
                 ))
                 self._count_step(len(gen.response_ids), valid)

@@ -34,6 +34,17 @@ def parse_action(text: str) -> ParseResult:
     return parse_tagged(text, _CHOICES)
 
 
+def safe_moves(desc: list[str], row: int, col: int) -> list[str]:
+    """The moves that stay on the grid and do not land in a hole, in ACTIONS order."""
+    size = len(desc)
+    out = []
+    for name, (dr, dc) in zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))):
+        r, c = row + dr, col + dc
+        if 0 <= r < size and 0 <= c < size and desc[r][c] != "H":
+            out.append(name)
+    return out
+
+
 def render(desc: list[str], row: int, col: int) -> str:
     """The lake as text rows, with P at the player's cell."""
     lines = []
@@ -49,13 +60,18 @@ class FrozenLakeText(gym.Env):
     metadata = {"render_modes": []}
     instructions = INSTRUCTIONS
 
-    def __init__(self, map_size: int = 4, max_steps: int = 8, is_slippery: bool = False, frozen_prob: float = 0.8):
+    def __init__(self, map_size: int = 4, max_steps: int = 8, is_slippery: bool = False, frozen_prob: float = 0.8,
+                 show_safe_moves: bool = False):
         if map_size < 2:
             raise ValueError(f"map_size={map_size}: must be at least 2")
         self.map_size = map_size
         self.max_steps = max_steps
         self.is_slippery = is_slippery
         self.frozen_prob = frozen_prob  # gymnasium's `p`: probability that a tile is frozen
+        # Also list the moves that neither fall into a hole nor bump into the edge (`Safe moves: down, right.`),
+        # as verl-agent's ALFWorld prompts list the admissible actions: the same facts as the grid, said where a
+        # small model need not find them by counting columns. Which safe move leads to G is still the task.
+        self.show_safe_moves = show_safe_moves
         self.observation_space = text_space()
         self.action_space = text_space()
         self._game: FrozenLakeEnv | None = None
@@ -93,7 +109,10 @@ class FrozenLakeText(gym.Env):
 
     def _observation(self) -> str:
         row, col = divmod(int(self._state), self.map_size)
-        return f"{render(self._desc, row, col)}\nYou are at row {row}, column {col}."
+        text = f"{render(self._desc, row, col)}\nYou are at row {row}, column {col}."
+        if self.show_safe_moves:
+            text += f"\nSafe moves: {', '.join(safe_moves(self._desc, row, col)) or 'none'}."
+        return text
 
     def _info(self, valid: bool, success: bool, anchor: str) -> dict[str, Any]:
         return {"valid": valid, "success": success, "anchor": anchor, "admissible_actions": list(ACTIONS)}

@@ -75,6 +75,29 @@ def test_no_transition_is_lost_or_invented(run) -> None:
     assert set(s["staleness_hist"]) <= {"0", "1"}
 
 
+def test_each_transition_holds_the_prompt_and_anchor_of_the_state_it_acted_in(run) -> None:
+    """What the broker logged: every transition's prompt ends with the observation it was generated from, and
+    its anchor (GiGPO's step-group key) is that same state, not the state the action led to."""
+    from transformers import AutoTokenizer
+
+    from agentstream.config import TINY_MODEL_DIR
+    from broker.protocol import Transitions, decode
+    from broker.wal import iter_records
+
+    run_dir, _, _, _ = run
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    seen = 0
+    for _, kind, body in iter_records(run_dir / "broker-wal"):
+        if kind not in ("transition", "transitions"):
+            continue
+        msg = decode(body)
+        for t in (msg.split() if isinstance(msg, Transitions) else [msg]):
+            prompt = tok.decode(t.prompt_ids)
+            assert t.anchor and prompt.endswith(f"{t.anchor}<|im_end|>\n<|im_start|>assistant\n"), (t.anchor, prompt[-300:])
+            seen += 1
+    assert seen > 0
+
+
 def test_no_process_is_left_running(run) -> None:
     run_dir, s, _, _ = run
     assert s["processes_left"] == []

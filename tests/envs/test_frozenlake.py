@@ -106,3 +106,32 @@ def test_bfs_reaches_the_goal_on_several_seeds() -> None:
         for name in plan:
             obs, reward, term, trunc, info = env.step(f"<action>{name}</action>")
         assert term and info["success"] and reward == 1.0
+
+
+
+def test_safe_moves_line_lists_the_moves_the_grid_shows_are_on_the_lake_and_not_holes() -> None:
+    """Property over random lakes and walks: `Safe moves:` agrees with the rendered grid cell by cell (on the
+    grid and not H), and the observation without the option is the same text minus that line."""
+    rng = random.Random(3)
+    offsets = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+    for seed in range(30):
+        size = rng.randint(2, 7)
+        env = envs.make("agentstream/FrozenLake-v0", map_size=size, max_steps=20, show_safe_moves=True)
+        plain = envs.make("agentstream/FrozenLake-v0", map_size=size, max_steps=20)
+        obs, _ = env.reset(seed=seed)
+        plain_obs, _ = plain.reset(seed=seed)
+        for _ in range(10):
+            lines = obs.splitlines()
+            assert "\n".join(lines[:-1]) == plain_obs
+            grid = [row.split() for row in lines[:size]]
+            (row, col), = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "P"]
+            assert lines[-1].startswith("Safe moves: ") and lines[-1].endswith(".")
+            said = lines[-1][len("Safe moves: "):-1]
+            expected = [m for m, (dr, dc) in offsets.items()
+                        if 0 <= row + dr < size and 0 <= col + dc < size and grid[row + dr][col + dc] != "H"]
+            assert said == (", ".join(expected) or "none"), obs
+            move = rng.choice(ACTIONS)
+            obs, _, term, trunc, _ = env.step(f"<action>{move}</action>")
+            plain_obs, *_ = plain.step(f"<action>{move}</action>")
+            if term or trunc:
+                break
