@@ -162,16 +162,27 @@ def broker_producer(address: str, size: Size, n_groups: int, start_q: mp.Queue, 
     asked = min(WINDOW, n_groups)
     for _ in range(asked):
         sock.send_multipart(encode(GroupRequest(actor="bench-actor")), copy=False)
+    acked, last_seq = -1, -1
     for _ in range(n_groups):
         grant = decode(sock.recv_multipart(copy=False))
         while isinstance(grant, Ack):  # acknowledgements of what was sent: an actor reads them too
+            acked = max(acked, grant.upto)
             grant = decode(sock.recv_multipart(copy=False))
         assert isinstance(grant, GroupGrant), grant
-        for m in _messages(_group_transitions(size, pool, grant.group_id), bundle):
+        transitions = _group_transitions(size, pool, grant.group_id)
+        last_seq = max(last_seq, transitions[-1].seq)
+        for m in _messages(transitions, bundle):
             sock.send_multipart(encode(m), copy=False)
         if asked < n_groups:
             sock.send_multipart(encode(GroupRequest(actor="bench-actor")), copy=False)
             asked += 1
+    # As an actor does, keep the socket until the broker has acknowledged the last transition: closing with
+    # messages still queued loses them when the process exits (the learner stub then waits for its last batch).
+    sock.setsockopt(zmq.RCVTIMEO, 120_000)
+    while acked < last_seq:
+        msg = decode(sock.recv_multipart(copy=False))
+        if isinstance(msg, Ack):
+            acked = max(acked, msg.upto)
     client.close()
 
 
