@@ -68,9 +68,10 @@ class FrozenLakeText(gym.Env):
         self.max_steps = max_steps
         self.is_slippery = is_slippery
         self.frozen_prob = frozen_prob  # gymnasium's `p`: probability that a tile is frozen
-        # Also list the moves that neither fall into a hole nor bump into the edge (`Safe moves: down, right.`),
-        # as verl-agent's ALFWorld prompts list the admissible actions: the same facts as the grid, said where a
-        # small model need not find them by counting columns. Which safe move leads to G is still the task.
+        # Also say of each move whether it is safe: stays on the grid and misses the holes (`Safe moves: left no,
+        # down yes, right yes, up no.`): the same facts as the grid, said where a small model need not find them
+        # by counting columns. Which safe move leads to G is still the task. Each move has a fixed place in the
+        # line: the tiny model learnt to read that (supervised, 200 steps) but not a list of just the safe ones.
         self.show_safe_moves = show_safe_moves
         self.observation_space = text_space()
         self.action_space = text_space()
@@ -111,7 +112,8 @@ class FrozenLakeText(gym.Env):
         row, col = divmod(int(self._state), self.map_size)
         text = f"{render(self._desc, row, col)}\nYou are at row {row}, column {col}."
         if self.show_safe_moves:
-            text += f"\nSafe moves: {', '.join(safe_moves(self._desc, row, col)) or 'none'}."
+            safe = safe_moves(self._desc, row, col)
+            text += "\nSafe moves: " + ", ".join(f"{m} {'yes' if m in safe else 'no'}" for m in ACTIONS) + "."
         return text
 
     def _info(self, valid: bool, success: bool, anchor: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ uniformly from the four moves, whatever the observation. So the model learns to 
 stop; it learns nothing about where to go (the best fit to uniformly random answers is a uniform choice).
 
 Idempotent: the output folder records a hash of every input (these arguments, the base model's files, the
-code of learner/sft.py); a second call with the same inputs does nothing. `--force` redoes it.
+code of learner/sft.py, envs/ and memory/); a second call with the same inputs does nothing. `--force` redoes it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ STAMP = "agentstream_warm_start.json"
 
 
 def input_key(args: argparse.Namespace, base: Path) -> str:
-    """sha256 over the arguments that shape the result, the base model's files and the SFT code."""
+    """sha256 over the arguments that shape the result, the base model's files, the SFT code and the code of
+    the envs and memory (which make the prompts)."""
     h = hashlib.sha256()
     # Paths are not inputs (the base model's bytes are): the same model under another checkout hashes the same.
     shaping = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force", "base")}
@@ -43,6 +44,8 @@ def input_key(args: argparse.Namespace, base: Path) -> str:
             h.update(f.name.encode())
             h.update(f.read_bytes())
     h.update((REPO_ROOT / "learner" / "sft.py").read_bytes())
+    for src in sorted([*(REPO_ROOT / "envs").rglob("*.py"), *(REPO_ROOT / "memory").rglob("*.py")]):
+        h.update(src.read_bytes())  # the prompts are the envs' observations, built by the memory module
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()
 
@@ -78,6 +81,8 @@ def main() -> int:
     p.add_argument("--map-size", type=int, default=5)
     p.add_argument("--frozen-prob", type=float, default=0.9)
     p.add_argument("--max-steps", type=int, default=16)
+    p.add_argument("--show-safe-moves", action="store_true",
+                   help="FrozenLake observations say which moves are safe (the env's show_safe_moves)")
     p.add_argument("--memory", default="last_k")
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
@@ -111,7 +116,8 @@ def main() -> int:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob} if "FrozenLake" in args.env else {}
+    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves} \
+        if "FrozenLake" in args.env else {}
     spec = FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
     held_out = format_demos(spec, tokenizer, 20, seed=args.seed + 10_000)
