@@ -2,14 +2,19 @@
 
     .venv/bin/python scripts/bench_actor.py [--episodes 32] [--seconds 20] [--engine-url URL]
 
-One vLLM server (started here, or `--engine-url`). Ceiling: K coroutines, each sending the engine one
-`/v1/completions` request after another (the body `engines.client.EngineClient` sends: token-id prompts,
-same sampling, log-probs), with prompts the actor's own memory and chat template build for the env. Actors:
-a real broker (`python -m broker.server`) and a real actor process (`python -m actors.actor`) running K
-episodes (no env latency), with everything an actor does per step: memory, chat template, engine request
-and version reads, env step, transition to the broker. Both are measured by the engine itself: the
-difference of vLLM's `vllm:generation_tokens_total` over the same wall time, after a warm-up. The paths
-run one after the other, alternating (`--repeats`). The last line is actor / ceiling (target >= 0.90).
+One vLLM server (started here, or `--engine-url`). Actors: a real broker (`python -m broker.server`) and a
+real actor process (`python -m actors.actor`) running K episodes (no env latency), with everything an actor
+does per step: memory, chat template, engine request and version reads, env step, transition to the broker;
+measured by the engine itself (the difference of vLLM's `vllm:generation_tokens_total`) over a window after a
+warm-up. Ceiling: the same prompts, read back from the broker's log in the order the actor sent them, each
+sent once by K coroutines one request after another (the body `engines.client.EngineClient` sends: token-id
+prompts, same sampling, log-probs), after emptying vLLM's prefix cache, so that both paths meet the cache
+alike; the rate is the engine's generated tokens over the replay. `EngineClient.generate` replays add the
+client's version reads and parsing. The last line is actor / ceiling (target >= 0.90).
+
+Replaying the actor's own prompts matters: every prompt of an episode is new to the engine (a new
+observation), while a small fixed pool of prompts is all prefix-cache hits after its first round; measured
+here, the fixed pool ran ~5x faster than the actor's own prompts.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import signal
 import statistics
 import sys
@@ -64,70 +68,56 @@ def bench_config(args: argparse.Namespace, model: str, folder: Path) -> Config:
     return cfg
 
 
-def actor_prompts(cfg: Config, n: int) -> list[list[int]]:
-    """Prompts as the actor builds them (memory + chat template) for the first steps of `n` episodes."""
-    from transformers import AutoTokenizer
+def logged_prompts(run_dir: Path) -> list[list[int]]:
+    """Every prompt the actor's transitions carry, in the order the broker logged them (its write-ahead log)."""
+    from broker.protocol import Transitions, decode
+    from broker.wal import iter_records
 
-    import envs
-    import memory
-
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    rng = random.Random(0)
-    out = []
-    for seed in range(n):
-        env = envs.make(cfg.env.name, max_steps=cfg.env.max_steps, **cfg.env.kwargs)
-        mem = memory.make(cfg.memory.kind, k=cfg.memory.k, max_events=cfg.memory.max_events, tokenizer=tok,
-                          max_prompt_tokens=cfg.engines.max_model_len - cfg.sampling.max_tokens)
-        obs, info = env.reset(seed=seed)
-        mem.reset(env.instructions)
-        for _ in range(rng.randint(0, 3)):  # some prompts carry history, as later steps' do
-            answer = f"<action>{rng.choice(info.get('admissible_actions') or ['noop'])}</action>"
-            nxt, reward, term, trunc, info = env.step(answer)
-            mem.record(obs, answer, reward=float(reward), info=info)
-            obs = nxt
-            if term or trunc:
-                break
-        out.append(list(tok.apply_chat_template(mem.messages(obs), add_generation_prompt=True, tokenize=True,
-                                                return_dict=False)))
-        env.close()
+    out: list[list[int]] = []
+    for _, kind, body in iter_records(run_dir / "broker-wal"):
+        if kind in ("transition", "transitions"):
+            msg = decode(body)
+            out.extend(t.prompt_ids.tolist() for t in (msg.split() if isinstance(msg, Transitions) else [msg]))
     return out
 
 
-async def drive_directly(url: str, cfg: Config, prompts: list[list[int]], concurrency: int, warmup_s: float,
-                         seconds: float, with_client: bool = False) -> float:
-    """The ceiling: `concurrency` request loops on the engine, nothing else. `with_client`: each loop calls
-    `EngineClient.generate` instead (adds its version reads and parsing): the client's share of the overhead."""
+def reset_prefix_cache(url: str) -> None:
+    """Empty vLLM's prefix cache (a dev-mode endpoint, which `engines.server` turns on)."""
+    urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"), timeout=60).read()
+
+
+async def replay(url: str, cfg: Config, prompts: list[list[int]], concurrency: int, with_client: bool = False) -> float:
+    """The ceiling: `concurrency` request loops that send every prompt once, in order, and nothing else
+    (`with_client`: through `EngineClient.generate`, which adds its version reads and parsing). Tokens/s
+    generated over the whole replay."""
     import aiohttp
 
     from engines.client import EngineClient
 
+    await asyncio.to_thread(reset_prefix_cache, url)
+    todo = iter(prompts)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         client = EngineClient(url, session, cfg.engines.request_timeout_s)
 
-        async def loop(i: int) -> None:
-            k = i
-            while with_client:
-                await client.generate(prompts[k % len(prompts)], cfg.sampling)
-                k += concurrency
-            while True:
-                body = client._completion_body(prompts[k % len(prompts)], cfg.sampling, None, client.model)
+        async def loop() -> None:
+            for prompt in todo:  # shared: each prompt goes out once
+                if with_client:
+                    await client.generate(prompt, cfg.sampling)
+                    continue
+                body = client._completion_body(prompt, cfg.sampling, None, client.model)
                 async with session.post(f"{url}/v1/completions", json=body) as resp:
                     resp.raise_for_status()
                     await resp.json()
-                k += concurrency
 
-        tasks = [asyncio.create_task(loop(i)) for i in range(concurrency)]
-        try:
-            return await asyncio.to_thread(window_rate, url, warmup_s, seconds)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        n0, t0 = await asyncio.to_thread(generated_tokens, url), time.time()
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        return (await asyncio.to_thread(generated_tokens, url) - n0) / (time.time() - t0)
 
 
 def drive_with_actor(url: str, cfg: Config, folder: Path, warmup_s: float, seconds: float) -> float:
     """The real broker and one real actor process with `episodes_per_actor` episodes."""
     folder.mkdir(parents=True, exist_ok=True)
+    cfg.run.output_dir = str(folder)  # the broker's log goes here: the ceiling replays its prompts
     path = folder / "config.yaml"
     config_mod.save(cfg, path)
     port = free_port()
@@ -152,8 +142,8 @@ def drive_with_actor(url: str, cfg: Config, folder: Path, warmup_s: float, secon
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=32, help="K: concurrent episodes = concurrent requests")
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured window of each path")
-    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before each window")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured window of the actor path")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the actor window")
     parser.add_argument("--repeats", type=int, default=1, help="measurements of each path (median reported)")
     parser.add_argument("--max-tokens", type=int, default=32, help="sampling.max_tokens")
     parser.add_argument("--max-steps", type=int, default=8, help="env.max_steps")
@@ -169,20 +159,22 @@ def main() -> None:
     model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
     folder = Path(tempfile.mkdtemp(prefix="bench-actor-"))
     cfg = bench_config(args, model, folder)
-    prompts = actor_prompts(cfg, 64)
     print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
-    print(f"# {args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, prompts "
-          f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.seconds:.0f} s windows", flush=True)
+    print(f"# {args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, {args.seconds:.0f} s "
+          f"actor windows; the ceiling replays the actor's own prompts", flush=True)
     print(f"{'path':<28} {'tokens/s':>10}", flush=True)
     direct, actor = [], []
     with vllm_server(model, folder, args.engine_url or None) as url:
         for i in range(args.repeats):
-            direct.append(asyncio.run(drive_directly(url, cfg, prompts, args.episodes, args.warmup, args.seconds)))
-            print(f"{'engine driven directly':<28} {direct[-1]:>10.0f}", flush=True)
-            rate = asyncio.run(drive_directly(url, cfg, prompts, args.episodes, args.warmup, args.seconds, True))
-            print(f"{'EngineClient.generate loops':<28} {rate:>10.0f}", flush=True)
-            actor.append(drive_with_actor(url, cfg, folder / f"actor-{i}", args.warmup, args.seconds))
+            run_dir = folder / f"actor-{i}"
+            actor.append(drive_with_actor(url, cfg, run_dir, args.warmup, args.seconds))
             print(f"{'actor (+ broker)':<28} {actor[-1]:>10.0f}", flush=True)
+            prompts = logged_prompts(run_dir)
+            direct.append(asyncio.run(replay(url, cfg, prompts, args.episodes)))
+            print(f"{'engine driven directly':<28} {direct[-1]:>10.0f}   ({len(prompts)} prompts, "
+                  f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens)", flush=True)
+            rate = asyncio.run(replay(url, cfg, prompts, args.episodes, with_client=True))
+            print(f"{'EngineClient.generate loops':<28} {rate:>10.0f}", flush=True)
     ratio = statistics.median(actor) / statistics.median(direct)
     print(f"actor/ceiling: {ratio:.2f} ({statistics.median(actor):.0f} / {statistics.median(direct):.0f} tokens/s; "
           f"target >= 0.90)")
