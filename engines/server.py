@@ -97,6 +97,8 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tup
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engines.kv_cache_gib)
         # Skips the warm-up runs: the server is ready in ~20 s instead of much longer on 2 cores.
         env["VLLM_CPU_CI_ENV"] = "1"
+        if engines.cpu_threads_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = engines.cpu_threads_bind
     argv += list(engines.extra_args)
     return argv, env
 

@@ -2,6 +2,7 @@
 the asynchronous bounds, side by side on one machine, on a latency-bound agent workload.
 
     .venv/bin/python scripts/bench_async.py [--bounds 0,2,4] [--steps 8] [--latency-ms 50] [--engine-url URL]
+    .venv/bin/python scripts/bench_async.py --latency-ms 500 --max-steps 16 --steps 8 --engine-cores 0
 
 Every run is the real launcher (`scripts/launch.py`: broker, weight agent, torchrun learner, actors) with the
 same config except `trainer.max_staleness`; one vLLM server, started here once (or `--engine-url`), serves
@@ -55,8 +56,9 @@ class RunResult:
 
 
 @contextmanager
-def vllm_server(model: str, folder: Path, url: str | None = None) -> Iterator[str]:
-    """A vLLM server of `model` (the project's own command line), or `url` when one runs already."""
+def vllm_server(model: str, folder: Path, url: str | None = None, cpu_threads_bind: str = "") -> Iterator[str]:
+    """A vLLM server of `model` (the project's own command line), or `url` when one runs already.
+    `cpu_threads_bind`: engines.cpu_threads_bind (CPU: the cores of its compute threads; empty: all)."""
     if url:
         yield url
         return
@@ -66,6 +68,7 @@ def vllm_server(model: str, folder: Path, url: str | None = None) -> Iterator[st
 
     cfg = Config()
     cfg.model.path = model
+    cfg.engines.cpu_threads_bind = cpu_threads_bind
     port = free_port()
     argv, env = server_command(cfg.model, cfg.engines, port)
     proc = start(argv, folder / "engine.log", env=env)
@@ -162,6 +165,8 @@ def main() -> None:
     parser.add_argument("--env", default="agentstream/FrozenLake-v0")
     parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
     parser.add_argument("--engine-url", default="", help="use this running vLLM server instead of starting one")
+    parser.add_argument("--engine-cores", default="", help="engines.cpu_threads_bind of the server started here, "
+                        "e.g. 0: its compute threads on core 0, the other cores left to the learner")
     parser.add_argument("--run-timeout-s", type=float, default=300.0)
     parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument("override", nargs="*", help="more launcher overrides, applied to every run")
@@ -177,11 +182,12 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
     print(f"# {args.steps} steps x {args.groups_per_step} groups x {args.group_size} episodes, <= {args.max_steps} "
-          f"env steps, {args.latency_ms:.0f} ms mean env latency, {args.max_tokens} tokens/response", flush=True)
+          f"env steps, {args.latency_ms:.0f} ms mean env latency, {args.max_tokens} tokens/response, engine cores "
+          f"{args.engine_cores or 'all'}", flush=True)
     print(f"{'bound':>5} {'wall s':>7} {'train s':>8} {'speed-up':>8} {'learner idle':>12} {'engine busy':>11} "
           f"{'staleness':>9} {'trained':>7} {'status':>8}", flush=True)
     results: list[RunResult] = []
-    with vllm_server(model, folder, args.engine_url or None) as url:
+    with vllm_server(model, folder, args.engine_url or None, args.engine_cores) as url:
         for bound in bounds:
             r = run_once(args, model, url, bound, folder)
             results.append(r)

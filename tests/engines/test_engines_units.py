@@ -277,3 +277,14 @@ async def test_agent_exits_nonzero_when_the_server_dies(fake_vllm, tmp_path):
     broker.close(0)
     log = (tmp_path / "agent.log").read_text()
     assert rc == 1 and "has not answered /health" in log, log
+
+
+def test_server_command_pins_cpu_compute_threads_only_when_asked(monkeypatch):
+    monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
+    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_threads_bind="0"), port=1)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM's own choice
+    monkeypatch.setattr(server_mod, "_on_gpu", lambda: True)
+    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_threads_bind="0"), port=1)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # a CPU-only setting
