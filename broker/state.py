@@ -20,12 +20,14 @@ transitions_ingested == transitions_trained + buffered + transitions_dropped_*.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from broker.buffer import RejectedTransition, ReplayBuffer
 from broker.protocol import Batch, GroupGrant, Transition, Transitions, decode, encode
-from broker.wal import WriteAheadLog
+from broker.wal import WriteAheadLog, iter_records
 
 log = logging.getLogger("broker.state")
 MAX_GRANTS_KEPT = 4096  # per actor: resent requests older than this many are answered with a new group
@@ -48,6 +50,21 @@ def _transition(frames: list[bytes]) -> Transition:
     msg = decode(frames)
     assert isinstance(msg, Transition)
     return msg
+
+
+def _bundle(frames: list[bytes]) -> list[Transition]:
+    msg = decode(frames)
+    assert isinstance(msg, Transitions)
+    return msg.split()
+
+
+def logged_transitions(wal_folder: Path) -> Iterator[Transition]:
+    """Every transition the broker's log holds as an event (since its last compaction), in log order."""
+    for _, kind, body in iter_records(wal_folder):
+        if kind == "transition":
+            yield _transition(body)
+        elif kind == "transitions":
+            yield from _bundle(body)
 
 
 class BrokerState:
@@ -100,9 +117,7 @@ class BrokerState:
         elif kind == "transition":
             self.ingest(_transition(body), body)
         elif kind == "transitions":
-            msg = decode(body)
-            assert isinstance(msg, Transitions)
-            self.ingest_many(msg.split(), body)
+            self.ingest_many(_bundle(body), body)
         elif kind == "incarnation":
             self.new_incarnation(*body)
         elif kind == "drop_owner":

@@ -70,15 +70,9 @@ def bench_config(args: argparse.Namespace, model: str, folder: Path) -> Config:
 
 def logged_prompts(run_dir: Path) -> list[list[int]]:
     """Every prompt the actor's transitions carry, in the order the broker logged them (its write-ahead log)."""
-    from broker.protocol import Transitions, decode
-    from broker.wal import iter_records
+    from broker.state import logged_transitions
 
-    out: list[list[int]] = []
-    for _, kind, body in iter_records(run_dir / "broker-wal"):
-        if kind in ("transition", "transitions"):
-            msg = decode(body)
-            out.extend(t.prompt_ids.tolist() for t in (msg.split() if isinstance(msg, Transitions) else [msg]))
-    return out
+    return [t.prompt_ids.tolist() for t in logged_transitions(run_dir / "broker-wal")]
 
 
 def reset_prefix_cache(url: str) -> None:
@@ -117,7 +111,6 @@ async def replay(url: str, cfg: Config, prompts: list[list[int]], concurrency: i
 def drive_with_actor(url: str, cfg: Config, folder: Path, warmup_s: float, seconds: float) -> float:
     """The real broker and one real actor process with `episodes_per_actor` episodes."""
     folder.mkdir(parents=True, exist_ok=True)
-    cfg.run.output_dir = str(folder)  # the broker's log goes here: the ceiling replays its prompts
     path = folder / "config.yaml"
     config_mod.save(cfg, path)
     port = free_port()
@@ -167,6 +160,7 @@ def main() -> None:
     with vllm_server(model, folder, args.engine_url or None) as url:
         for i in range(args.repeats):
             run_dir = folder / f"actor-{i}"
+            cfg.run.output_dir = str(run_dir)  # the broker's log goes here: the ceiling replays its prompts
             actor.append(drive_with_actor(url, cfg, run_dir, args.warmup, args.seconds))
             print(f"{'actor (+ broker)':<28} {actor[-1]:>10.0f}", flush=True)
             prompts = logged_prompts(run_dir)

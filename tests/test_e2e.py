@@ -81,20 +81,15 @@ def test_each_transition_holds_the_prompt_and_anchor_of_the_state_it_acted_in(ru
     from transformers import AutoTokenizer
 
     from agentstream.config import TINY_MODEL_DIR
-    from broker.protocol import Transitions, decode
-    from broker.wal import iter_records
+    from broker.state import logged_transitions
 
     run_dir, _, _, _ = run
     tok = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
     seen = 0
-    for _, kind, body in iter_records(run_dir / "broker-wal"):
-        if kind not in ("transition", "transitions"):
-            continue
-        msg = decode(body)
-        for t in (msg.split() if isinstance(msg, Transitions) else [msg]):
-            prompt = tok.decode(t.prompt_ids)
-            assert t.anchor and prompt.endswith(f"{t.anchor}<|im_end|>\n<|im_start|>assistant\n"), (t.anchor, prompt[-300:])
-            seen += 1
+    for t in logged_transitions(run_dir / "broker-wal"):
+        prompt = tok.decode(t.prompt_ids)
+        assert t.anchor and prompt.endswith(f"{t.anchor}<|im_end|>\n<|im_start|>assistant\n"), (t.anchor, prompt[-300:])
+        seen += 1
     assert seen > 0
 
 

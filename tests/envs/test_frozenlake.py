@@ -108,7 +108,6 @@ def test_bfs_reaches_the_goal_on_several_seeds() -> None:
         assert term and info["success"] and reward == 1.0
 
 
-
 def test_safe_moves_line_lists_the_moves_the_grid_shows_are_on_the_lake_and_not_holes() -> None:
     """Property over random lakes and walks: `Safe moves:` agrees with the rendered grid cell by cell (on the
     grid and not H), and the observation without the option is the same text minus that line."""
