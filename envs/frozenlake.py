@@ -61,7 +61,7 @@ class FrozenLakeText(gym.Env):
     instructions = INSTRUCTIONS
 
     def __init__(self, map_size: int = 4, max_steps: int = 8, is_slippery: bool = False, frozen_prob: float = 0.8,
-                 show_safe_moves: bool = False):
+                 show_safe_moves: bool = False, hole_reward: float = 0.0):
         if map_size < 2:
             raise ValueError(f"map_size={map_size}: must be at least 2")
         self.map_size = map_size
@@ -73,6 +73,10 @@ class FrozenLakeText(gym.Env):
         # by counting columns. Which safe move leads to G is still the task. Each move has a fixed place in the
         # line: the tiny model learnt to read that (supervised, 200 steps) but not a list of just the safe ones.
         self.show_safe_moves = show_safe_moves
+        # Reward of the step that falls into a hole (gymnasium gives 0, the same as any other step). Negative, it
+        # tells a policy at once that the move was bad, instead of only when other episodes from the same
+        # state reach G: reward shaping; success is still reaching G.
+        self.hole_reward = hole_reward
         self.observation_space = text_space()
         self.action_space = text_space()
         self._game: FrozenLakeEnv | None = None
@@ -106,6 +110,8 @@ class FrozenLakeText(gym.Env):
         self._state, reward, terminated, _, _ = self._game.step(parsed.value)
         obs = self._observation()
         success = bool(terminated and reward > 0)
+        if terminated and not success:
+            reward = self.hole_reward
         return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, success, obs)
 
     def _observation(self) -> str:

@@ -1,6 +1,7 @@
 """FrozenLake text env: the parser never raises, groups share a lake, moves do what the grid says."""
 
 import random
+import re
 import string
 
 import envs
@@ -134,3 +135,29 @@ def test_safe_moves_line_lists_the_moves_the_grid_shows_are_on_the_lake_and_not_
             plain_obs, *_ = plain.step(f"<action>{move}</action>")
             if term or trunc:
                 break
+
+
+def test_hole_reward_is_paid_only_on_the_step_into_a_hole() -> None:
+    """Random walks on random lakes: a step that lands on an H of the grid shown before it pays hole_reward
+    and ends the episode, a step onto G pays 1, every other step 0; without the option a hole pays 0."""
+    rng = random.Random(7)
+    holes = 0
+    for seed in range(40):
+        shaped = envs.make("agentstream/FrozenLake-v0", map_size=5, max_steps=30, frozen_prob=0.7, hole_reward=-0.5)
+        plain = envs.make("agentstream/FrozenLake-v0", map_size=5, max_steps=30, frozen_prob=0.7)
+        obs, _ = shaped.reset(seed=seed)
+        plain.reset(seed=seed)
+        for _ in range(30):
+            before = [line.split() for line in obs.splitlines()[:5]]
+            move = f"<action>{rng.choice(ACTIONS)}</action>"
+            obs, reward, term, trunc, info = shaped.step(move)
+            _, plain_reward, *_ = plain.step(move)
+            row, col = (int(x) for x in re.findall(r"row (\d+), column (\d+)", obs)[0])
+            in_hole = before[row][col] == "H"
+            assert term == (in_hole or info["success"])
+            assert reward == (-0.5 if in_hole else 1.0 if info["success"] else 0.0)
+            assert plain_reward == (1.0 if info["success"] else 0.0)
+            holes += in_hole
+            if term or trunc:
+                break
+    assert holes >= 10  # the property was exercised: 70% ice, random moves
