@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -50,7 +51,7 @@ class EpisodeResult:
 
 
 class Actor:
-    """Runs K/G group slots; each slot asks the broker for a group and plays its G episodes."""
+    """Runs K episode lanes; each takes the next episode of the groups the broker granted this actor."""
 
     def __init__(self, cfg: Config, name: str, incarnation: int, broker: AsyncClient, engines: list[EngineClient],
                  tokenizer):
@@ -63,22 +64,49 @@ class Actor:
         self._engine_rr = itertools.count()  # round robin over self.engines, which may grow (follow_engines)
         self._engine_down: dict[str, float] = {}  # url -> when a request to it last failed
         self._latency_rng = random.Random(f"{cfg.run.seed}/{name}/{incarnation}")  # env.step_latency_*
+        # Episodes of granted groups not yet started: (grant, index in the group, the group's engine).
+        self._pending: collections.deque[tuple[GroupGrant, int, EngineClient]] = collections.deque()
+        self._open: dict[int, int] = {}  # group id -> its episodes not yet finished
+        self._deal = asyncio.Condition()
+        # At most K/G + 1 groups in play: one group ahead of the K/G that K lanes fill, so a lane whose group's
+        # other episodes still run starts the next group instead of idling, while what a paused learner lets
+        # pile up in the broker stays bounded (K/G + 1 groups of G episodes per actor).
+        self.max_open_groups = cfg.actors.episodes_per_actor // cfg.env.group_size + 1
 
     async def run(self) -> None:
-        """Play groups until cancelled."""
-        slots = self.cfg.actors.episodes_per_actor // self.cfg.env.group_size
+        """Play groups until cancelled: K = actors.episodes_per_actor lanes, one episode each at a time.
+
+        Episodes of one group end at different steps (a hole at step 1, the goal at step 9); a lane that ends
+        its episode takes the next one at once, from the next group if its own has none left to start, so K
+        requests stay in flight instead of K minus the episodes that wait for their group's slowest."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._report_loop())
-            for slot in range(slots):
-                tg.create_task(self._slot_loop(slot))
+            for _ in range(self.cfg.actors.episodes_per_actor):
+                tg.create_task(self._lane())
 
-    async def _slot_loop(self, slot: int) -> None:
+    async def _lane(self) -> None:
         while True:
-            grant = await self.broker.request_group()
-            engine = self.engines[next(self._engine_rr) % len(self.engines)]
-            async with asyncio.TaskGroup() as tg:
-                for i in range(self.cfg.env.group_size):
-                    tg.create_task(self.play(grant, f"{self.name}.{self.incarnation}.g{grant.group_id}.{i}", engine))
+            grant, i, engine = await self._next_episode()
+            try:
+                await self.play(grant, f"{self.name}.{self.incarnation}.g{grant.group_id}.{i}", engine)
+            finally:
+                async with self._deal:
+                    self._open[grant.group_id] -= 1
+                    if not self._open[grant.group_id]:
+                        del self._open[grant.group_id]
+                    self._deal.notify_all()
+
+    async def _next_episode(self) -> tuple[GroupGrant, int, EngineClient]:
+        """The next episode to play: an unstarted one of a granted group, else the first of a new group (one
+        grant request at a time, made while fewer than max_open_groups are in play)."""
+        async with self._deal:
+            await self._deal.wait_for(lambda: bool(self._pending) or len(self._open) < self.max_open_groups)
+            if not self._pending:
+                grant = await self.broker.request_group()  # others wait on the lock: this grant may serve them
+                engine = self.engines[next(self._engine_rr) % len(self.engines)]
+                self._open[grant.group_id] = self.cfg.env.group_size
+                self._pending.extend((grant, i, engine) for i in range(self.cfg.env.group_size))
+            return self._pending.popleft()
 
     async def play(self, grant: GroupGrant, traj_id: str, engine: EngineClient) -> EpisodeResult:
         """One episode from the group's seed to done/truncated; every step goes to the broker."""

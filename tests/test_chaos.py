@@ -29,7 +29,7 @@ from agentstream.procs import free_port, kill_matching
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
 STEPS = 30  # enough that every kill lands while the run is still going (asserted before the last)
-G, MAX_STEPS, SLOTS = 4, 8, 4  # env.group_size, env.max_steps, actors x episodes_per_actor / G
+G, MAX_STEPS, IN_PLAY = 4, 8, 6  # group_size, max_steps, groups in play: actors x (episodes_per_actor/G + 1)
 MAX_BUFFERED = 64
 
 
@@ -158,7 +158,7 @@ def pause_learner(run_dir: Path, state) -> dict:
     rss = [r for _, _, r in samples]
     assert len(set(steps[-6:])) == 1, f"actors kept stepping for 2 min while the learner was paused: {steps}"
     # Admission stops at MAX_BUFFERED held transitions; groups already in play may add at most G x MAX_STEPS
-    # each, one group per actor slot.
-    assert max(buffered) <= MAX_BUFFERED + SLOTS * G * MAX_STEPS, buffered
+    # each, and an actor has at most episodes_per_actor / G + 1 in play (actors.actor.Actor.max_open_groups).
+    assert max(buffered) <= MAX_BUFFERED + IN_PLAY * G * MAX_STEPS, buffered
     assert max(rss) - rss[0] < 50 * 2**20, rss  # no growth beyond noise while held back
     return {"paused_s": len(samples), "buffered_max": max(buffered), "broker_rss_mib_peak": round(max(rss) / 2**20, 1)}
