@@ -127,7 +127,7 @@ class Actor:
                 # GiGPO's step groups gather the steps taken from the same state: the anchor of `obs`, the state
                 # the action is chosen in (not of the state it leads to).
                 anchor = str(info.get("anchor", ""))
-                prompt_ids = self._prompt_ids(mem.messages(obs))
+                prompt_ids = mem.fitter.token_ids(mem.messages(obs))
                 self.requests_in_flight += 1
                 try:
                     gen, engine = await self._generate(prompt_ids, engine)
@@ -183,11 +183,6 @@ class Actor:
                     await asyncio.sleep(1.0)
                     up = self.engines
                 engine = up[next(self._engine_rr) % len(up)]
-
-    def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
-        return list(ids)
 
     def _count_step(self, n_tokens: int, valid: bool) -> None:
         self.counters.update(env_steps=1, transitions_sent=1, tokens_generated=n_tokens,

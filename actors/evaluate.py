@@ -102,9 +102,7 @@ async def play_episode(cfg: Config, engine: EngineClient, tokenizer, seed: int) 
         mem.reset(env.instructions)
         total, steps, invalid = 0.0, 0, 0
         while True:
-            ids = tokenizer.apply_chat_template(mem.messages(obs), add_generation_prompt=True, tokenize=True,
-                                                return_dict=False)
-            gen = await engine.generate(list(ids), sampling)
+            gen = await engine.generate(mem.fitter.token_ids(mem.messages(obs)), sampling)
             next_obs, reward, terminated, truncated, info = (
                 await asyncio.to_thread(env.step, gen.text) if blocking else env.step(gen.text))
             total, steps = total + float(reward), steps + 1

@@ -27,6 +27,9 @@ from memory.summary import Summary
 class Memory(Protocol):
     """Builds each step's chat prompt from the episode so far."""
 
+    fitter: PromptFitter
+    """Fits prompts to the token budget; `fitter.token_ids(messages)` gives a prompt's token ids."""
+
     @property
     def dropped_steps(self) -> int:
         """History steps left out of prompts for the token budget, summed over prompts."""

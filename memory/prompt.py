@@ -107,13 +107,24 @@ class PromptFitter:
         """History steps left out of prompts for the budget, summed over prompts."""
         self.truncated_steps = 0
         """Prompts whose current observation was cut from the front for the budget."""
+        self._last: tuple[tuple, list[int]] | None = None  # the last prompt tokenized: (its key, its ids)
 
     def count(self, messages: Messages) -> int:
         """Prompt tokens, exactly as the actor tokenizes the prompt."""
-        assert self.tokenizer is not None
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
-        return len(ids)
+        return len(self.token_ids(messages))
+
+    def token_ids(self, messages: Messages) -> list[int]:
+        """The prompt's token ids (chat template with the generation prompt), as the engine gets them. The
+        prompt `fit` returned was the last one it counted: asking for its ids right after costs nothing (perf:
+        the chat template was ~14% of an actor's samples, half of them for a second tokenization)."""
+        if self.tokenizer is None:
+            raise ValueError("token ids need the model's tokenizer: pass tokenizer=...")
+        key = tuple(tuple(sorted(m.items())) for m in messages)
+        if self._last is None or self._last[0] != key:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False)
+            self._last = (key, list(ids))
+        return list(self._last[1])
 
     def fits(self, messages: Messages) -> bool:
         """Whether the prompt is within the budget (always, without one)."""

@@ -7,7 +7,7 @@ import pytest
 
 import memory
 from envs.frozenlake import INSTRUCTIONS
-from memory.prompt import CUT_MARK, largest_fitting, largest_fitting_reference
+from memory.prompt import CUT_MARK, PromptFitter, largest_fitting, largest_fitting_reference
 
 
 BUDGET = 450  # the 8x8 instructions + observation take about 175 tokens: room for two or three steps
@@ -80,3 +80,30 @@ def test_largest_fitting_agrees_with_the_reference() -> None:
         assert largest_fitting_reference(n, fits) == threshold
         # galloping from 0: no probe builds a prompt more than twice as long as the answer's
         assert max(fast_probes, default=0) <= max(1, 2 * threshold)
+
+
+def test_token_ids_are_the_chat_templates_and_the_fitted_prompt_is_tokenized_once() -> None:
+    """`token_ids` equals the tokenizer's own chat-template ids for any prompt (changed, repeated, or asked
+    twice), and asking for the prompt `fit` just counted does not tokenize it again."""
+    calls = []
+
+    class Counting:
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+            calls.append(messages)
+            text = "|".join(f"{m['role']}:{m['content']}" for m in messages)
+            return [ord(c) for c in text]
+
+    tok = Counting()
+    fitter = PromptFitter(tok, max_prompt_tokens=10_000)
+    rng = random.Random(0)
+    for _ in range(50):
+        obs = "".join(rng.choice("abc") for _ in range(rng.randint(0, 6)))
+        messages = fitter.fit("rules", [], rng.randint(1, 3), obs)
+        before = len(calls)
+        ids = fitter.token_ids(messages)
+        assert len(calls) == before  # the count's tokenization, reused
+        assert ids == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        other = [{"role": "user", "content": obs + "x"}]
+        assert fitter.token_ids(other) == [ord(c) for c in f"user:{obs}x"]
+        ids.append(-1)  # a caller's copy: changing it changes nothing the fitter keeps
+        assert fitter.token_ids(other) == [ord(c) for c in f"user:{obs}x"]
