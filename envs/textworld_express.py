@@ -24,7 +24,14 @@ from typing import Any
 import gymnasium as gym
 
 from envs.alfworld.parser import normalize
-from envs.base import Action, ParseFailure, ParseResult, seed_split, text_space
+from envs.base import (
+    TRAIN_SEEDS,
+    Action,
+    ParseFailure,
+    ParseResult,
+    seed_split,
+    text_space,
+)
 
 INSTALL_HINT = "pip install textworld-express==1.1.0 (and Java 17: apt-get install openjdk-17-jre-headless)"
 _FOLDS = {"train": "train", "validation": "dev"}
@@ -119,7 +126,8 @@ class TextWorldExpressText(gym.Env):
         super().reset(seed=seed)
         if self._twx is None:
             self._start()
-        env_seed = int(self.np_random.integers(2**31)) if seed is None else seed
+        # Unseeded: a training game (any int up to 2**31 could fall past VALIDATION_SEEDS, which raised).
+        env_seed = int(self.np_random.integers(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)) if seed is None else seed
         fold, game_seed = self.game_seed(env_seed)
         self._obs, self._infos = self._twx.reset(seed=game_seed, gameFold=fold, gameName=self.game,
                                                  gameParams=self.game_params, generateGoldPath=self.gold_path)

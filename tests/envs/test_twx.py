@@ -77,3 +77,23 @@ def test_admissible_actions_step_and_invalid_does_not_move(env) -> None:
         assert info["valid"] and info["admissible_actions"]
         if term:
             break
+
+
+def test_an_unseeded_reset_plays_a_training_game_whatever_the_rng_draws(env) -> None:
+    """Without a seed, the env draws one: from TRAIN_SEEDS, also at the top of the range (an int below 2**31
+    could land past VALIDATION_SEEDS and raise, which gymnasium's check_env hit ~7% of the time)."""
+    import numpy as np
+
+    from envs.base import TRAIN_SEEDS
+
+    class Top:
+        """An rng whose every draw is the largest value allowed."""
+
+        def integers(self, low, high=None):
+            return (high if high is not None else low) - 1
+
+    env.reset(seed=1)
+    env._np_random = Top()  # gymnasium keeps the rng of the last seeded reset for unseeded ones
+    obs, _ = env.reset()
+    assert obs and env.game_seed(TRAIN_SEEDS.stop - 1)[0] == "train"
+    env._np_random = np.random.default_rng(0)
