@@ -100,9 +100,8 @@ def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0)
                 if not actions:
                     raise ValueError(f"{spec.env} lists no info['admissible_actions']; the format warm start needs them")
                 answer = f"<action>{rng.choice(list(actions))}</action>"
-                prompt = tokenizer.apply_chat_template(mem.messages(obs), add_generation_prompt=True, tokenize=True,
-                                                       return_dict=False)
-                demos.append(Demo(list(prompt), tokenizer.encode(answer, add_special_tokens=False) + [eos]))
+                prompt = mem.fitter.token_ids(mem.messages(obs))  # the actor's own path to its prompt ids
+                demos.append(Demo(prompt, tokenizer.encode(answer, add_special_tokens=False) + [eos]))
                 next_obs, _, terminated, truncated, info = env.step(answer)
                 mem.record(obs, answer, info=info)
                 obs, done = next_obs, terminated or truncated

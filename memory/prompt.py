@@ -111,12 +111,16 @@ class PromptFitter:
 
     def count(self, messages: Messages) -> int:
         """Prompt tokens, exactly as the actor tokenizes the prompt."""
-        return len(self.token_ids(messages))
+        return len(self._ids(messages))
 
     def token_ids(self, messages: Messages) -> list[int]:
         """The prompt's token ids (chat template with the generation prompt), as the engine gets them. The
         prompt `fit` returned was the last one it counted: asking for its ids right after costs nothing (perf:
         the chat template was ~14% of an actor's samples, half of them for a second tokenization)."""
+        return list(self._ids(messages))
+
+    def _ids(self, messages: Messages) -> list[int]:
+        """The ids of `messages`, tokenized only if they are not the last prompt tokenized (not a copy)."""
         if self.tokenizer is None:
             raise ValueError("token ids need the model's tokenizer: pass tokenizer=...")
         key = tuple(tuple(sorted(m.items())) for m in messages)
@@ -124,7 +128,7 @@ class PromptFitter:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                      return_dict=False)
             self._last = (key, list(ids))
-        return list(self._last[1])
+        return self._last[1]
 
     def fits(self, messages: Messages) -> bool:
         """Whether the prompt is within the budget (always, without one)."""
