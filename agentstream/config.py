@@ -118,10 +118,14 @@ class EnginesConfig:
     """First HTTP port (engine i uses base_port + 2i, its weight agent base_port + 2i + 1); 0 picks free ports."""
     kv_cache_gib: int = 1
     """KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_executor: str = "uni"
+    """CPU only: where vLLM runs the model. `uni`: inside its engine-core process, which blocks while idle.
+    `mp` (vLLM's CPU default): in a worker process of its own that busy-polls shared memory for a second after
+    each batch, taking a whole core from the actors and the learner; on 2 cores the actors then reached 0.34 of
+    the engine's ceiling against 0.78 with `uni` (scripts/bench_actor.py). `cpu_threads_bind` needs `mp`."""
     cpu_threads_bind: str = ""
-    """CPU only: the cores of each engine's compute threads (VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-3"); empty:
-    vLLM's own choice (all cores). Keeping cores free for the learner stops them competing: on 2 cores, "0"
-    took async bound 4 from 2.1x to 3.0x over synchronous (README, Benchmarks)."""
+    """CPU only, with cpu_executor=mp: the cores of each engine's compute threads (VLLM_CPU_OMP_THREADS_BIND, e.g.
+    "0" or "0-3"); empty: vLLM's own choice. vLLM binds the threads of its `mp` worker only."""
     max_model_len: int = 1024
     """Context length the servers accept."""
     gpu_memory_utilization: float = 0.4
@@ -481,6 +485,13 @@ def validate(cfg: Config) -> None:
                       f"both must be positive.")
     if cfg.model.dtype not in ("float32", "bfloat16"):
         errors.append(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16.")
+    e = cfg.engines
+    if e.cpu_executor not in ("uni", "mp"):
+        errors.append(f"engines.cpu_executor={e.cpu_executor!r}: use uni (the model runs in vLLM's engine process) "
+                      f"or mp (a worker process of its own, vLLM's CPU default).")
+    elif e.cpu_threads_bind and e.cpu_executor != "mp":
+        errors.append(f"engines.cpu_threads_bind={e.cpu_threads_bind!r} needs engines.cpu_executor=mp (vLLM binds the "
+                      f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")
     if cfg.learner.backend not in ("auto", "gloo", "nccl"):
         errors.append(f"learner.backend={cfg.learner.backend!r}: use auto, gloo or nccl.")
     errors += _lora_and_checkpoint_errors(cfg)

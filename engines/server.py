@@ -97,6 +97,11 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tup
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engines.kv_cache_gib)
         # Skips the warm-up runs: the server is ready in ~20 s instead of much longer on 2 cores.
         env["VLLM_CPU_CI_ENV"] = "1"
+        if engines.cpu_executor == "uni":
+            # vLLM-CPU turns `uni` into `mp` unless its V1 multiprocessing flag is off. The API server still
+            # runs the engine core in a process of its own (AsyncLLM always does); only the worker process goes.
+            argv += ["--distributed-executor-backend", "uni"]
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if engines.cpu_threads_bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = engines.cpu_threads_bind
     argv += list(engines.extra_args)

@@ -42,7 +42,8 @@ def init_distributed(backend: str) -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend=backend)
+    # NCCL: naming the rank's GPU binds the communicator to it (unnamed, NCCL guesses it from the rank and warns).
+    dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     return dist.get_rank(), dist.get_world_size(), device
 
 

@@ -58,7 +58,8 @@ class RunResult:
 @contextmanager
 def vllm_server(model: str, folder: Path, url: str | None = None, cpu_threads_bind: str = "") -> Iterator[str]:
     """A vLLM server of `model` (the project's own command line), or `url` when one runs already.
-    `cpu_threads_bind`: engines.cpu_threads_bind (CPU: the cores of its compute threads; empty: all)."""
+    `cpu_threads_bind`: engines.cpu_threads_bind (CPU: the cores of its compute threads, with vLLM's `mp`
+    executor, which alone binds them; empty: vLLM's own choice, with the `uni` executor)."""
     if url:
         yield url
         return
@@ -69,6 +70,8 @@ def vllm_server(model: str, folder: Path, url: str | None = None, cpu_threads_bi
     cfg = Config()
     cfg.model.path = model
     cfg.engines.cpu_threads_bind = cpu_threads_bind
+    if cpu_threads_bind:
+        cfg.engines.cpu_executor = "mp"
     port = free_port()
     argv, env = server_command(cfg.model, cfg.engines, port)
     proc = start(argv, folder / "engine.log", env=env)

@@ -117,44 +117,43 @@ def main() -> None:
     # One folder every rank reads (kept for a rerun: writing 2 GB again costs time).
     folder = Path(os.environ.get("GPU_CHECK_MODEL_DIR") or Path(tempfile.gettempdir()) /
                   f"agentstream-gpu-check-{'qwen2-0.5b' if gpu else 'tiny'}")
-    if True:
-        t0 = time.perf_counter()
-        if rank == 0 and not (folder / "model.safetensors").exists():
-            make_model_dir(shape, folder)
-        dist.barrier()
-        model = load_policy(str(folder), dtype, device, world)
-        n_params = sum(p.numel() for p in model.parameters())  # sharded DTensors report the full count
-        log(f"model: {n_params / 1e6:.1f}M parameters, made and sharded in {time.perf_counter() - t0:.1f}s")
-        opts = StepOptions.from_config(LearnerConfig(micro_batch_tokens=args.micro_batch_tokens), AlgorithmConfig())
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
-        batch = make_batch(rank, seqs, prompt, response, shape["vocab_size"])
-        if gpu:
-            torch.cuda.reset_peak_memory_stats(device)
-        for k in range(2):  # warm-up: allocator, kernels, NCCL communicators
-            train_step(model, optimizer, batch, opts, version=k, world_size=world, device=device)
-        _sync(device)
-        t0 = time.perf_counter()
-        for k in range(args.steps):
-            metrics = train_step(model, optimizer, batch, opts, version=2 + k, world_size=world, device=device)
-        _sync(device)
-        step_s = (time.perf_counter() - t0) / args.steps
-        tokens = seqs * (prompt + response) * world  # every token goes through forward and backward
-        achieved = step_flops(n_params, shape["num_hidden_layers"], shape["hidden_size"], tokens, prompt + response) / step_s
-        ceiling = matmul_ceiling(device, torch.bfloat16 if gpu else torch.float32, 8192 if gpu else 512, 20 if gpu else 5)
-        peak = peak_memory_gib(device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        state = full_state_dict(model)
-        gather_s = time.perf_counter() - t0
-        gathered = sum(v.numel() * v.element_size() for v in state.values()) if rank == 0 else 0
-        log(f"train step: {step_s:.3f}s for {tokens} tokens ({world} ranks x {seqs} x ({prompt}+{response})), "
-            f"{metrics['micro_batches']:.0f} micro-batches/rank, loss {metrics['loss']:.4f}")
-        log(f"tokens/s: {tokens / step_s:,.0f}")
-        log(f"MFU: {achieved / (ceiling * world):.1%} (model {achieved / 1e12:.2f} TFLOP/s; measured matmul ceiling "
-            f"{ceiling / 1e12:.2f} TFLOP/s per device)")
-        log(f"peak memory: {peak:.2f} GiB ({'torch.cuda.max_memory_allocated' if gpu else 'peak RSS'}, rank 0)")
-        log(f"gather full weights: {gather_s:.3f}s for {gathered / 1e6:.0f} MB ({gathered / gather_s / 1e9:.2f} GB/s)")
-        del state
+    t0 = time.perf_counter()
+    if rank == 0 and not (folder / "model.safetensors").exists():
+        make_model_dir(shape, folder)
+    dist.barrier()
+    model = load_policy(str(folder), dtype, device, world)
+    n_params = sum(p.numel() for p in model.parameters())  # sharded DTensors report the full count
+    log(f"model: {n_params / 1e6:.1f}M parameters, made and sharded in {time.perf_counter() - t0:.1f}s")
+    opts = StepOptions.from_config(LearnerConfig(micro_batch_tokens=args.micro_batch_tokens), AlgorithmConfig())
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    batch = make_batch(rank, seqs, prompt, response, shape["vocab_size"])
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    for k in range(2):  # warm-up: allocator, kernels, NCCL communicators
+        train_step(model, optimizer, batch, opts, version=k, world_size=world, device=device)
+    _sync(device)
+    t0 = time.perf_counter()
+    for k in range(args.steps):
+        metrics = train_step(model, optimizer, batch, opts, version=2 + k, world_size=world, device=device)
+    _sync(device)
+    step_s = (time.perf_counter() - t0) / args.steps
+    tokens = seqs * (prompt + response) * world  # every token goes through forward and backward
+    achieved = step_flops(n_params, shape["num_hidden_layers"], shape["hidden_size"], tokens, prompt + response) / step_s
+    ceiling = matmul_ceiling(device, torch.bfloat16 if gpu else torch.float32, 8192 if gpu else 512, 20 if gpu else 5)
+    peak = peak_memory_gib(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    state = full_state_dict(model)
+    gather_s = time.perf_counter() - t0
+    gathered = sum(v.numel() * v.element_size() for v in state.values()) if rank == 0 else 0
+    log(f"train step: {step_s:.3f}s for {tokens} tokens ({world} ranks x {seqs} x ({prompt}+{response})), "
+        f"{metrics['micro_batches']:.0f} micro-batches/rank, loss {metrics['loss']:.4f}")
+    log(f"tokens/s: {tokens / step_s:,.0f}")
+    log(f"MFU: {achieved / (ceiling * world):.1%} (model {achieved / 1e12:.2f} TFLOP/s; measured matmul ceiling "
+        f"{ceiling / 1e12:.2f} TFLOP/s per device)")
+    log(f"peak memory: {peak:.2f} GiB ({'torch.cuda.max_memory_allocated' if gpu else 'peak RSS'}, rank 0)")
+    log(f"gather full weights: {gather_s:.3f}s for {gathered / 1e6:.0f} MB ({gathered / gather_s / 1e9:.2f} GB/s)")
+    del state
     dist.destroy_process_group()
 
 

@@ -42,6 +42,8 @@ def test_launcher_overrides_reach_their_fields() -> None:
     (["trainer.groups_per_step=1"], "every rank needs at least one whole group"),
     (["trainer.max_staleness=-1"], "must be >= 0"),
     (["env.name=agentstream/Sokoban-v0", "+env.kwargs.map_size=5"], "env.kwargs has ['map_size'], which"),
+    (["engines.cpu_executor=ray"], "engines.cpu_executor='ray': use uni"),
+    (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
 ])
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:
     with pytest.raises(C.ConfigError, match=re.escape(needle)):

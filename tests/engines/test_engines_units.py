@@ -279,9 +279,22 @@ async def test_agent_exits_nonzero_when_the_server_dies(fake_vllm, tmp_path):
     assert rc == 1 and "has not answered /health" in log, log
 
 
+def test_server_command_runs_the_cpu_model_in_the_engine_process_unless_mp_is_asked(monkeypatch):
+    monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
+    argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
+    # vLLM-CPU silently turns `uni` back into `mp` while its V1 multiprocessing flag is on: both are needed.
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_executor="mp"), port=1)
+    assert "--distributed-executor-backend" not in argv and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    monkeypatch.setattr(server_mod, "_on_gpu", lambda: True)  # vLLM's GPU default for one device is uni already
+    argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
+    assert "--distributed-executor-backend" not in argv and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+
+
 def test_server_command_pins_cpu_compute_threads_only_when_asked(monkeypatch):
     monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
-    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_threads_bind="0"), port=1)
+    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_threads_bind="0", cpu_executor="mp"), port=1)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM's own choice
