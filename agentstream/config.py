@@ -123,6 +123,11 @@ class EnginesConfig:
     `mp` (vLLM's CPU default): in a worker process of its own that busy-polls shared memory for a second after
     each batch, taking a whole core from the actors and the learner; on 2 cores the actors then reached 0.34 of
     the engine's ceiling against 0.78 with `uni` (scripts/bench_actor.py). `cpu_threads_bind` needs `mp`."""
+    cpu_threads: int = 1
+    """CPU only, with cpu_executor=uni: compute threads of each engine (OMP_NUM_THREADS); 0: torch's default,
+    one per core. Unbound threads of several engines and the learner oversubscribe the cores, and OpenMP waits
+    on every descheduled thread: 2 engines + a 2-rank learner on 2 cores took 265 s with the default, 90 s
+    with 1 thread each (137 s with `mp`, which binds each engine to one core)."""
     cpu_threads_bind: str = ""
     """CPU only, with cpu_executor=mp: the cores of each engine's compute threads (VLLM_CPU_OMP_THREADS_BIND, e.g.
     "0" or "0-3"); empty: vLLM's own choice. vLLM binds the threads of its `mp` worker only."""
@@ -489,6 +494,8 @@ def validate(cfg: Config) -> None:
     if e.cpu_executor not in ("uni", "mp"):
         errors.append(f"engines.cpu_executor={e.cpu_executor!r}: use uni (the model runs in vLLM's engine process) "
                       f"or mp (a worker process of its own, vLLM's CPU default).")
+    elif e.cpu_threads < 0:
+        errors.append(f"engines.cpu_threads={e.cpu_threads}: must be >= 0 (0: one per core).")
     elif e.cpu_threads_bind and e.cpu_executor != "mp":
         errors.append(f"engines.cpu_threads_bind={e.cpu_threads_bind!r} needs engines.cpu_executor=mp (vLLM binds the "
                       f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")

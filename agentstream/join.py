@@ -7,7 +7,7 @@
 The launch says Hello to the broker and gets its Welcome: the run's config (so the joiners play the same env
 with the same model and sampling), the engines serving recent weights, the learner's weight address and the
 dashboard's URL. From the local command line only `run.*`, `actors.*`, `broker.*`, where the engines
-run (`engines.count/host/base_port/kv_cache_gib/gpu_memory_utilization/extra_args`) and a `model.path` other
+run (`engines.count/host/base_port/kv_cache_gib/cpu_*/gpu_memory_utilization/extra_args`) and a `model.path` other
 than the default (the same model at another path on this host) are taken.
 
 role=actors: N actor processes named `actor-<host>-<pid>-<i>`; each asks the broker for the engine list
@@ -49,7 +49,8 @@ from broker.protocol import Hello, Welcome
 
 log = logging.getLogger("join")
 
-_LOCAL_ENGINE_FIELDS = ("count", "host", "base_port", "kv_cache_gib", "gpu_memory_utilization", "extra_args")
+_LOCAL_ENGINE_FIELDS = ("count", "host", "base_port", "kv_cache_gib", "cpu_executor", "cpu_threads", "cpu_threads_bind",
+                        "gpu_memory_utilization", "extra_args")
 """Engine fields that describe this host's servers, not the run: taken from the local command line."""
 
 

@@ -102,6 +102,8 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tup
             # runs the engine core in a process of its own (AsyncLLM always does); only the worker process goes.
             argv += ["--distributed-executor-backend", "uni"]
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            if engines.cpu_threads > 0:  # vLLM's own thread setting is skipped when no worker binds threads
+                env["OMP_NUM_THREADS"] = str(engines.cpu_threads)
         if engines.cpu_threads_bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = engines.cpu_threads_bind
     argv += list(engines.extra_args)

