@@ -119,15 +119,10 @@ class EnginesConfig:
     kv_cache_gib: int = 1
     """KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
     cpu_executor: str = "uni"
-    """CPU only: where vLLM runs the model. `uni`: inside its engine-core process, which blocks while idle.
-    `mp` (vLLM's CPU default): in a worker process of its own that busy-polls shared memory for a second after
-    each batch, taking a whole core from the actors and the learner; on 2 cores the actors then reached 0.34 of
-    the engine's ceiling against 0.78 with `uni` (scripts/bench_actor.py). `cpu_threads_bind` needs `mp`."""
+    """CPU only: `uni` runs the model in vLLM's engine process; `mp` (vLLM's default) in a worker that busy-polls a
+    core (README, "Engines on CPU")."""
     cpu_threads: int = 1
-    """CPU only, with cpu_executor=uni: compute threads of each engine (OMP_NUM_THREADS); 0: torch's default,
-    one per core. Unbound threads of several engines and the learner oversubscribe the cores, and OpenMP waits
-    on every descheduled thread: 2 engines + a 2-rank learner on 2 cores took 265 s with the default, 90 s
-    with 1 thread each (137 s with `mp`, which binds each engine to one core)."""
+    """CPU only, with cpu_executor=uni: each engine's compute threads (OMP_NUM_THREADS); 0: one per core."""
     cpu_threads_bind: str = ""
     """CPU only, with cpu_executor=mp: the cores of each engine's compute threads (VLLM_CPU_OMP_THREADS_BIND, e.g.
     "0" or "0-3"); empty: vLLM's own choice. vLLM binds the threads of its `mp` worker only."""

@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384, help="learner.micro_batch_tokens")
     args = parser.parse_args()
     from agentstream.config import AlgorithmConfig, LearnerConfig
-    from learner.model import full_state_dict, init_distributed, load_policy
+    from learner.model import full_state_dict, init_distributed, load_policy, trainable_parameters
     from learner.step import StepOptions, train_step
 
     gpu = torch.cuda.is_available() and not args.dry_run
@@ -125,7 +125,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())  # sharded DTensors report the full count
     log(f"model: {n_params / 1e6:.1f}M parameters, made and sharded in {time.perf_counter() - t0:.1f}s")
     opts = StepOptions.from_config(LearnerConfig(micro_batch_tokens=args.micro_batch_tokens), AlgorithmConfig())
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
     batch = make_batch(rank, seqs, prompt, response, shape["vocab_size"])
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)
