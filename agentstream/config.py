@@ -240,6 +240,9 @@ class LearnerConfig:
     packing: bool = False
     """Pack sequences into one row per micro-batch (position ids restart per sequence) instead of padding
     rows; saves padding, but on CPU attention over a packed row costs quadratic time in its length."""
+    logprob_chunk_tokens: int = 0
+    """Compute response log-probs this many tokens at a time (logits recomputed in backward): peak logits
+    memory [chunk, vocab] instead of [response tokens, vocab]; for large vocabularies. 0: all at once."""
     max_restarts: int = 2
     """With checkpoint.every_steps > 0, a dead learner is restarted from its latest checkpoint this many times."""
 
@@ -496,6 +499,9 @@ def validate(cfg: Config) -> None:
                       f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")
     if cfg.learner.backend not in ("auto", "gloo", "nccl"):
         errors.append(f"learner.backend={cfg.learner.backend!r}: use auto, gloo or nccl.")
+    if cfg.learner.logprob_chunk_tokens < 0:
+        errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
+                      f"e.g. 1024 for a large vocabulary).")
     errors += _lora_and_checkpoint_errors(cfg)
     errors += validate_algorithm(cfg.algorithm)
     errors += _validation_errors(cfg.validation)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from learner.batching import MicroBatch
 
@@ -143,13 +143,28 @@ def vocab_size(model: nn.Module) -> int:
     return int(model.config.vocab_size)
 
 
-def response_logprobs(model: nn.Module, mb: MicroBatch) -> Tensor:
-    """log pi(target | prefix) for every response token of `mb`: [Q] float32.
+def response_logprobs(model: nn.Module, mb: MicroBatch, chunk_tokens: int = 0) -> Tensor:
+    """log pi(target | prefix) for every response token of `mb`: [Q] float32 (`token_logprobs` without the
+    entropy)."""
+    return token_logprobs(model, mb, chunk_tokens)[0]
+
+
+def token_logprobs(
+    model: nn.Module, mb: MicroBatch, chunk_tokens: int = 0, entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(target | prefix) [Q] float32 for every response token of `mb`, and with `entropy` the entropy
+    of pi at each of those positions [Q] (else None); both with gradients when grad mode is on.
 
     Only the logits at the positions some row needs are computed (`logits_to_keep` = the union of the
-    rows' response positions), so the [B, L, vocab] logits of the prompts never exist. A packed micro-batch
-    (`mb.position_ids` set, no attention mask) relies on transformers reading sequence boundaries from the
-    restarting position ids, which it does only without a KV cache: `use_cache=False` is load-bearing.
+    rows' response positions), so the [B, L, V] logits of the prompts never exist. With `chunk_tokens` > 0
+    not even the [Q, V] logits do: the model runs with no logits at all, and its last hidden states at the
+    Q positions go through the output layer `chunk_tokens` rows at a time, each chunk's logits recomputed in
+    backward (activation checkpointing), so at most [chunk_tokens, V] float32 logits are alive
+    (scripts/bench_memory.py). Same values either way (a test checks it, under FSDP2 too).
+
+    A packed micro-batch (`mb.position_ids` set, no attention mask) relies on transformers reading sequence
+    boundaries from the restarting position ids, which it does only without a KV cache: `use_cache=False` is
+    load-bearing.
     """
     device = next(model.parameters()).device
     keep, col = torch.unique(mb.logit_pos, sorted=True, return_inverse=True)  # [U], [Q]
@@ -158,10 +173,72 @@ def response_logprobs(model: nn.Module, mb: MicroBatch) -> Tensor:
         inputs["attention_mask"] = mb.attention_mask.to(device)
     if mb.position_ids is not None:
         inputs["position_ids"] = mb.position_ids.to(device)
-    out = model(**inputs, use_cache=False, logits_to_keep=keep.to(device))
-    logits = out.logits[mb.logit_rows.to(device), col.to(device)].float()  # [Q, V]
     targets = mb.targets.to(device)  # [Q]
-    return logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)  # [Q]
+    if chunk_tokens <= 0:
+        out = model(**inputs, use_cache=False, logits_to_keep=keep.to(device))
+        logits = out.logits[mb.logit_rows.to(device), col.to(device)]  # [Q, V]
+        return _logprob_and_entropy(logits, targets, entropy)
+    hidden = _last_hidden_state(model, inputs)  # [B, L, H]
+    h = hidden[mb.logit_rows.to(device), mb.logit_pos.to(device)]  # [Q, H]
+    head = _output_layer(model)
+    if torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
+
+        def piece(h_c: Tensor, t_c: Tensor) -> tuple[Tensor, Tensor | None]:
+            return _logprob_and_entropy(head(h_c), t_c, entropy)
+
+        parts = [checkpoint(piece, h[i:i + chunk_tokens], targets[i:i + chunk_tokens], use_reentrant=False)
+                 for i in range(0, h.shape[0], chunk_tokens)]
+    else:  # nothing is kept for a backward: no recomputation needed
+        parts = [_logprob_and_entropy(head(h[i:i + chunk_tokens]), targets[i:i + chunk_tokens], entropy)
+                 for i in range(0, h.shape[0], chunk_tokens)]
+    logp = torch.cat([p[0] for p in parts]) if parts else h.new_zeros(0, dtype=torch.float32)
+    ent = (torch.cat([p[1] for p in parts]) if parts else torch.zeros_like(logp)) if entropy else None
+    return logp, ent
+
+
+def _logprob_and_entropy(logits: Tensor, targets: Tensor, entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """logits [C, V] (any float dtype), targets [C] -> log-softmax at the targets [C] and, with `entropy`,
+    -sum_v p_v log p_v [C]; computed in float32."""
+    logits = logits.float()
+    logz = torch.logsumexp(logits, dim=-1)  # [C]
+    logp = logits.gather(-1, targets[:, None])[:, 0] - logz  # [C]
+    if not entropy:
+        return logp, None
+    logp_all = logits - logz[:, None]  # [C, V]
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def _last_hidden_state(model: nn.Module, inputs: dict[str, Tensor]) -> Tensor:
+    """The decoder's final hidden states [B, L, H] (after its last norm: what the output layer reads), from a
+    forward of the whole model, so that FSDP2's root hooks gather the root's weights (embeddings, norm,
+    output layer) as in any forward. No logits are computed (`logits_to_keep` selects no position)."""
+    got: list[Tensor] = []
+
+    def grab(_module: nn.Module, _args: Any, output: Any) -> None:
+        got.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+
+    handle = model.get_decoder().register_forward_hook(grab)
+    try:
+        none = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        model(**inputs, use_cache=False, logits_to_keep=none)
+    finally:
+        handle.remove()
+    return got[-1]
+
+
+def _output_layer(model: nn.Module) -> nn.Module:
+    """The LM head, its weights gathered. FSDP2 keeps the root's weights gathered from its forward until its
+    backward (the root does not reshard after forward); `unshard()` makes sure of it (a no-op when so)."""
+    cfg = model.config
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(cfg, name, None) not in (None, 1.0):
+            raise ValueError(f"learner.logprob_chunk_tokens: {type(model).__name__} transforms its logits "
+                             f"({name}={getattr(cfg, name)}) after the output layer, which the chunked path does "
+                             f"not repeat; set learner.logprob_chunk_tokens=0 for this model")
+    if isinstance(model, FSDPModule):
+        model.unshard()
+    return model.get_output_embeddings()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:

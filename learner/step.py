@@ -32,7 +32,7 @@ from broker.protocol import Batch
 from learner.advantages import NEEDS_VALUES, AdvantageInput, compute_advantages, returns_of
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, policy_objective
-from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs
+from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs
 
 if TYPE_CHECKING:
     from learner.critic import Critic
@@ -52,11 +52,12 @@ class StepOptions:
     max_grad_norm: float
     micro_batch_tokens: int
     packing: bool = False
+    logprob_chunk_tokens: int = 0  # learner.model.token_logprobs' chunk_tokens
 
     @classmethod
     def from_config(cls, learner: LearnerConfig, algorithm: AlgorithmConfig) -> "StepOptions":
         return cls(algo=algorithm, max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
-                   packing=learner.packing)
+                   packing=learner.packing, logprob_chunk_tokens=learner.logprob_chunk_tokens)
 
     def advantage_options(self) -> dict[str, float | bool]:
         a = self.algo
@@ -110,35 +111,18 @@ def load_frozen_reference(path: str, dtype: str, device: torch.device, world_siz
     return ref
 
 
-def reference_logprobs(model: nn.Module, mb: MicroBatch, frozen: nn.Module | None = None) -> Tensor:
+def reference_logprobs(model: nn.Module, mb: MicroBatch, frozen: nn.Module | None = None,
+                       chunk_tokens: int = 0) -> Tensor:
     """log pi_ref of `mb`'s response tokens [Q], no gradient: the frozen copy when there is one, else the
     LoRA policy with its adapter disabled (its base model). A collective like any forward."""
     with torch.no_grad():
         if frozen is not None:
-            return response_logprobs(frozen, mb)
+            return response_logprobs(frozen, mb, chunk_tokens)
         if is_lora(model):
             with disabled_adapter(model):
-                return response_logprobs(model, mb)
+                return response_logprobs(model, mb, chunk_tokens)
     raise RuntimeError("KL to a reference needs algorithm.reference=frozen_copy or LoRA (model.lora_rank > 0): "
                        "without either there is no reference policy; or set algorithm.kl_coef=0")
-
-
-def logprobs_and_entropy(model: nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor]:
-    """log pi(target) [Q] and the entropy of pi at each response position [Q], both with gradients.
-    The same forward as `learner.model.response_logprobs` (checked equal by a test), plus the entropy."""
-    device = next(model.parameters()).device
-    keep, col = torch.unique(mb.logit_pos, sorted=True, return_inverse=True)  # [U], [Q]
-    inputs: dict[str, Tensor] = {"input_ids": mb.input_ids.to(device)}
-    if mb.attention_mask is not None:
-        inputs["attention_mask"] = mb.attention_mask.to(device)
-    if getattr(mb, "position_ids", None) is not None:
-        inputs["position_ids"] = mb.position_ids.to(device)
-    out = model(**inputs, use_cache=False, logits_to_keep=keep.to(device))
-    logits = out.logits[mb.logit_rows.to(device), col.to(device)].float()  # [Q, V]
-    logz = torch.logsumexp(logits, dim=-1)  # [Q]
-    logp_all = logits - logz[:, None]  # [Q, V]
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [Q]
-    return logp_all.gather(-1, mb.targets.to(device)[:, None])[:, 0], entropy
 
 
 def advantage_input(batch: Batch, rewards: Tensor | None = None, values: Tensor | None = None) -> AdvantageInput:
@@ -208,13 +192,14 @@ class RowLayout:
         return out.index_put((self.row.to(x.device), self.col.to(x.device)), x)
 
 
-def reward_kl(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, estimator: str) -> Tensor:
+def reward_kl(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, estimator: str,
+              chunk_tokens: int = 0) -> Tensor:
     """KL(behaviour || reference) of each transition [N]: the sum over its response tokens of the
     per-token estimate at the sampled tokens (log pi_behav vs log pi_ref). One no-grad pass; a collective."""
     tok_seq = transition_of_tokens(seqs)  # [R]
     kl = torch.zeros(seqs.num_transitions, dtype=torch.float64)  # [N]
     for mb in mbs:
-        ref = reference_logprobs(model, mb, models.reference).cpu()  # [Q]
+        ref = reference_logprobs(model, mb, models.reference, chunk_tokens).cpu()  # [Q]
         if bool(mb.mask.any()):
             k = kl_estimate(estimator, mb.behav_logp, ref)  # [Q]
             kl.index_add_(0, tok_seq[mb.token_index], torch.where(mb.mask, k, 0.0).double())
@@ -231,11 +216,9 @@ def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
     objective = opts.objective_options()
     for i, mb in enumerate(mbs):
         model.set_requires_gradient_sync(i == len(mbs) - 1)
-        if opts.algo.entropy_coef > 0:
-            logp, entropy = logprobs_and_entropy(model, mb)  # [Q], [Q]
-        else:
-            logp, entropy = response_logprobs(model, mb), None  # [Q]
-        ref = reference_logprobs(model, mb, models.reference) if opts.kl_in_loss else None  # [Q]
+        logp, entropy = token_logprobs(model, mb, opts.logprob_chunk_tokens, entropy=opts.algo.entropy_coef > 0)  # [Q]
+        ref = (reference_logprobs(model, mb, models.reference, opts.logprob_chunk_tokens)
+               if opts.kl_in_loss else None)  # [Q]
         rows = RowLayout.of(mb, tok_seq, r_off)
         device = logp.device
         inp = PolicyLossInput(
@@ -291,7 +274,8 @@ def train_step(
     rewards = values = None
     if opts.kl_in_reward:
         zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing)
-        kl = reward_kl(model, _pad_to_max(zero, device)[0], seqs, models, opts.algo.kl_estimator)  # [N]
+        kl = reward_kl(model, _pad_to_max(zero, device)[0], seqs, models, opts.algo.kl_estimator,
+                       opts.logprob_chunk_tokens)  # [N]
         rewards = torch.from_numpy(np.array(batch.rewards, dtype=np.float32)) - opts.algo.kl_coef * kl
         local["reward_kl_sum"] = float(kl.double().sum())
     if opts.algo.advantage in NEEDS_VALUES:

@@ -10,9 +10,10 @@ the bytes held per transition, next to the bytes of its token ids and log-probs.
 Learner: one micro-batch (`learner.batching.make_micro_batches`) of 4 sequences with `--tokens` response
 tokens in all, through a Qwen2 with a `--vocab` vocabulary (hidden 128, 2 layers, random weights); peak
 RSS growth of forward + backward, each variant in a fresh process: the learner's `response_logprobs`
-(full [Q, V] logits, log-softmax), and a chunked variant (lm_head + logsumexp over `--chunk` tokens at a
-time, each chunk recomputed in backward under activation checkpointing: FACTS.md). Both give the same
-log-probs (checked). The last line is the learner's ratio without/with chunking.
+(`learner.model.token_logprobs`) as it runs by default (full [Q, V] logits, log-softmax) and with
+`learner.logprob_chunk_tokens=--chunk` (lm_head + logsumexp over `--chunk` tokens at a time, each chunk
+recomputed in backward under activation checkpointing: FACTS.md). Both give the same log-probs (checked).
+The last line is the learner's ratio without/with chunking.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
-from torch import Tensor
 
 
 # ------------------------------------------------------------------------------------ broker
@@ -62,27 +62,6 @@ def broker_bytes_per_transition(prompt: int, response: int, n: int) -> tuple[flo
 
 
 # ------------------------------------------------------------------------------------ learner
-def chunked_response_logprobs(model: torch.nn.Module, mb, chunk: int) -> Tensor:
-    """log pi(target) [Q] like `learner.model.response_logprobs`, but the [Q, V] logits never exist at once:
-    the backbone's hidden states at the response positions go through lm_head + logsumexp `chunk` tokens at
-    a time, each chunk recomputed in backward (torch.utils.checkpoint), so only [chunk, V] is alive."""
-    from torch.utils.checkpoint import checkpoint
-
-    inputs = {"input_ids": mb.input_ids}
-    if mb.attention_mask is not None:
-        inputs["attention_mask"] = mb.attention_mask
-    hidden = model.model(**inputs, use_cache=False).last_hidden_state  # [B, L, H]
-    h = hidden[mb.logit_rows, mb.logit_pos]  # [Q, H]
-    head = model.lm_head
-
-    def piece(h_c: Tensor, t_c: Tensor) -> Tensor:
-        logits = head(h_c).float()  # [C, V]
-        return logits.gather(-1, t_c[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)  # [C]
-
-    return torch.cat([checkpoint(piece, h[i:i + chunk], mb.targets[i:i + chunk], use_reentrant=False)
-                      for i in range(0, h.shape[0], chunk)])
-
-
 def _micro_batch(tokens: int, vocab: int):
     from broker.protocol import Batch
     from learner.batching import Sequences, make_micro_batches
@@ -114,7 +93,7 @@ def learner_child(variant: str, tokens: int, vocab: int, chunk: int) -> dict:
     with torch.no_grad():  # a small warm-up: allocator and kernels, not counted
         response_logprobs(model, _micro_batch(64, vocab))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    logp = response_logprobs(model, mb) if variant == "full" else chunked_response_logprobs(model, mb, chunk)
+    logp = response_logprobs(model, mb, chunk_tokens=0 if variant == "full" else chunk)
     logp.sum().backward()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak_growth": peak - base, "tokens": int(mb.targets.numel()), "logp_sum": float(logp.detach().sum())}
@@ -145,7 +124,7 @@ def main() -> None:
     rows = {}
     for variant in ("full", "chunked"):
         r = rows[variant] = learner_peak(variant, args.tokens, args.vocab, args.chunk)
-        label = "learner response_logprobs" if variant == "full" else f"chunked ({args.chunk} tokens)"
+        label = "learner response_logprobs" if variant == "full" else f"chunked ({args.chunk} tokens)"  # tests read these
         print(f"{label:<26} {r['tokens']:>11} {r['peak_growth'] / 1e6:>11.1f} {r['peak_growth'] / r['tokens']:>11.0f}",
               flush=True)
     same = abs(rows["full"]["logp_sum"] - rows["chunked"]["logp_sum"]) <= 1e-3 * abs(rows["full"]["logp_sum"])

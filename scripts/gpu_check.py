@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=0, help="prompt tokens (default 512; dry run 32)")
     parser.add_argument("--response", type=int, default=0, help="response tokens (default 512; dry run 32)")
     parser.add_argument("--micro-batch-tokens", type=int, default=16384, help="learner.micro_batch_tokens")
+    parser.add_argument("--logprob-chunk-tokens", type=int, default=0, help="learner.logprob_chunk_tokens (0: none)")
     args = parser.parse_args()
     from agentstream.config import AlgorithmConfig, LearnerConfig
     from learner.model import full_state_dict, init_distributed, load_policy, trainable_parameters
@@ -124,7 +125,8 @@ def main() -> None:
     model = load_policy(str(folder), dtype, device, world)
     n_params = sum(p.numel() for p in model.parameters())  # sharded DTensors report the full count
     log(f"model: {n_params / 1e6:.1f}M parameters, made and sharded in {time.perf_counter() - t0:.1f}s")
-    opts = StepOptions.from_config(LearnerConfig(micro_batch_tokens=args.micro_batch_tokens), AlgorithmConfig())
+    opts = StepOptions.from_config(LearnerConfig(micro_batch_tokens=args.micro_batch_tokens,
+                                                 logprob_chunk_tokens=args.logprob_chunk_tokens), AlgorithmConfig())
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
     batch = make_batch(rank, seqs, prompt, response, shape["vocab_size"])
     if gpu:
@@ -147,6 +149,7 @@ def main() -> None:
     gather_s = time.perf_counter() - t0
     gathered = sum(v.numel() * v.element_size() for v in state.values()) if rank == 0 else 0
     log(f"train step: {step_s:.3f}s for {tokens} tokens ({world} ranks x {seqs} x ({prompt}+{response})), "
+        f"log-prob chunks {args.logprob_chunk_tokens or 'none'}, "
         f"{metrics['micro_batches']:.0f} micro-batches/rank, loss {metrics['loss']:.4f}")
     log(f"tokens/s: {tokens / step_s:,.0f}")
     log(f"MFU: {achieved / (ceiling * world):.1%} (model {achieved / 1e12:.2f} TFLOP/s; measured matmul ceiling "

@@ -18,8 +18,8 @@ from agentstream.config import Config, save
 from agentstream.procs import free_port
 from learner.batching import Sequences, make_micro_batches
 from learner.critic import clipped_value_loss, clipped_value_loss_reference
-from learner.model import response_logprobs
-from learner.step import logprobs_and_entropy, reference_logprobs
+from learner.model import response_logprobs, token_logprobs
+from learner.step import reference_logprobs
 
 STEPS = 2
 
@@ -47,7 +47,7 @@ def test_entropy_forward_matches_policy_logprobs_and_reference_needs_a_source(ti
     seqs = Sequences.from_batch(batch)
     for packing in (False, True):
         mb = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), 4096, packing=packing)[0]
-        logp, ent = logprobs_and_entropy(model, mb)
+        logp, ent = token_logprobs(model, mb, entropy=True)
         torch.testing.assert_close(logp, response_logprobs(model, mb), atol=1e-5, rtol=0)
         assert bool((ent > 0).all()) and bool((ent <= math.log(model.config.vocab_size) + 1e-4).all())
     with pytest.raises(RuntimeError, match="algorithm.reference=frozen_copy or LoRA"):

@@ -46,11 +46,11 @@ def micro_batches(vocab: int, seed: int = 0):
     return seqs, make_micro_batches(seqs, torch.ones(seqs.num_transitions), token_budget=256)
 
 
-def all_logprobs(model, seqs, mbs) -> torch.Tensor:
+def all_logprobs(model, seqs, mbs, chunk_tokens: int = 0) -> torch.Tensor:
     out = torch.empty(seqs.num_response_tokens)  # [R]
     with torch.no_grad():
         for mb in mbs:
-            out[mb.token_index] = response_logprobs(model, mb)
+            out[mb.token_index] = response_logprobs(model, mb, chunk_tokens)
     return out
 
 
@@ -81,7 +81,12 @@ def test_disabled_adapter_is_the_base_model_exactly(one_rank, tiny_model_dir: Pa
         got = all_logprobs(model, seqs, mbs)
     assert torch.equal(got, expected)  # bitwise: the adapter is bypassed, not multiplied by zero
     # The check can fail: with the adapter on, the trained model is elsewhere.
-    assert float((all_logprobs(model, seqs, mbs) - expected).abs().max()) > 1e-2
+    adapted = all_logprobs(model, seqs, mbs)
+    assert float((adapted - expected).abs().max()) > 1e-2
+    # learner.logprob_chunk_tokens through peft and FSDP2: the output layer found under the adapter, same values
+    torch.testing.assert_close(all_logprobs(model, seqs, mbs, chunk_tokens=3), adapted, atol=1e-5, rtol=0)
+    with disabled_adapter(model):
+        torch.testing.assert_close(all_logprobs(model, seqs, mbs, chunk_tokens=3), expected, atol=1e-5, rtol=0)
     for n, p in model.named_parameters():
         if not p.requires_grad:
             assert torch.equal(full(p), frozen_before[n]), f"frozen {n} moved"

@@ -34,6 +34,9 @@ def write_config(tmp_path: Path, model_dir: Path, world_size: int) -> Config:
     cfg.model.path = str(model_dir)
     cfg.learner.world_size = world_size
     cfg.learner.micro_batch_tokens = 48  # several micro-batches per rank, different counts per rank
+    # The ranks compute log-probs 5 tokens at a time (several chunks per micro-batch, logits recomputed in
+    # backward); the single-process reference below all at once: the chunked path under FSDP2 must agree.
+    cfg.learner.logprob_chunk_tokens = 5
     cfg.learner.lr = 1e-3
     cfg.trainer.total_steps = STEPS
     cfg.engines.count = 1
@@ -63,7 +66,8 @@ def run_ranks(world: int, argv: list[str], timeout_s: float = 90.0) -> None:
 
 
 def reference_first_step(cfg: Config, model_dir: Path, shares: list[Batch]) -> tuple[float, float, dict]:
-    """Step 0 without FSDP: one model, both ranks' shares, loss = sum of all token terms / all tokens."""
+    """Step 0 without FSDP: one model, both ranks' shares, loss = sum of all token terms / all tokens; log-probs
+    computed all at once (no chunks)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -73,7 +77,7 @@ def reference_first_step(cfg: Config, model_dir: Path, shares: list[Batch]) -> t
     total = sum(mb.num_tokens for mb in mbs)
     loss_sum = 0.0
     for mb in mbs:
-        logp = response_logprobs(model, mb)[None]
+        logp = response_logprobs(model, mb, chunk_tokens=0)[None]
         loss, _ = ppo_clip_tis(logp, logp.detach(), mb.behav_logp[None], mb.advantages[None], mb.mask[None],
                                clip_low=a.clip_low, clip_high=a.clip_high, tis_cap=a.is_cap, denom=total)
         loss.backward()
