@@ -278,9 +278,9 @@ class Broker:
     # ------------------------------------------------------------------ handlers
     async def handle(self, ident: bytes, msg: Message, frames: list | None = None) -> None:
         if isinstance(msg, (Transition, Transitions)):
-            # The log keeps the frames as received (bytes); without a log nothing is copied.
+            # The log keeps the frames as received (written from the received buffers, not copied first).
             raw = None if self.state.wal is None else (
-                [f.bytes for f in frames] if frames else [bytes(f) for f in encode(msg)])
+                [f.buffer for f in frames] if frames else [bytes(f) for f in encode(msg)])
             if isinstance(msg, Transition):
                 results = [self.state.ingest(msg, raw)]
             else:

@@ -85,7 +85,10 @@ class BrokerState:
     # ------------------------------------------------------------------ durability
     def _log(self, kind: str, body: Any) -> None:
         if self.wal is not None and not self._replaying and not self._inside:
-            self.wal.append(kind, body)
+            if kind in ("transition", "transitions"):  # a message's frames, as received
+                self.wal.append_frames(kind, body)
+            else:
+                self.wal.append(kind, body)
             self._since_compaction += 1
 
     def recover(self) -> None:

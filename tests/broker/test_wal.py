@@ -3,7 +3,9 @@
 import shutil
 from pathlib import Path
 
-from broker.wal import WriteAheadLog, read_segment
+import numpy as np
+
+from broker.wal import WriteAheadLog, _pack, _pack_frames, read_segment
 
 
 def test_records_round_trip_and_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
@@ -70,3 +72,20 @@ def test_a_compaction_interrupted_before_deleting_old_segments_recovers_from_the
     snapshot, events = WriteAheadLog(tmp_path).recover()
     assert snapshot == {"state": 2} and events == []
     assert not (tmp_path / "wal-000001.log").exists()
+
+
+def test_frames_are_written_as_the_same_bytes_as_a_packed_record(tmp_path: Path) -> None:
+    # msgpack switches header sizes at these lengths: bin8 < 256 <= bin16 < 65,536 <= bin32, fixarray < 16 <= array16
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, 255, 256, 65535, 65536, 70000]
+    for n_frames in (1, 7, 15, 16, 17):
+        frames = [rng.integers(0, 256, int(rng.choice(sizes)), dtype=np.uint8).tobytes() for _ in range(n_frames)]
+        views = [memoryview(f) for f in frames]  # as the broker passes them: views of the received buffers
+        assert b"".join(bytes(p) for p in _pack_frames("transitions", views)) == _pack("transitions", frames)
+    wal = WriteAheadLog(tmp_path)
+    wal.recover()
+    wal.append_frames("transition", [memoryview(b"head"), memoryview(bytes(300))])
+    wal.append("count", "x")
+    wal.close()
+    assert read_segment(next(tmp_path.glob("wal-*.log"))).records == [("transition", [b"head", bytes(300)]),
+                                                                      ("count", "x")]
