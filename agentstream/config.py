@@ -337,6 +337,9 @@ class AlgorithmConfig:
     """Importance ratio per token or per sequence (product of token ratios)."""
     is_cap: float = 2.0
     """C: TIS truncates pi_prox / pi_behav at C; MIS drops tokens (sequences) whose ratio leaves [1/C, C]."""
+    whiten_advantages: bool = False
+    """Whiten the batch's advantages over its response tokens (zero mean, unit variance) before the policy loss,
+    as verl's PPO does to GAE; the critic's returns use them unwhitened."""
     critic_lr: float = 1e-5
     """AdamW learning rate of the critic (advantage=gae)."""
     value_clip: float = 0.2

@@ -115,6 +115,38 @@ def returns_of(name: str, inp: AdvantageInput, advantages: Tensor, *, gamma: flo
     return discounted_returns(inp, gamma).to(advantages.dtype)
 
 
+# --------------------------------------------------------------------------------------- whitening
+def whitening_sums(adv: Tensor, weights: Tensor) -> tuple[float, float, float]:
+    """(sum w, sum w A, sum w A^2) of advantages [N] weighted by `weights` [N] (each step's response tokens):
+    what `whiten` needs, summed over every learner rank first (a global batch is spread over the ranks)."""
+    w, a = weights.double(), adv.double()
+    return float(w.sum()), float((w * a).sum()), float((w * a * a).sum())
+
+
+def whiten(adv: Tensor, n: float, total: float, total_sq: float, eps: float = 1e-8) -> Tensor:
+    """Whitened advantages [N] (verl's `masked_whiten` over response tokens, as its PPO applies to GAE):
+
+        mu = sum w A / sum w        var = (sum w A^2 / sum w - mu^2) * n / (n - 1)     (unbiased)
+        A' = (A - mu) / sqrt(var + eps)
+
+    n, total, total_sq: `whitening_sums` over the whole batch. Fewer than two tokens: returned unchanged."""
+    if n < 2:
+        return adv
+    mu = total / n
+    var = max(total_sq / n - mu * mu, 0.0) * n / (n - 1)
+    return ((adv.double() - mu) / math.sqrt(var + eps)).to(adv.dtype)
+
+
+def whiten_reference(adv: list[float], tokens: list[int], eps: float = 1e-8) -> list[float]:
+    """Slow, obvious whitening: every token is one sample of its step's advantage."""
+    samples = [a for a, k in zip(adv, tokens) for _ in range(k)]
+    if len(samples) < 2:
+        return list(adv)
+    mu = sum(samples) / len(samples)
+    var = sum((x - mu) ** 2 for x in samples) / (len(samples) - 1)
+    return [(a - mu) / math.sqrt(var + eps) for a in adv]
+
+
 # --------------------------------------------------------------------------------------- shared pieces
 def _compact(index: Tensor) -> tuple[Tensor, int]:
     """Arbitrary int ids [N] -> (dense ids 0..M-1 [N], M)."""

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from broker.protocol import Batch
-from learner.advantages import NEEDS_VALUES, AdvantageInput, compute_advantages, returns_of
+from learner.advantages import NEEDS_VALUES, AdvantageInput, compute_advantages, returns_of, whiten, whitening_sums
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, policy_objective
 from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs
@@ -284,7 +284,12 @@ def train_step(
         values = models.critic.values(seqs, device)  # [N]
     inp = advantage_input(batch, rewards, values)
     adv, adv_stats = compute_advantages(opts.algo.advantage, inp, **opts.advantage_options())  # [N]
-    mbs = make_micro_batches(seqs, adv, opts.micro_batch_tokens, packing=opts.packing)
+    policy_adv = adv
+    if opts.algo.whiten_advantages:  # over the global batch's response tokens: sums from every rank
+        sums = all_reduce_dict(dict(zip(("n", "s", "ss"), whitening_sums(adv, seqs.response_lens))), dist.ReduceOp.SUM,
+                               device)
+        policy_adv = whiten(adv, sums["n"], sums["s"], sums["ss"])  # [N]
+    mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing)
     n_seqs = int((seqs.response_lens > 0).sum())
     local_tokens = sum(mb.num_tokens for mb in mbs)
     totals = all_reduce_dict({"tokens": local_tokens, "sequences": n_seqs}, dist.ReduceOp.SUM, device)

@@ -8,8 +8,23 @@ import pytest
 import torch
 
 from learner.advantages import (
-    ADVANTAGES, AdvantageInput, compute_advantages, discounted_returns, gae, gae_reference, gigpo, gigpo_reference,
-    reinforce_pp, reinforce_pp_baseline, reinforce_pp_reference, returns_of, rloo, rloo_reference,
+    ADVANTAGES,
+    AdvantageInput,
+    compute_advantages,
+    discounted_returns,
+    gae,
+    gae_reference,
+    gigpo,
+    gigpo_reference,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    reinforce_pp_reference,
+    returns_of,
+    rloo,
+    rloo_reference,
+    whiten,
+    whiten_reference,
+    whitening_sums,
 )
 
 
@@ -151,3 +166,33 @@ def test_every_estimator_runs_through_the_registry():
         adv, stats = compute_advantages(name, inp, **opts)
         assert adv.shape == inp.rewards.shape and torch.isfinite(adv).all(), name
         assert "advantage_abs_mean" in stats
+
+
+def test_whitening_by_hand():
+    # advantages [1, 3] over 1 and 3 response tokens: the samples are 1, 3, 3, 3
+    #   mean = 10 / 4 = 2.5; unbiased var = (1.5^2 + 3 * 0.5^2) / 3 = (2.25 + 0.75) / 3 = 1.0
+    #   -> (1 - 2.5) / 1 = -1.5 and (3 - 2.5) / 1 = 0.5
+    adv, tokens = torch.tensor([1.0, 3.0]), torch.tensor([1, 3])
+    assert whitening_sums(adv, tokens) == (4.0, 10.0, 28.0)
+    torch.testing.assert_close(whiten(adv, *whitening_sums(adv, tokens), eps=0.0), torch.tensor([-1.5, 0.5]))
+    one = torch.tensor([0.7])
+    assert torch.equal(whiten(one, *whitening_sums(one, torch.tensor([1]))), one)  # a single token: unchanged
+
+
+def test_whitening_matches_reference_and_sums_add_up_across_ranks():
+    g = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        n = int(torch.randint(2, 40, (1,), generator=g))
+        adv = torch.randn(n, generator=g, dtype=torch.float64) * 3 + 1
+        tokens = torch.randint(0, 9, (n,), generator=g)
+        tokens[0] = max(int(tokens[0]), 2)
+        got = whiten(adv, *whitening_sums(adv, tokens))
+        torch.testing.assert_close(got, torch.tensor(whiten_reference(adv.tolist(), tokens.tolist()), dtype=torch.float64))
+        w = tokens.double()
+        assert abs(float((w * got).sum())) < 1e-9 * n  # zero mean over tokens
+        # two ranks holding halves of the batch: their sums add up to the whole batch's
+        k = n // 2
+        parts = [whitening_sums(adv[:k], tokens[:k]), whitening_sums(adv[k:], tokens[k:])]
+        whole = whitening_sums(adv, tokens)
+        for i in range(3):
+            assert abs(parts[0][i] + parts[1][i] - whole[i]) < 1e-9 * max(1.0, abs(whole[i]))

@@ -64,6 +64,7 @@ def test_two_ranks_ppo_with_critic_finish_with_finite_losses(tiny_model_dir: Pat
     cfg.trainer.total_steps = STEPS
     a = cfg.algorithm
     a.advantage, a.gamma, a.lam, a.critic_lr = "gae", 0.9, 0.9, 1e-3
+    a.whiten_advantages = True  # over both ranks' shares (an all-reduce of the sums; the ranks hold 1 and 2 groups)
     a.kl_coef, a.reference, a.kl_estimator, a.entropy_coef, a.dual_clip = 0.05, "frozen_copy", "k3", 0.01, 3.0
     a.off_policy, a.is_level, a.loss_agg = "mis", "sequence", "seq-mean-token-mean"
     save(cfg, tmp_path / "config.yaml")
