@@ -34,6 +34,7 @@ log = logging.getLogger("broker.wal")
 _HEAD = struct.Struct("<II")
 SNAPSHOT = "snapshot"
 MAX_RECORD_BYTES = 1 << 31  # a length above this is garbage, not a record
+JOIN_BELOW_BYTES = 65536  # append_frames joins a message smaller than this into one write (scripts/bench_broker.py)
 
 
 def _segment_name(n: int) -> str:
@@ -170,8 +171,12 @@ class WriteAheadLog:
     def append_frames(self, kind: str, frames: list[bytes | memoryview]) -> None:
         """`append(kind, frames)` for a message's raw frames, written without copying them first."""
         assert self._file is not None, "call recover() first"
-        for piece in _pack_frames(kind, frames):
-            self._file.write(piece)
+        pieces = _pack_frames(kind, frames)
+        if sum(memoryview(f).nbytes for f in frames) < JOIN_BELOW_BYTES:
+            self._file.write(b"".join(pieces))  # small: one write is cheaper than a call per piece
+        else:
+            for piece in pieces:
+                self._file.write(piece)
         self.appended += 1
         self._dirty = True
 

@@ -84,8 +84,10 @@ def test_frames_are_written_as_the_same_bytes_as_a_packed_record(tmp_path: Path)
         assert b"".join(bytes(p) for p in _pack_frames("transitions", views)) == _pack("transitions", frames)
     wal = WriteAheadLog(tmp_path)
     wal.recover()
+    big = bytes(range(256)) * 300  # above JOIN_BELOW_BYTES: written piece by piece
     wal.append_frames("transition", [memoryview(b"head"), memoryview(bytes(300))])
     wal.append("count", "x")
+    wal.append_frames("transitions", [memoryview(b"head"), memoryview(big)])
     wal.close()
-    assert read_segment(next(tmp_path.glob("wal-*.log"))).records == [("transition", [b"head", bytes(300)]),
-                                                                      ("count", "x")]
+    assert read_segment(next(tmp_path.glob("wal-*.log"))).records == [
+        ("transition", [b"head", bytes(300)]), ("count", "x"), ("transitions", [b"head", big])]
