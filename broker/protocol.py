@@ -177,12 +177,21 @@ class Transitions:
             logprobs=np.concatenate([t.logprobs for t in ts]).astype(np.float32, copy=False))
 
     def split(self) -> list[Transition]:
-        """The transitions, in order (their arrays view this message's)."""
+        """The transitions, in order (their arrays view this message's).
+
+        perf (scripts/bench_broker.py): each is made by filling its `__dict__`, not through the frozen
+        dataclass's `__init__` (an `object.__setattr__` per field); the same object, as a test checks
+        against `Transition(...)` for every field."""
         out, p, r = [], 0, 0
+        new = object.__new__
         for item, n_p, n_r in zip(self.items, self.prompt_lens.tolist(), self.response_lens.tolist()):
-            out.append(Transition(actor=self.actor, incarnation=self.incarnation, prompt_ids=self.prompt_ids[p:p + n_p],
-                                  response_ids=self.response_ids[r:r + n_r], logprobs=self.logprobs[r:r + n_r],
-                                  **dict(zip(TRANSITION_ITEM_FIELDS, item))))
+            t = new(Transition)
+            fields = t.__dict__
+            fields.update(zip(TRANSITION_ITEM_FIELDS, item))
+            fields.update(actor=self.actor, incarnation=self.incarnation, prompt_ids=self.prompt_ids[p:p + n_p],
+                          response_ids=self.response_ids[r:r + n_r], logprobs=self.logprobs[r:r + n_r],
+                          kind="transition")
+            out.append(t)
             p, r = p + n_p, r + n_r
         return out
 

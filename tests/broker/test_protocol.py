@@ -43,6 +43,19 @@ def test_transition_round_trip_on_random_messages() -> None:
         assert_same(msg, P.decode([bytes(f) for f in frames]))
 
 
+def test_transitions_split_back_into_the_same_transitions() -> None:
+    rng = random.Random(1)
+    for _ in range(50):
+        ts = [dataclasses.replace(random_transition(rng), seq=i, incarnation=3) for i in range(rng.randint(1, 6))]
+        got = P.decode([bytes(f) for f in P.encode(P.Transitions.of(ts))]).split()
+        assert len(got) == len(ts)
+        for t, g in zip(ts, got):
+            assert_same(t, g)  # every field, the defaults included
+            assert vars(g).keys() == vars(t).keys()  # nothing more, nothing less than Transition(...) sets
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                g.step = 99  # still frozen
+
+
 def test_every_kind_round_trips() -> None:
     msgs = [
         P.Hello(role="actor", name="a", incarnation=2, pid=7, address="x"),
