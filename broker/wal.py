@@ -68,10 +68,10 @@ def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | me
         pieces.append(b"\xc4" + bytes([size]) if size < 1 << 8 else b"\xc5" + size.to_bytes(2, "big")
                       if size < 1 << 16 else b"\xc6" + size.to_bytes(4, "big"))
         pieces.append(frame)
-    crc = 0
+    crc, length = 0, 0
     for piece in pieces:
-        crc = zlib.crc32(piece, crc)
-    return [_HEAD.pack(sum(memoryview(x).nbytes for x in pieces), crc), *pieces]
+        crc, length = zlib.crc32(piece, crc), length + memoryview(piece).nbytes
+    return [_HEAD.pack(length, crc), *pieces]
 
 
 @dataclass
@@ -172,7 +172,7 @@ class WriteAheadLog:
         """`append(kind, frames)` for a message's raw frames, written without copying them first."""
         assert self._file is not None, "call recover() first"
         pieces = _pack_frames(kind, frames)
-        if sum(memoryview(f).nbytes for f in frames) < JOIN_BELOW_BYTES:
+        if _HEAD.unpack(pieces[0])[0] < JOIN_BELOW_BYTES:  # the record's payload length
             self._file.write(b"".join(pieces))  # small: one write is cheaper than a call per piece
         else:
             for piece in pieces:

@@ -181,20 +181,21 @@ def token_logprobs(
     hidden = _last_hidden_state(model, inputs)  # [B, L, H]
     h = hidden[mb.logit_rows.to(device), mb.logit_pos.to(device)]  # [Q, H]
     head = _output_layer(model)
-    if torch.is_grad_enabled():
+
+    def piece(h_c: Tensor, t_c: Tensor) -> tuple[Tensor, Tensor | None]:
+        return _logprob_and_entropy(head(h_c), t_c, entropy)
+
+    if torch.is_grad_enabled():  # keep only each chunk's inputs; its logits are recomputed in backward
         from torch.utils.checkpoint import checkpoint
 
-        def piece(h_c: Tensor, t_c: Tensor) -> tuple[Tensor, Tensor | None]:
-            return _logprob_and_entropy(head(h_c), t_c, entropy)
-
-        parts = [checkpoint(piece, h[i:i + chunk_tokens], targets[i:i + chunk_tokens], use_reentrant=False)
-                 for i in range(0, h.shape[0], chunk_tokens)]
-    else:  # nothing is kept for a backward: no recomputation needed
-        parts = [_logprob_and_entropy(head(h[i:i + chunk_tokens]), targets[i:i + chunk_tokens], entropy)
-                 for i in range(0, h.shape[0], chunk_tokens)]
-    logp = torch.cat([p[0] for p in parts]) if parts else h.new_zeros(0, dtype=torch.float32)
-    ent = (torch.cat([p[1] for p in parts]) if parts else torch.zeros_like(logp)) if entropy else None
-    return logp, ent
+        run = lambda h_c, t_c: checkpoint(piece, h_c, t_c, use_reentrant=False)
+    else:  # nothing is kept for a backward
+        run = piece
+    parts = [run(h[i:i + chunk_tokens], targets[i:i + chunk_tokens]) for i in range(0, h.shape[0], chunk_tokens)]
+    if not parts:  # no response token in this micro-batch
+        empty = h.new_zeros(0, dtype=torch.float32)
+        return empty, empty if entropy else None
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if entropy else None
 
 
 def _logprob_and_entropy(logits: Tensor, targets: Tensor, entropy: bool) -> tuple[Tensor, Tensor | None]:

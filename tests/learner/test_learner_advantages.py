@@ -8,23 +8,9 @@ import pytest
 import torch
 
 from learner.advantages import (
-    ADVANTAGES,
-    AdvantageInput,
-    compute_advantages,
-    discounted_returns,
-    gae,
-    gae_reference,
-    gigpo,
-    gigpo_reference,
-    reinforce_pp,
-    reinforce_pp_baseline,
-    reinforce_pp_reference,
-    returns_of,
-    rloo,
-    rloo_reference,
-    whiten,
-    whiten_reference,
-    whitening_sums,
+    ADVANTAGES, AdvantageInput, compute_advantages, discounted_returns, gae, gae_reference, gigpo, gigpo_reference,
+    reinforce_pp, reinforce_pp_baseline, reinforce_pp_reference, returns_of, rloo, rloo_reference, whiten,
+    whiten_reference, whitening_sums,
 )
 
 
