@@ -196,7 +196,9 @@ async def test_b_update_through_agent_matches_hf(server, stack, hf):
 
     msgs = stack.broker_messages(until=lambda ms: any(isinstance(m, Stats) and m.gauges["version"] == 1 for m in ms))
     assert Hello(role="engine", name="engine-0", pid=stack.agent.pid, address=server.url) in msgs
-    assert [m.version for m in msgs if isinstance(m, EngineStatus)][:2] == [0, 1]
+    versions = [m.version for m in msgs if isinstance(m, EngineStatus)]
+    # 0 (maybe repeated by the agent's periodic status on a slow host), then 1
+    assert [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]][:2] == [0, 1]
     stats = [m for m in msgs if isinstance(m, Stats)]
     assert stats and stats[-1].gauges["version"] == 1 and stats[-1].counters["weight_updates"] == 1
     assert 0 < stats[-1].gauges["weight_sync_s"] < 30
