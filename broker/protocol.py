@@ -1,4 +1,4 @@
-"""The wire protocol: every message that crosses a socket, and the only code that knows its bytes.
+"""The wire protocol: every message that crosses a socket; with `broker.checks`, the only code that knows its bytes.
 
 A message is a list of ZeroMQ frames:
 
@@ -25,40 +25,21 @@ from typing import Any, Callable, Literal, Union
 import msgpack
 import numpy as np
 
+from broker.checks import (
+    ARRAY_DTYPES,
+    INT32_MAX,
+    MAX_DICT_ITEMS,
+    MAX_LIST_ITEMS,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    REJECT_CODES,
+    ProtocolError,
+    decode_array,
+    field_checker,
+    unpack_header,
+)
+
 PROTOCOL_VERSION = 1
-
-# Arrays travel as these dtypes, little-endian, whatever the sender's platform.
-_ARRAY_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1"), "bool": np.dtype("?")}
-
-
-class ProtocolError(ValueError):
-    """A message that cannot be decoded or is not valid; the text says which part was wrong, and `code`
-    names the kind of fault in one word (receivers count rejections by it; see REJECT_CODES)."""
-
-    def __init__(self, message: str, code: str = "malformed"):
-        super().__init__(message)
-        self.code = code
-
-
-REJECT_CODES = {
-    "oversized": "larger than the receiver's limit (broker.max_message_bytes)",
-    "bad_frames": "no frames, or not as many data frames as the header announces",
-    "bad_header": "frame 0 is not a msgpack map within the header limits (no ext types)",
-    "bad_version": "another PROTOCOL_VERSION",
-    "unknown_kind": "a kind no message has",
-    "unknown_field": "a field the kind does not have",
-    "missing_field": "a required field is absent",
-    "bad_type": "a field of the wrong type",
-    "bad_array": "a malformed array descriptor, shape or size",
-    "bad_dtype": "an array of the wrong dtype",
-    "too_long": "a string, dict, list or token sequence over its limit",
-    "non_finite": "nan or inf where a finite number is needed",
-    "out_of_range": "a number outside what the field can mean",
-    "out_of_vocab": "a token id outside the model's vocabulary",
-    "inconsistent": "fields that contradict each other (e.g. lengths)",
-    "not_accepted": "a valid message this receiver does not take",
-}
-"""Every `ProtocolError.code`, with what it means."""
 
 
 # --------------------------------------------------------------------------------------- actors -> broker
@@ -329,16 +310,13 @@ _REQUIRED = {
     }
     for kind, cls in _KINDS.items()
 }
-_SCALAR_TYPES: dict[Any, tuple[type, ...]] = {
-    int: (int,), float: (float, int), bool: (bool,), str: (str,), dict: (dict,), list: (list,),
-}
 
 
 def _array_dtype_name(arr: np.ndarray) -> str:
-    for name, dt in _ARRAY_DTYPES.items():
+    for name, dt in ARRAY_DTYPES.items():
         if arr.dtype == dt or (arr.dtype.kind == dt.kind and arr.dtype.itemsize == dt.itemsize):
             return name
-    raise ProtocolError(f"array dtype {arr.dtype} cannot be sent; use one of {sorted(_ARRAY_DTYPES)}")
+    raise ProtocolError(f"array dtype {arr.dtype} cannot be sent; use one of {sorted(ARRAY_DTYPES)}")
 
 
 ZERO_COPY_MIN_BYTES = 65536
@@ -360,7 +338,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         value = getattr(msg, f.name)
         if isinstance(value, np.ndarray):
             name = _array_dtype_name(value)
-            arr = np.ascontiguousarray(value, dtype=_ARRAY_DTYPES[name])
+            arr = np.ascontiguousarray(value, dtype=ARRAY_DTYPES[name])
             arrays.append([f.name, name, list(arr.shape)])
             frames.append(memoryview(arr).cast("B") if arr.size else b"")
         elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -376,9 +354,9 @@ def encode(msg: Message) -> list[bytes | memoryview]:
 def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None) -> Message:
     """Frames -> a message. Raises ProtocolError on anything malformed (never another exception).
 
-    Beyond the shape of the message, every value is checked by its type (`_check_field`): ints within
-    [-1, 2**31-1] (int64 for ids and seeds), finite floats, bounded strings, dicts and lists of scalars, 1-D
-    arrays of the field's dtype. What depends on the run (vocabulary, context length) is checked by
+    Beyond the shape of the message, every value is checked by its type (`broker.checks.field_checker`): ints
+    within [-1, 2**31-1] (int64 for ids and seeds), finite floats, bounded strings, dicts and lists of scalars,
+    1-D arrays of the field's dtype. What depends on the run (vocabulary, context length) is checked by
     `broker.validation.validate`. msgpack builds nothing larger than the header limits, and no ext types."""
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]  # zmq.Frame -> memoryview
     if not bufs:
@@ -388,7 +366,7 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
         if size > max_bytes:
             raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes} "
                                 f"(broker.max_message_bytes)", "oversized")
-    header = _unpack_header(bufs[0])
+    header = unpack_header(bufs[0])
     if header.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(
             f"protocol version {str(header.get('v'))[:20]!r} is not {PROTOCOL_VERSION}: sender and receiver run "
@@ -413,7 +391,7 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
         raise ProtocolError(f"{kind}: header announces {len(arrays) if isinstance(arrays, list) else '?'} arrays "
                             f"but {len(bufs) - 1} data frames came", "bad_frames")
     for spec, buf in zip(arrays, bufs[1:]):
-        name, value = _decode_array(kind, specs, spec, buf)
+        name, value = decode_array(kind, specs, spec, buf)
         values[name] = value
     missing = _REQUIRED[kind] - values.keys()
     if missing:
@@ -421,89 +399,6 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     return cls(**values)
 
 
-# Header limits. A header holds scalars, names, some free text (anchors, reasons, a config) and small dicts;
-# msgpack refuses anything larger before building it, so a few bytes can never declare a huge object.
-MAX_NAME_CHARS = 256
-"""Ids and names (traj_id, actor, source, role, engine, name, format) and every dict key."""
-MAX_TEXT_CHARS = 1 << 20
-"""Any other string (anchor observations, reasons, URLs, a YAML config)."""
-MAX_DICT_ITEMS = 1024
-"""Entries of one dict field (stats counters/gauges, metrics, info)."""
-MAX_LIST_ITEMS = 1 << 20
-"""Items of one list field (a batch's anchors: one per transition)."""
-INT32_MAX = 2**31 - 1
-_NAME_FIELDS = frozenset({"traj_id", "actor", "source", "role", "engine", "name", "format"})
-_INT64_FIELDS = frozenset({"group_id", "seed"})  # every other int also travels in int32 arrays (batches)
-_NUMERIC_DICTS = frozenset({"counters", "gauges", "metrics"})  # the broker does arithmetic on their values
-_NON_FINITE_OK = frozenset({"gauges", "metrics"})  # a diverged loss (nan) must reach the dashboard, not vanish
-_ARRAY_FIELD_DTYPES = {
-    "prompt_ids": "int32", "response_ids": "int32", "logprobs": "float32", "group_index": "int32",
-    "traj_index": "int32", "step_index": "int32", "prompt_lens": "int32", "response_lens": "int32",
-    "rewards": "float32", "dones": "bool", "valid": "bool", "version_lo": "int32", "version_hi": "int32",
-}  # (Transitions' prompt_lens/response_lens/prompt_ids/response_ids/logprobs are covered by the same names)
-"""The dtype each array field must travel as (a field not listed takes any of _ARRAY_DTYPES)."""
-
-
-def _refuse_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack ext type {code} is not part of the protocol")
-
-
-def _unpack_header(buf: Any) -> dict[str, Any]:
-    try:
-        header = msgpack.unpackb(
-            buf, raw=False, strict_map_key=True, max_str_len=4 * MAX_TEXT_CHARS, max_bin_len=0,
-            max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_DICT_ITEMS, max_ext_len=0, ext_hook=_refuse_ext,
-        )
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"header is not valid msgpack within the limits: {exc.__class__.__name__}",
-                            "bad_header") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"header must be a map, got {type(header).__name__}", "bad_header")
-    return header
-
-
-def _field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
-    """The check of header field `kind.name` by its type hint, decided once per field (perf: deciding it per
-    value was a third of the broker's decode time, scripts/bench_broker.py)."""
-    where = f"{kind}.{name}"
-    if (kind, name) == ("transitions", "items"):
-        return lambda value: _check_items(where, value)
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-
-        def literal(value: Any) -> None:
-            if value not in choices:
-                raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {choices}", "bad_type")
-        return literal
-    if hint in (np.ndarray, bytes):
-        def frame_only(value: Any) -> None:
-            raise ProtocolError(f"{where}: must travel as a data frame, not in the header", "bad_type")
-        return frame_only
-    allowed = _SCALAR_TYPES.get(origin or hint)
-    no_bool = hint in (int, float)
-    if hint is int:
-        hi = 2**63 - 1 if name in _INT64_FIELDS else INT32_MAX
-        check = lambda value: _check_int(where, value, hi)  # noqa: E731
-    elif hint is float:
-        check = lambda value: _check_number(where, value, finite=True)  # noqa: E731
-    elif hint is str:
-        limit = MAX_NAME_CHARS if name in _NAME_FIELDS else MAX_TEXT_CHARS
-        check = lambda value: _check_text(where, value, limit)  # noqa: E731
-    elif hint is dict:
-        numeric, finite = name in _NUMERIC_DICTS, name not in _NON_FINITE_OK
-        check = lambda value: _check_dict(where, value, numeric=numeric, finite=finite)  # noqa: E731
-    elif hint is list:
-        check = lambda value: _check_list(where, value)  # noqa: E731
-    else:
-        check = lambda value: None  # noqa: E731  (bool: its type is all there is to check)
-
-    def typed(value: Any) -> None:
-        if allowed is None or not isinstance(value, allowed) or (no_bool and isinstance(value, bool)):
-            raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}",
-                                "bad_type")
-        check(value)
-    return typed
 
 
 def _check_items(where: str, value: Any) -> None:
@@ -540,83 +435,10 @@ def _plainly_valid(item: Any) -> bool:
                 for k, v in info.items()))
 
 
-def _check_list(where: str, value: list) -> None:
-    if len(value) > MAX_LIST_ITEMS:
-        raise ProtocolError(f"{where}: {len(value)} items, more than {MAX_LIST_ITEMS}", "too_long")
-    for item in value:
-        _check_scalar_value(where, item, numeric=False, finite=True)
+_CHECKERS: dict[str, dict[str, Callable[[Any], None]]] = {
+    kind: {name: field_checker(kind, name, hint) for name, hint in specs.items()} for kind, specs in _SPECS.items()}
+_CHECKERS["transitions"]["items"] = lambda value: _check_items("transitions.items", value)
 
 
-def _check_int(where: str, value: int, hi: int) -> None:
-    # -1 is the protocol's "none" (seq, request, checkpointed, an engine's unknown version); below is garbage.
-    if not -1 <= value <= hi:
-        raise ProtocolError(f"{where}: {value} is outside [-1, {hi}]", "out_of_range")
-
-
-def _check_number(where: str, value: float, finite: bool) -> None:
-    if isinstance(value, float) and finite and not math.isfinite(value):
-        raise ProtocolError(f"{where}: {value} is not a finite number", "non_finite")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
-        raise ProtocolError(f"{where}: {value} does not fit 64 bits", "out_of_range")
-
-
-def _check_text(where: str, value: str, limit: int) -> None:
-    if len(value) > limit:
-        raise ProtocolError(f"{where}: {len(value)} characters, more than {limit}", "too_long")
-
-
-def _check_dict(where: str, value: dict, numeric: bool, finite: bool) -> None:
-    if len(value) > MAX_DICT_ITEMS:
-        raise ProtocolError(f"{where}: {len(value)} entries, more than {MAX_DICT_ITEMS}", "too_long")
-    for key, item in value.items():
-        if not isinstance(key, str):
-            raise ProtocolError(f"{where}: keys must be strings, got {type(key).__name__}", "bad_type")
-        _check_text(f"{where} key", key, MAX_NAME_CHARS)
-        _check_scalar_value(f"{where}[{key[:40]!r}]", item, numeric, finite)
-
-
-def _check_scalar_value(where: str, value: Any, numeric: bool, finite: bool) -> None:
-    """An item of a dict or list field: a number, or (unless `numeric`) a short string, a bool or nil."""
-    if isinstance(value, (int, float)):  # bools are ints: counters may be flags
-        _check_number(where, value, finite)
-    elif numeric:
-        raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}", "bad_type")
-    elif isinstance(value, str):
-        _check_text(where, value, MAX_TEXT_CHARS)
-    elif value is not None:
-        raise ProtocolError(f"{where}: expected a string, number, bool or nil, got {type(value).__name__}",
-                            "bad_type")
-
-
-def _decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple[str, Any]:
-    if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str) and isinstance(spec[2], list)):
-        raise ProtocolError(f"{kind}: malformed array descriptor {str(spec)[:80]}", "bad_array")
-    name, dtype_name, shape = spec
-    hint = specs.get(name)
-    if hint not in (np.ndarray, bytes):
-        raise ProtocolError(f"{kind}: field {name[:40]!r} is not an array field", "bad_array")
-    # Every array of the protocol is 1-D. Python ints: a product of declared dims cannot wrap around.
-    if len(shape) != 1 or not isinstance(shape[0], int) or isinstance(shape[0], bool) or shape[0] < 0:
-        raise ProtocolError(f"{kind}.{name}: bad shape {str(shape)[:80]} (arrays are 1-D)", "bad_array")
-    if hint is bytes:
-        if dtype_name != "bytes" or shape[0] != len(buf):
-            raise ProtocolError(f"{kind}.{name}: expected {shape} raw bytes, got {len(buf)}", "bad_array")
-        return name, bytes(buf)
-    dtype = _ARRAY_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
-    if dtype is None:
-        raise ProtocolError(f"{kind}.{name}: unknown dtype {str(dtype_name)[:20]!r}", "bad_dtype")
-    want = _ARRAY_FIELD_DTYPES.get(name)
-    if want is not None and dtype_name != want:
-        raise ProtocolError(f"{kind}.{name}: must be {want}, got {dtype_name}", "bad_dtype")
-    count = shape[0]
-    if count * dtype.itemsize != len(buf):
-        raise ProtocolError(f"{kind}.{name}: {len(buf)} bytes do not hold {shape} of {dtype_name}", "bad_array")
-    arr = np.frombuffer(buf, dtype=dtype, count=count) if count else np.zeros(0, dtype)
-    return name, arr
-
-
-_CHECKERS = {kind: {name: _field_checker(kind, name, hint) for name, hint in specs.items()}
-             for kind, specs in _SPECS.items()}
-
-
-__all__ = ["PROTOCOL_VERSION", "REJECT_CODES", "Message", "ProtocolError", "encode", "decode", *(c.__name__ for c in typing.get_args(Message))]
+__all__ = ["PROTOCOL_VERSION", "REJECT_CODES", "MAX_DICT_ITEMS", "MAX_LIST_ITEMS", "MAX_NAME_CHARS",
+           "MAX_TEXT_CHARS", "Message", "ProtocolError", "encode", "decode", *(c.__name__ for c in typing.get_args(Message))]
