@@ -1,0 +1,111 @@
+"""What the broker shows of itself: the run's summary (summary.json) and the dashboard's state (its page,
+`/api/state`, `/metrics` and the metrics sinks), read from a running `broker.server.Broker`."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, env_outcomes
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+
+def summary(broker: Broker) -> dict[str, Any]:
+    """What the launcher writes to summary.json (contract: see README)."""
+    b = broker.buffer
+    wall = time.time() - broker.started
+    actor = broker.stats.role_totals("actor", ACTOR_COUNTERS)
+    actors = [p for p in broker.stats.peers.values() if p.role == "actor"]
+    return {
+        "learner_version": b.learner_version,
+        "engine_versions": {name: s.version for name, s in sorted(broker.engines.items())},
+        "transitions_sent": int(actor["transitions_sent"]),
+        "transitions_ingested": b.counts["transitions_ingested"],
+        "transitions_trained": b.counts["transitions_trained"],
+        "transitions_buffered": b.buffered(),
+        "transitions_dropped": b.dropped(),
+        "messages_rejected": {"malformed": b.counts["malformed_messages"], **broker.rejected},
+        "groups_admitted": b.counts["groups_admitted"],
+        "groups_trained": b.counts["groups_trained"],
+        "group_size": b.group_size,
+        "trained_group_shapes": dict(b.trained_group_shapes),
+        "staleness_hist": {str(k): v for k, v in sorted(b.staleness_hist.items())},
+        "episodes": int(actor["episodes"]),
+        "success_rate": actor["successes"] / actor["episodes"] if actor["episodes"] else 0.0,
+        "env_steps": int(actor["env_steps"]),
+        "tokens_generated": int(actor["tokens_generated"]),
+        "wall_s": wall,
+        "env_steps_per_s": actor["env_steps"] / wall,
+        "tokens_per_s": actor["tokens_generated"] / wall,
+        "actors_final": sum(1 for p in actors if p.final),
+        "transitions_sent_by_actor": broker.stats.by_source("transitions_sent", "actor"),  # roles
+        "learner_metrics": broker.learner_metrics,
+        "reliability": broker.state.audit(),  # delivery accounting (broker.state)
+    }
+
+
+def dashboard_state(broker: Broker) -> dict[str, Any]:
+    """The dashboard's state now (schema in broker/dashboard.py); each point of its charts and of the metrics
+    sinks is this, flattened."""
+    now, b, s = time.time(), broker.buffer, broker.stats
+    actor = s.role_totals("actor", ACTOR_COUNTERS)
+    lags = b.last_staleness
+    d_eps = s.window_delta("episodes", OUTCOME_WINDOW_S)
+    d_steps = s.window_delta("env_steps", OUTCOME_WINDOW_S)
+    engines, actors = _engine_rows(broker, now), _actor_rows(broker, now)
+    gauges = {
+        "buffered_transitions": b.buffered(), "groups_ready": len(b.ready), "groups_open": len(b.open),
+        "staleness_mean": sum(lags) / len(lags) if lags else 0.0, "staleness_max": max(lags, default=0),
+        "reward_mean": s.window_delta("episode_return_sum", OUTCOME_WINDOW_S) / d_eps if d_eps else 0.0,
+        "success_rate": s.window_delta("successes", OUTCOME_WINDOW_S) / d_eps if d_eps else 0.0,
+        "invalid_action_ratio": s.window_delta("invalid_actions", OUTCOME_WINDOW_S) / d_steps if d_steps else 0.0,
+        "actors_alive": sum(1 for a in actors if a["alive"]),
+        "engines_alive": sum(1 for e in engines if e["alive"]),
+        "weight_sync_s": max((e["weight_sync_s"] for e in engines), default=0.0),
+        "group_waiters": len(broker._group_waiters),
+    }
+    for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
+        if peer.role == "evaluator":
+            gauges.update({k: peer.gauges[k] for k in ("val_success_rate", "val_return", "val_version")
+                           if k in peer.gauges})
+    lm = broker.learner_metrics
+    return {
+        "time": now,
+        "run": {"name": broker.run_name, "status": broker.status, "reason": broker.reason,
+                "wall_s": now - broker.started, "total_steps": broker.total_steps},
+        "learner": {"version": b.learner_version, "step_time_s": lm.get("step_time_s", 0.0),
+                    "loss": lm.get("loss", 0.0), "publish_s": lm.get("publish_s", 0.0),
+                    "batch_wait_s": lm.get("batch_wait_s", 0.0)},
+        "engines": engines,
+        "actors": actors,
+        "envs": env_outcomes(s),
+        "rates": {"env_steps_per_s": s.rate("env_steps"), "tokens_per_s": s.rate("tokens_generated"),
+                  "transitions_per_s": s.rate("transitions_ingested"),
+                  "learner_samples_per_s": s.rate("transitions_trained"),
+                  "learner_steps_per_s": s.rate("learner_version")},
+        "counters": {**{k: float(v) for k, v in b.counts.items()}, **actor},
+        "gauges": {k: float(v) for k, v in gauges.items()},
+        "staleness_hist": {str(k): v for k, v in sorted(b.staleness_hist.items())},
+    }
+
+def _engine_rows(broker: Broker, now: float) -> list[dict[str, Any]]:
+    rows = []
+    for name, e in sorted(broker.engines.items()):
+        p = broker.stats.peers.get(name)
+        rows.append({
+            "name": name, "url": e.url, "address": e.url, "incarnation": p.incarnation if p else 0,
+            "version": e.version, "alive": bool(p and not p.final and now - p.last_seen < 10),
+            "requests_in_flight": int(p.gauges.get("requests_in_flight", -1)) if p else -1,
+            "weight_sync_s": p.gauges.get("weight_sync_s", 0.0) if p else 0.0,
+            "last_seen_s": now - p.last_seen if p else -1.0})
+    return rows
+
+def _actor_rows(broker: Broker, now: float) -> list[dict[str, Any]]:
+    return [{"name": p.name, "address": p.address or (f"pid {p.pid}" if p.pid else ""),
+             "incarnation": p.incarnation, "alive": not p.final and now - p.last_seen < 10,
+             "episodes_in_flight": int(p.gauges.get("episodes_in_flight", 0)),
+             "requests_in_flight": int(p.gauges.get("requests_in_flight", 0)),
+             "version": int(p.gauges.get("policy_version", -1)), "last_seen_s": now - p.last_seen}
+            for p in sorted(broker.stats.peers.values(), key=lambda p: p.name) if p.role == "actor"]
