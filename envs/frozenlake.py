@@ -27,6 +27,11 @@ INSTRUCTIONS = (
     "Answer with one move: <action>left</action>, <action>down</action>, <action>right</action> "
     "or <action>up</action>."
 )
+LOCAL_INSTRUCTIONS = (
+    "You see what is one move away. The goal is at the bottom right. Reach the goal without stepping into a hole. "
+    "Answer with one move: <action>left</action>, <action>down</action>, <action>right</action> or <action>up</action>."
+)
+VIEWS = ("grid", "local")
 
 
 def parse_action(text: str) -> ParseResult:
@@ -45,6 +50,16 @@ def safe_moves(desc: list[str], row: int, col: int) -> list[str]:
     return out
 
 
+def neighbours(desc: list[str], row: int, col: int) -> str:
+    """The local view: what lies one move away in each direction, in ACTIONS order."""
+    size, names = len(desc), {"F": "ice", "S": "ice", "H": "hole", "G": "goal"}
+    parts = []
+    for name, (dr, dc) in zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))):
+        r, c = row + dr, col + dc
+        parts.append(f"{name} {names[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'off'}")
+    return ", ".join(parts) + "."
+
+
 def render(desc: list[str], row: int, col: int) -> str:
     """The lake as text rows, with P at the player's cell."""
     lines = []
@@ -61,9 +76,11 @@ class FrozenLakeText(gym.Env):
     instructions = INSTRUCTIONS
 
     def __init__(self, map_size: int = 4, max_steps: int = 8, is_slippery: bool = False, frozen_prob: float = 0.8,
-                 show_safe_moves: bool = False, hole_reward: float = 0.0):
+                 show_safe_moves: bool = False, hole_reward: float = 0.0, view: str = "grid"):
         if map_size < 2:
             raise ValueError(f"map_size={map_size}: must be at least 2")
+        if view not in VIEWS:
+            raise ValueError(f"view={view!r}: must be one of {VIEWS}")
         self.map_size = map_size
         self.max_steps = max_steps
         self.is_slippery = is_slippery
@@ -77,6 +94,11 @@ class FrozenLakeText(gym.Env):
         # tells a policy at once that the move was bad, instead of only when other episodes from the same
         # state reach G: reward shaping; success is still reaching G.
         self.hole_reward = hole_reward
+        # "grid": the whole lake with P at the player, and the player's row and column. "local": only the four
+        # cells one move away (`left ice, down hole, right off, up ice.`: one token each), egocentric and
+        # partial, as in MiniGrid: a prompt half as long, where the cells that decide the move are all it shows.
+        self.view = view
+        self.instructions = INSTRUCTIONS if view == "grid" else LOCAL_INSTRUCTIONS
         self.observation_space = text_space()
         self.action_space = text_space()
         self._game: FrozenLakeEnv | None = None
@@ -94,7 +116,7 @@ class FrozenLakeText(gym.Env):
         self._state, _ = self._game.reset(seed=map_seed)
         self._steps = 0
         obs = self._observation()
-        return obs, self._info(valid=True, success=False, anchor=obs)
+        return obs, self._info(valid=True, success=False)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._game is None:
@@ -104,7 +126,7 @@ class FrozenLakeText(gym.Env):
         parsed = parse_action(action)
         if isinstance(parsed, ParseFailure):
             obs = self._observation()
-            info = self._info(valid=False, success=False, anchor=obs)
+            info = self._info(valid=False, success=False)
             info["parse_error"] = parsed.reason
             return obs, 0.0, False, truncated, info
         self._state, reward, terminated, _, _ = self._game.step(parsed.value)
@@ -112,18 +134,29 @@ class FrozenLakeText(gym.Env):
         success = bool(terminated and reward > 0)
         if terminated and not success:
             reward = self.hole_reward
-        return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, success, obs)
+        return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, success)
 
     def _observation(self) -> str:
         row, col = divmod(int(self._state), self.map_size)
+        if self.view == "local":
+            return neighbours(self._desc, row, col)
         text = f"{render(self._desc, row, col)}\nYou are at row {row}, column {col}."
         if self.show_safe_moves:
             safe = safe_moves(self._desc, row, col)
             text += "\nSafe moves: " + ", ".join(f"{m} {'yes' if m in safe else 'no'}" for m in ACTIONS) + "."
         return text
 
-    def _info(self, valid: bool, success: bool, anchor: str) -> dict[str, Any]:
-        return {"valid": valid, "success": success, "anchor": anchor, "admissible_actions": list(ACTIONS)}
+    def _info(self, valid: bool, success: bool) -> dict[str, Any]:
+        return {"valid": valid, "success": success, "anchor": self._anchor(), "admissible_actions": list(ACTIONS)}
+
+    def _anchor(self) -> str:
+        """GiGPO's step-group key: the state (the lake is the group's; the player's cell is the rest). The grid
+        view shows both; the local view's text alone is shared by different cells, so the cell is added."""
+        text = self._observation()
+        if self.view == "local":
+            row, col = divmod(int(self._state), self.map_size)
+            text += f" (row {row}, column {col})"
+        return text
 
     def close(self) -> None:
         self._game = None

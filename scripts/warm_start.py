@@ -83,6 +83,8 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=16)
     p.add_argument("--show-safe-moves", action="store_true",
                    help="FrozenLake observations say which moves are safe (the env's show_safe_moves)")
+    p.add_argument("--view", default="grid", choices=["grid", "local"],
+                   help="FrozenLake's view: the whole lake, or only the four cells one move away (the env's view)")
     p.add_argument("--memory", default="last_k")
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
@@ -116,8 +118,8 @@ def main() -> int:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves} \
-        if "FrozenLake" in args.env else {}
+    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,
+              "view": args.view} if "FrozenLake" in args.env else {}
     spec = FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
     held_out = format_demos(spec, tokenizer, 20, seed=args.seed + 10_000)

@@ -161,3 +161,44 @@ def test_hole_reward_is_paid_only_on_the_step_into_a_hole() -> None:
             if term or trunc:
                 break
     assert holes >= 10  # the property was exercised: 70% ice, random moves
+
+
+def test_local_view_names_the_cell_each_move_reaches_as_the_grid_shows_it() -> None:
+    """Property over random lakes and walks: the local view (`left ice, down hole, right off, up goal.`) says,
+    for each move in order, what the grid view of the same lake shows one cell away (F/S ice, H hole, G goal,
+    off the grid: off); its GiGPO anchor adds the cell (the text alone is shared by cells); both views move
+    alike, and a wrong view is refused with the choices."""
+    rng = random.Random(5)
+    offsets = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+    names = {"F": "ice", "H": "hole", "G": "goal"}
+    seen: set[str] = set()
+    for seed in range(30):
+        size = rng.randint(2, 7)
+        local = envs.make("agentstream/FrozenLake-v0", map_size=size, max_steps=20, frozen_prob=0.7, view="local")
+        grid = envs.make("agentstream/FrozenLake-v0", map_size=size, max_steps=20, frozen_prob=0.7)
+        assert local.unwrapped.instructions != grid.unwrapped.instructions
+        obs, info = local.reset(seed=seed)
+        grid_obs, _ = grid.reset(seed=seed)
+        for _ in range(10):
+            cells = [row.split() for row in grid_obs.splitlines()[:size]]
+            (row, col), = [(r, c) for r in range(size) for c in range(size) if cells[r][c] == "P"]
+            expected = []
+            for move, (dr, dc) in offsets.items():
+                r, c = row + dr, col + dc
+                expected.append(f"{move} {names[cells[r][c]] if 0 <= r < size and 0 <= c < size else 'off'}")
+            assert obs == ", ".join(expected) + ".", (obs, grid_obs)
+            assert info["anchor"] == f"{obs} (row {row}, column {col})"
+            seen.update(e.split()[1] for e in expected)
+            move = f"<action>{rng.choice(ACTIONS)}</action>"
+            obs, reward, term, trunc, info = local.step(move)
+            grid_obs, grid_reward, grid_term, grid_trunc, _ = grid.step(move)
+            assert (reward, term, trunc) == (grid_reward, grid_term, grid_trunc)
+            if term or trunc:
+                break
+    assert seen == {"ice", "hole", "goal", "off"}  # every kind of cell was checked
+    try:
+        envs.make("agentstream/FrozenLake-v0", view="map")
+    except ValueError as exc:
+        assert "view='map'" in str(exc) and "local" in str(exc)
+    else:
+        raise AssertionError("view='map' was accepted")
