@@ -1,0 +1,255 @@
+"""The config's checks: every value that cannot work, found before any process starts and said with what to
+change. `agentstream.config.validate` raises them together as one ConfigError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentstream.config import (
+    TINY_MODEL_DIR,
+    AlgorithmConfig,
+    Config,
+    LearnerConfig,
+    ValidationConfig,
+)
+
+
+def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
+    """Keyword arguments the env's constructor does not take (read from its signature, nothing is built)."""
+    import importlib
+    import inspect
+
+    import gymnasium as gym
+
+    module, _, cls_name = str(gym.registry[name].entry_point).partition(":")
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), cls_name)).parameters
+    except ImportError as exc:
+        return [f"env.name={name!r} needs a package that is not installed ({exc}); run bash scripts/setup.sh."]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    unknown = sorted(set(kwargs) - set(params))
+    if not unknown:
+        return []
+    known = sorted(p for p in params if p not in ("self", "render_mode"))
+    return [f"env.kwargs has {unknown}, which {name} does not take; it takes {known}."]
+
+
+def config_errors(cfg: Config) -> list[str]:
+    """Every value of `cfg` that cannot work, each said with what to change (empty: the config is fine)."""
+    from envs.registry import known_envs
+    from memory import known_memories
+
+    errors: list[str] = []
+    g, k = cfg.env.group_size, cfg.actors.episodes_per_actor
+    if g < 1:
+        errors.append(f"env.group_size={g}: must be at least 1.")
+    elif k < g or k % g:
+        errors.append(
+            f"actors.episodes_per_actor={k} must be a positive multiple of env.group_size={g} "
+            f"(each actor runs whole groups); set actors.episodes_per_actor={max(g, k - k % g)} "
+            f"or lower env.group_size."
+        )
+    if cfg.env.name not in known_envs():
+        errors.append(f"env.name={cfg.env.name!r} is not registered; known: {', '.join(known_envs())}.")
+    else:
+        errors += _env_kwargs_errors(cfg.env.name, cfg.env.kwargs)
+    if cfg.env.step_latency_mean_s < 0 or cfg.env.step_latency_sigma < 0:
+        errors.append(f"env.step_latency_mean_s={cfg.env.step_latency_mean_s} and env.step_latency_sigma="
+                      f"{cfg.env.step_latency_sigma}: both must be >= 0 (0 = no simulated latency).")
+    if cfg.memory.kind not in known_memories():
+        errors.append(f"memory.kind={cfg.memory.kind!r} is unknown; known: {', '.join(known_memories())}.")
+    mem, room = cfg.memory, cfg.engines.max_model_len - cfg.sampling.max_tokens
+    if min(mem.k, mem.max_events, mem.max_prompt_tokens) < 0:
+        errors.append(f"memory.k={mem.k}, memory.max_events={mem.max_events}, "
+                      f"memory.max_prompt_tokens={mem.max_prompt_tokens}: must all be >= 0.")
+    elif mem.max_prompt_tokens > room or room < 1:
+        errors.append(
+            f"memory.max_prompt_tokens={mem.max_prompt_tokens or room} + sampling.max_tokens="
+            f"{cfg.sampling.max_tokens} must fit engines.max_model_len={cfg.engines.max_model_len} (the engine "
+            f"refuses longer requests): lower memory.max_prompt_tokens or raise engines.max_model_len.")
+    model = Path(cfg.model.path)
+    if model.name == "tiny-model-warm" and not (model / "config.json").is_file():
+        errors.append(
+            f"model.path={cfg.model.path!r} is the warm-started tiny model, which is not made yet: run "
+            f"`.venv/bin/python scripts/warm_start.py` once (1-2 minutes; it teaches only the action format)."
+        )
+    elif model.resolve() != TINY_MODEL_DIR.resolve() and not (model / "config.json").is_file():
+        errors.append(
+            f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json). "
+            f"Point it at a local model directory, or leave it unset for the tiny local model."
+        )
+    for name, value in [
+        ("actors.count", cfg.actors.count),
+        ("learner.world_size", cfg.learner.world_size),
+        ("trainer.total_steps", cfg.trainer.total_steps),
+    ]:
+        if value < 1:
+            errors.append(f"{name}={value}: must be at least 1.")
+    if cfg.engines.external_urls and len(cfg.engines.external_urls) != cfg.engines.count:
+        errors.append(f"engines.external_urls lists {len(cfg.engines.external_urls)} servers but engines.count="
+                      f"{cfg.engines.count}; set engines.count={len(cfg.engines.external_urls)}.")
+    if cfg.trainer.groups_per_step < cfg.learner.world_size:
+        errors.append(
+            f"trainer.groups_per_step={cfg.trainer.groups_per_step} is smaller than "
+            f"learner.world_size={cfg.learner.world_size}: every rank needs at least one whole group."
+        )
+    t = cfg.trainer
+    if t.max_samples_per_group < 1 or not (t.samples_per_insert == 0 or t.samples_per_insert >= 1):
+        errors.append(f"trainer.max_samples_per_group={t.max_samples_per_group} (>= 1; 1 = no reuse) and "
+                      f"trainer.samples_per_insert={t.samples_per_insert} (0 = no limit, or >= 1: every fresh group "
+                      f"is one sample already, a ratio below 1 would stop training).")
+    if cfg.trainer.max_staleness < 0:
+        errors.append(f"trainer.max_staleness={cfg.trainer.max_staleness}: must be >= 0 (0 = synchronous).")
+    if cfg.broker.dead_actor_groups not in ("drop", "serve"):
+        errors.append(f"broker.dead_actor_groups={cfg.broker.dead_actor_groups!r}: use drop (a dead actor's unfinished "
+                      f"groups are dropped) or serve (their finished trajectories are trained as a smaller group).")
+    if cfg.actors.max_unacked < 1 or cfg.actors.ack_timeout_s <= 0:
+        errors.append(f"actors.max_unacked={cfg.actors.max_unacked}, actors.ack_timeout_s={cfg.actors.ack_timeout_s}: "
+                      f"both must be positive.")
+    if cfg.model.dtype not in ("float32", "bfloat16"):
+        errors.append(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16.")
+    e = cfg.engines
+    if e.cpu_executor not in ("uni", "mp"):
+        errors.append(f"engines.cpu_executor={e.cpu_executor!r}: use uni (the model runs in vLLM's engine process) "
+                      f"or mp (a worker process of its own, vLLM's CPU default).")
+    elif e.cpu_threads < 0:
+        errors.append(f"engines.cpu_threads={e.cpu_threads}: must be >= 0 (0: one per core).")
+    elif e.cpu_threads_bind and e.cpu_executor != "mp":
+        errors.append(f"engines.cpu_threads_bind={e.cpu_threads_bind!r} needs engines.cpu_executor=mp (vLLM binds the "
+                      f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")
+    if cfg.learner.backend not in ("auto", "gloo", "nccl"):
+        errors.append(f"learner.backend={cfg.learner.backend!r}: use auto, gloo or nccl.")
+    if cfg.learner.logprob_chunk_tokens < 0:
+        errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
+                      f"e.g. 1024 for a large vocabulary).")
+    errors += _lora_and_checkpoint_errors(cfg)
+    errors += validate_algorithm(cfg.algorithm)
+    errors += _validation_errors(cfg.validation)
+    if cfg.engines.count < (1 if cfg.run.role == "engines" else 0):
+        errors.append(f"engines.count={cfg.engines.count}: must be at least {1 if cfg.run.role == 'engines' else 0} "
+                      f"(0: no engine on this host; engines join with role=engines).")
+    errors += _role_errors(cfg)
+    errors += _network_errors(cfg)  # security: off loopback only with CURVE keys or an explicit opt-in
+    return errors
+
+
+ROLES = ("all", "actors", "engines", "learner")
+"""What one launch starts: the whole run, or more actors / engines / learner ranks for a running one."""
+
+
+def _role_errors(cfg: Config) -> list[str]:
+    role, address = cfg.run.role, cfg.broker.address
+    if role not in ROLES:
+        return [f"run.role={role!r} is unknown; use one of {', '.join(ROLES)}."]
+    if role != "all" and not address.startswith("tcp://"):
+        return [f"run.role={role} joins a running run: set broker.address=tcp://HOST:PORT (the main launch prints "
+                f"it as `broker:`); got broker.address={address!r}."]
+    if role == "all" and address:
+        return [f"broker.address={address!r} is only for role=actors, engines or learner; role=all starts its own "
+                f"broker (set broker.host/broker.port to choose where it listens)."]
+    return _learner_node_errors(cfg.learner, role)
+
+
+def _learner_node_errors(c: LearnerConfig, role: str) -> list[str]:
+    """Multi-node learner: whole hosts of ranks, and each launch in its own node's place."""
+    if c.nnodes < 1 or c.world_size % c.nnodes:
+        return [f"learner.world_size={c.world_size} over learner.nnodes={c.nnodes} hosts: every host runs the same "
+                f"number of ranks, so world_size must be a multiple of nnodes (>= 1)."]
+    # (a role=learner launch is checked again with the run's nnodes, from the broker, once it joined)
+    if role == "learner" and not (1 <= c.node_rank and (c.nnodes == 1 or c.node_rank < c.nnodes)):
+        return [f"role=learner joins as node learner.node_rank={c.node_rank} of the run's learner.nnodes={c.nnodes}: "
+                f"set learner.node_rank to 1..nnodes-1 (node 0 is the main launch's)."]
+    if role == "all" and c.node_rank != 0:
+        return [f"learner.node_rank={c.node_rank}: the main launch runs node 0; other nodes join with role=learner."]
+    return []
+
+
+def _validation_errors(v: ValidationConfig) -> list[str]:
+    if v.every < 0 or v.episodes < 1 or v.temperature < 0 or v.final_timeout_s <= 0:
+        return [(f"validation.every={v.every} (>= 0; 0 = off), validation.episodes={v.episodes} (>= 1), "
+                 f"validation.temperature={v.temperature} (>= 0; 0 = greedy), validation.final_timeout_s="
+                 f"{v.final_timeout_s} (> 0): one of them is out of range.")]
+    return []
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's `--max-lora-rank` accepts (vllm.config.lora.MaxLoRARanks)."""
+
+
+def _lora_and_checkpoint_errors(cfg: Config) -> list[str]:
+    errors = []
+    m, ck = cfg.model, cfg.checkpoint
+    if m.lora_rank < 0:
+        errors.append(f"model.lora_rank={m.lora_rank}: must be >= 0 (0 = full fine-tuning).")
+    elif m.lora_rank and m.lora_rank not in VLLM_LORA_RANKS:
+        errors.append(f"model.lora_rank={m.lora_rank}: vLLM serves only ranks {VLLM_LORA_RANKS}; pick one of them.")
+    if m.lora_rank and not m.lora_target_modules:
+        errors.append("model.lora_target_modules is empty: name the linear layers to adapt (e.g. q_proj, v_proj).")
+    if m.lora_rank and m.lora_alpha <= 0:
+        errors.append(f"model.lora_alpha={m.lora_alpha}: must be > 0.")
+    if not 0.0 <= m.lora_dropout < 1.0:
+        errors.append(f"model.lora_dropout={m.lora_dropout}: must be in [0, 1).")
+    if ck.every_steps < 0:
+        errors.append(f"checkpoint.every_steps={ck.every_steps}: must be >= 0 (0 = never save).")
+    if ck.resume_from and ck.resume_from != "latest" and not Path(ck.resume_from).is_dir():
+        errors.append(f"checkpoint.resume_from={ck.resume_from!r} is not a folder; give a step_XXXXXXXX folder or `latest`.")
+    return errors
+
+
+def validate_algorithm(a: AlgorithmConfig) -> list[str]:
+    """What is wrong with `algorithm.*` (empty: nothing), each saying what to change."""
+    from learner.advantages import ADVANTAGES
+    from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+    from learner.offpolicy import LEVELS, OFF_POLICY
+
+    errors = []
+    for name, value, known in [
+        ("advantage", a.advantage, ADVANTAGES), ("policy_loss", a.policy_loss, POLICY_LOSSES),
+        ("loss_agg", a.loss_agg, LOSS_AGGREGATIONS), ("kl_estimator", a.kl_estimator, KL_ESTIMATORS),
+        ("off_policy", a.off_policy, OFF_POLICY), ("is_level", a.is_level, LEVELS),
+        ("reference", a.reference, ("none", "frozen_copy")),
+    ]:
+        if value not in known:
+            errors.append(f"algorithm.{name}={value!r} is unknown; known: {', '.join(sorted(known))}.")
+    if not 0.0 <= a.gamma <= 1.0 or not 0.0 <= a.lam <= 1.0:
+        errors.append(f"algorithm.gamma={a.gamma}, algorithm.lam={a.lam}: both must be in [0, 1].")
+    if not 0.0 <= a.clip_low < 1.0 or a.clip_high < 0.0:
+        errors.append(f"algorithm.clip_low={a.clip_low} must be in [0, 1) and clip_high={a.clip_high} >= 0.")
+    if a.dual_clip != 0.0 and a.dual_clip <= 1.0:
+        errors.append(f"algorithm.dual_clip={a.dual_clip}: use a constant > 1 (e.g. 3.0), or 0 to turn it off.")
+    if a.is_cap <= 1.0 and a.off_policy in ("tis", "mis"):
+        errors.append(f"algorithm.is_cap={a.is_cap}: the cap C must be > 1 (e.g. 2.0).")
+    for name, value in [("norm_length", a.norm_length), ("critic_lr", a.critic_lr)]:
+        if value <= 0:
+            errors.append(f"algorithm.{name}={value}: must be > 0.")
+    for name, value in [("entropy_coef", a.entropy_coef), ("kl_coef", a.kl_coef), ("step_weight", a.step_weight),
+                        ("value_clip", a.value_clip)]:
+        if value < 0:
+            errors.append(f"algorithm.{name}={value}: must be >= 0.")
+    return errors
+
+
+def _network_errors(cfg: Config) -> list[str]:
+    """Leaving loopback: ZeroMQ sockets need CURVE keys, vLLM's unauthenticated HTTP an explicit opt-in."""
+    from broker.security import KEYGEN_COMMAND, is_loopback, keys_dir_errors
+
+    b, role = cfg.broker, cfg.run.role
+    fix = (f"generate keys with `{KEYGEN_COMMAND}` and set broker.curve_keys_dir=KEYS, or set "
+           f"broker.allow_insecure_bind=true if every machine on that network is trusted.")
+    errors: list[str] = []
+    if b.curve_keys_dir:
+        errors += keys_dir_errors(b.curve_keys_dir, server=role == "all")
+    elif not b.allow_insecure_bind:
+        binds = [("broker.host", b.host), ("learner.weight_host", cfg.learner.weight_host)] if role == "all" else []
+        joins = [("broker.address", b.address.removeprefix("tcp://").rsplit(":", 1)[0])] if role != "all" else []
+        for name, host in binds + joins:
+            if host and not is_loopback(host):
+                errors.append(f"{name} uses {host!r}, which is not a loopback address: without CURVE anyone who "
+                              f"reaches it can send messages, and all traffic is in the clear; {fix}")
+    if role in ("all", "engines") and not is_loopback(cfg.engines.host) and not b.allow_insecure_bind:
+        errors.append(f"engines.host={cfg.engines.host!r} is not a loopback address, and vLLM's HTTP server (with the "
+                      f"weight-reload endpoints) has no authentication: keep it on 127.0.0.1, or set "
+                      f"broker.allow_insecure_bind=true if every machine on that network is trusted.")
+    return errors
