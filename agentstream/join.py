@@ -42,8 +42,9 @@ from omegaconf import OmegaConf
 
 from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.launch import Launcher, RunFailed, Wiring, progress_loop, write_summary
+from agentstream.launch import Launcher, RunFailed, Wiring
 from agentstream.procs import advertised_host, free_port
+from agentstream.progress import progress_loop, write_summary
 from broker.client import AsyncClient
 from broker.protocol import Hello, Welcome
 
@@ -194,7 +195,7 @@ async def run_join(local: Config, run_dir: Path) -> int:
               f"with {joining(cfg)}", flush=True)
         print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   run folder: {run_dir}", flush=True)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring, cfg.trainer.total_steps))
+            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
             try:
                 await _start(launcher)
                 reason = await _supervise_until_over(launcher, link)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import os
 import re
@@ -31,6 +30,7 @@ import aiohttp
 from agentstream import config as config_mod
 from agentstream.config import Config
 from agentstream.procs import advertised_host, free_port, kill_matching, wait_gone
+from agentstream.progress import get_json, progress_loop, write_summary
 
 log = logging.getLogger("launch")
 PY = sys.executable
@@ -404,58 +404,13 @@ class Launcher:
         return [groups[pid] for pid in left]
 
 
-def write_summary(path: Path, summary: dict) -> None:
-    path.write_text(json.dumps(summary, indent=2, sort_keys=True))
-
-
-async def _get_json(session: aiohttp.ClientSession, url: str) -> dict:
-    async with session.get(url) as resp:
-        resp.raise_for_status()
-        return await resp.json()
-
-
-def eta_s(samples: list[tuple[float, int]], total_steps: int) -> float | None:
-    """Seconds left at the learner's recent pace: (time, version) samples, oldest first, measured from the
-    first sample (so the start-up time does not inflate it). None until the version has moved."""
-    if len(samples) < 2 or samples[-1][1] <= samples[0][1]:
-        return None
-    (t0, v0), (t1, v1) = samples[0], samples[-1]
-    return (t1 - t0) / (v1 - v0) * max(0, total_steps - v1)
-
-
-def format_progress(state: dict, total_steps: int, eta: float | None) -> str:
-    """One console line from the dashboard's /api/state (schema in broker/dashboard.py)."""
-    v, r, g = state["learner"]["version"], state["rates"], state["gauges"]
-    engines = ",".join(str(e["version"]) for e in state["engines"])
-    left = "?" if eta is None else f"{eta:.0f}s"
-    return (f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
-            f"{r['tokens_per_s']:.0f} tok/s | {r['transitions_per_s']:.1f} transitions/s | "
-            f"buffered {g['buffered_transitions']:.0f} | success {g['success_rate']:.2f} | "
-            f"actors {g['actors_alive']:.0f} | ETA {left}")
-
-
-async def progress_loop(session: aiohttp.ClientSession, wiring: Wiring, total_steps: int, every_s: float = 5.0) -> None:
-    """One console line every few seconds: learner step out of total, rates, ETA."""
-    samples: list[tuple[float, int]] = []
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            st = await _get_json(session, f"{wiring.dashboard}/api/state")
-            line = format_progress(st, total_steps, eta_s(samples, total_steps))
-        except (aiohttp.ClientError, TimeoutError, KeyError) as exc:
-            log.debug("no progress line: %r", exc)
-            continue
-        samples = (samples + [(time.time(), int(st["learner"]["version"]))])[-12:]  # the last minute's pace
-        print(line, flush=True)
-
-
 async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> dict:
     """The broker's summary once every actor's final stats arrived (bounded wait)."""
     deadline = time.monotonic() + 15
-    summary = await _get_json(session, f"{launcher.wiring.dashboard}/api/summary")
+    summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
     while summary["actors_final"] < launcher.cfg.actors.count and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-        summary = await _get_json(session, f"{launcher.wiring.dashboard}/api/summary")
+        summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
     async with session.get(f"{launcher.wiring.dashboard}/metrics") as resp:  # the final numbers, kept
         (launcher.run_dir / "metrics.txt").write_text(await resp.text())
     return summary
@@ -493,7 +448,7 @@ async def run_async(cfg: Config, run_dir: Path) -> int:
         progress: asyncio.Task[None] | None = None
         try:
             await launcher.start_all(session)
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring, cfg.trainer.total_steps))
+            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
             await launcher.supervise()
             if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
                 launcher._stopping = True
@@ -548,4 +503,4 @@ def run(cfg: Config, run_dir: Path) -> int:
     return asyncio.run(run_async(cfg, run_dir))
 
 
-__all__ = ["Launcher", "RunFailed", "Wiring", "eta_s", "format_progress", "resolved", "run", "wire", "write_summary"]
+__all__ = ["Launcher", "RunFailed", "Wiring", "resolved", "run", "wire"]

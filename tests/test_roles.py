@@ -18,18 +18,17 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from e2e_testing import processes_mentioning, wait_for
 from omegaconf import OmegaConf
 
 from agentstream import config as C
 from agentstream.join import joined_config
-from agentstream.launch import eta_s, format_progress
 from agentstream.procs import free_port
-from e2e_testing import processes_mentioning, wait_for
+from agentstream.progress import eta_s, format_progress
 from broker.protocol import Welcome
 
 ROOT = Path(__file__).resolve().parents[1]

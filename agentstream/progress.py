@@ -1,0 +1,59 @@
+"""What a launch prints and writes while a run goes: a console line every few seconds (learner step, rates,
+ETA), read from the dashboard's /api/state, and the summary.json it leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+import aiohttp
+
+log = logging.getLogger("launch")
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> dict:
+    async with session.get(url) as resp:
+        resp.raise_for_status()
+        return await resp.json()
+
+
+def eta_s(samples: list[tuple[float, int]], total_steps: int) -> float | None:
+    """Seconds left at the learner's recent pace: (time, version) samples, oldest first, measured from the
+    first sample (so the start-up time does not inflate it). None until the version has moved."""
+    if len(samples) < 2 or samples[-1][1] <= samples[0][1]:
+        return None
+    (t0, v0), (t1, v1) = samples[0], samples[-1]
+    return (t1 - t0) / (v1 - v0) * max(0, total_steps - v1)
+
+
+def format_progress(state: dict, total_steps: int, eta: float | None) -> str:
+    """One console line from the dashboard's /api/state (schema in broker/dashboard.py)."""
+    v, r, g = state["learner"]["version"], state["rates"], state["gauges"]
+    engines = ",".join(str(e["version"]) for e in state["engines"])
+    left = "?" if eta is None else f"{eta:.0f}s"
+    return (f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
+            f"{r['tokens_per_s']:.0f} tok/s | {r['transitions_per_s']:.1f} transitions/s | "
+            f"buffered {g['buffered_transitions']:.0f} | success {g['success_rate']:.2f} | "
+            f"actors {g['actors_alive']:.0f} | ETA {left}")
+
+
+async def progress_loop(session: aiohttp.ClientSession, dashboard: str, total_steps: int, every_s: float = 5.0) -> None:
+    """One console line every few seconds: learner step out of total, rates, ETA."""
+    samples: list[tuple[float, int]] = []
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            st = await get_json(session, f"{dashboard}/api/state")
+            line = format_progress(st, total_steps, eta_s(samples, total_steps))
+        except (aiohttp.ClientError, TimeoutError, KeyError) as exc:
+            log.debug("no progress line: %r", exc)
+            continue
+        samples = (samples + [(time.time(), int(st["learner"]["version"]))])[-12:]  # the last minute's pace
+        print(line, flush=True)
