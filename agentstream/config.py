@@ -243,6 +243,12 @@ class LearnerConfig:
     logprob_chunk_tokens: int = 0
     """Compute response log-probs this many tokens at a time (logits recomputed in backward): peak logits
     memory [chunk, vocab] instead of [response tokens, vocab]; for large vocabularies. 0: all at once."""
+    ppo_epochs: int = 1
+    """Passes over each batch (verl's ppo_epochs). More than one update per batch reuses its samples: the
+    ratio to the policy before the step's updates is clipped (algorithm.clip_low/clip_high)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: the batch split into this many mini-batches of whole micro-batches (verl's
+    ppo_mini_batch_size = batch / this; AReaL's ppo_n_minibatches)."""
     max_restarts: int = 2
     """With checkpoint.every_steps > 0, a dead learner is restarted from its latest checkpoint this many times."""
 

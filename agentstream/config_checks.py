@@ -121,6 +121,10 @@ def config_errors(cfg: Config) -> list[str]:
                       f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")
     if cfg.learner.backend not in ("auto", "gloo", "nccl"):
         errors.append(f"learner.backend={cfg.learner.backend!r}: use auto, gloo or nccl.")
+    for name in ("ppo_epochs", "mini_batches"):
+        if getattr(cfg.learner, name) < 1:
+            errors.append(f"learner.{name}={getattr(cfg.learner, name)}: must be at least 1 (1: one optimizer step "
+                          f"per batch).")
     if cfg.learner.logprob_chunk_tokens < 0:
         errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
                       f"e.g. 1024 for a large vocabulary).")

@@ -5,6 +5,12 @@ The step, in order: (optional) reference log-probs of the behaviour tokens for a
 forward/backward per micro-batch with `learner.losses.policy_objective` (off-policy correction from
 `learner.offpolicy`); gradient clipping and the optimizer step; then the critic's own update.
 
+Several updates per batch (`learner.ppo_epochs` passes, each split into `learner.mini_batches` mini-batches
+of whole micro-batches; verl's ppo_epochs / ppo_mini_batch_size, AReaL's ppo_n_minibatches): one no-grad
+pass first takes log pi_prox, the policy before this step's updates (PPO's pi_old), for the ratio and the
+off-policy correction; then each mini-batch is one optimizer step, its loss normalised over its own tokens
+on all ranks. With one update, pi_prox is the policy itself (ratio 1) and that pass is skipped.
+
 Loss normalisation: the policy loss is a mean over the GLOBAL batch (all ranks): over tokens for
 `token-mean`, over sequences for `seq-mean-*`. FSDP averages gradients over ranks (divides by W), so each
 rank's micro-batch loss is sum(its terms) / (M / W), M = all ranks' tokens (or sequences); then the
@@ -53,11 +59,18 @@ class StepOptions:
     micro_batch_tokens: int
     packing: bool = False
     logprob_chunk_tokens: int = 0  # learner.model.token_logprobs' chunk_tokens
+    ppo_epochs: int = 1  # passes over the batch
+    mini_batches: int = 1  # optimizer steps per pass
 
     @classmethod
     def from_config(cls, learner: LearnerConfig, algorithm: AlgorithmConfig) -> "StepOptions":
         return cls(algo=algorithm, max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
-                   packing=learner.packing, logprob_chunk_tokens=learner.logprob_chunk_tokens)
+                   packing=learner.packing, logprob_chunk_tokens=learner.logprob_chunk_tokens,
+                   ppo_epochs=learner.ppo_epochs, mini_batches=learner.mini_batches)
+
+    @property
+    def updates(self) -> int:
+        return self.ppo_epochs * self.mini_batches
 
     def advantage_options(self) -> dict[str, float | bool]:
         a = self.algo
@@ -192,6 +205,13 @@ class RowLayout:
         return out.index_put((self.row.to(x.device), self.col.to(x.device)), x)
 
 
+def proximal_logprobs(model: nn.Module, mbs: list[MicroBatch], chunk_tokens: int = 0) -> list[Tensor]:
+    """log pi_prox [Q] of each micro-batch's response tokens, no gradient: the policy before this step's
+    updates. A collective like any forward."""
+    with torch.no_grad():
+        return [token_logprobs(model, mb, chunk_tokens)[0] for mb in mbs]
+
+
 def reward_kl(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, estimator: str,
               chunk_tokens: int = 0) -> Tensor:
     """KL(behaviour || reference) of each transition [N]: the sum over its response tokens of the
@@ -207,8 +227,10 @@ def reward_kl(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: 
 
 
 def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, opts: StepOptions,
-                      models: StepModels, token_denom: float, seq_denom: float) -> dict[str, float]:
-    """Forward/backward every micro-batch; gradients sync only on the last. Returns local stat sums."""
+                      models: StepModels, token_denom: float, seq_denom: float,
+                      prox: list[Tensor] | None = None) -> dict[str, float]:
+    """Forward/backward every micro-batch; gradients sync only on the last. `prox`: each micro-batch's
+    log pi_prox (None: the policy itself, detached). Returns local stat sums."""
     tok_seq = transition_of_tokens(seqs)  # [R]
     r_off = torch.cumsum(seqs.response_lens, 0) - seqs.response_lens  # [N]
     sums = {"loss": 0.0, **{k: 0.0 for k in _SUM_KEYS + _MEAN_KEYS}}
@@ -222,7 +244,8 @@ def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
         rows = RowLayout.of(mb, tok_seq, r_off)
         device = logp.device
         inp = PolicyLossInput(
-            logp=rows(logp), prox_logp=rows(logp.detach()), behav_logp=rows(mb.behav_logp.to(device)),
+            logp=rows(logp), prox_logp=rows(logp.detach() if prox is None else prox[i].to(device)),
+            behav_logp=rows(mb.behav_logp.to(device)),
             advantages=rows(mb.advantages.to(device)), mask=rows(mb.mask.to(device)),
             ref_logp=None if ref is None else rows(ref), entropy=None if entropy is None else rows(entropy),
         )  # [S, T] each
@@ -257,8 +280,8 @@ def staleness(batch: Batch, version: int) -> dict[str, float]:
     return batch_stats(batch, version)
 
 
-def _pad_to_max(mbs: list[MicroBatch], device: torch.device) -> tuple[list[MicroBatch], int]:
-    n = int(all_reduce_dict({"n": len(mbs)}, dist.ReduceOp.MAX, device)["n"])
+def _pad_to_max(mbs: list[MicroBatch], device: torch.device, at_least: int = 0) -> tuple[list[MicroBatch], int]:
+    n = max(at_least, int(all_reduce_dict({"n": len(mbs)}, dist.ReduceOp.MAX, device)["n"]))
     return mbs + [dummy_micro_batch() for _ in range(n - len(mbs))], n - len(mbs)
 
 
@@ -290,26 +313,50 @@ def train_step(
                                device)
         policy_adv = whiten(adv, sums["n"], sums["s"], sums["ss"])  # [N]
     mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing)
-    n_seqs = int((seqs.response_lens > 0).sum())
     local_tokens = sum(mb.num_tokens for mb in mbs)
-    totals = all_reduce_dict({"tokens": local_tokens, "sequences": n_seqs}, dist.ReduceOp.SUM, device)
-    mbs, padding = _pad_to_max(mbs, device)
-    local.update(run_micro_batches(model, mbs, seqs, opts, models, token_denom=max(totals["tokens"], 1.0) / world_size,
-                                   seq_denom=max(totals["sequences"], 1.0) / world_size))
-    local["loss"] /= world_size  # each rank's loss was scaled by W (see module docstring)
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], opts.max_grad_norm)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
+    prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
+    parts = [idx.tolist() for idx in np.array_split(np.arange(len(mbs)), opts.mini_batches)]  # same on every rank
+    grad_norms = []
+    for _ in range(opts.ppo_epochs):
+        for part in parts:
+            sums = update(model, optimizer, [mbs[i] for i in part], seqs, opts, models, world_size, device,
+                          None if prox is None else [prox[i] for i in part])
+            grad_norms.append(sums.pop("grad_norm"))
+            for k, v in sums.items():  # over the updates: sums add up, maxes keep the largest
+                local[k] = max(local.get(k, v), v) if k.startswith("max:") else local.get(k, 0.0) + v
+    for k in [k for k in local if not k.startswith(("max:", "reward_kl"))]:
+        local[k] /= opts.ppo_epochs  # each pass covers the batch once: per-pass sums (token-weighted means alike)
+    local["loss"] /= opts.mini_batches  # each mini-batch's loss is a mean over its own tokens
     if models.critic is not None:
         returns = returns_of(opts.algo.advantage, inp, adv, gamma=opts.algo.gamma)  # [N]
         local.update({f"critic_{k}": v for k, v in models.critic.update(seqs, returns, values, device, world_size).items()})
     local.update(batch_stats(batch, version))
     local.update({f"adv_{k}": v for k, v in adv_stats.items()}, zero_weight_micro_batches=float(padding))
     return _global_metrics(local, world_size, device) | {
-        "grad_norm": float(grad_norm), "micro_batches": float(len(mbs)), "compute_s": time.perf_counter() - t0,
+        "grad_norm": sum(grad_norms) / len(grad_norms), "updates": float(len(grad_norms)),
+        "micro_batches": float(len(mbs)), "compute_s": time.perf_counter() - t0,
         "local_tokens": float(local_tokens), "local_zero_weight_micro_batches": float(padding),
     }
+
+
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seqs: Sequences,
+           opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
+           prox: list[Tensor] | None) -> dict[str, float]:
+    """One optimizer step on `mbs` (this rank's part of a mini-batch; every rank passes as many): the loss is a
+    mean over the mini-batch's tokens (or sequences) on all ranks. Returns local stat sums and the grad norm."""
+    tok_seq = transition_of_tokens(seqs)  # [R]
+    n_seqs = sum(int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs)  # with a response token
+    totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs), "sequences": n_seqs}, dist.ReduceOp.SUM,
+                             device)
+    sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=max(totals["tokens"], 1.0) / world_size,
+                             seq_denom=max(totals["sequences"], 1.0) / world_size, prox=prox)
+    sums["loss"] /= world_size  # each rank's loss was scaled by W (see module docstring)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], opts.max_grad_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {**sums, "grad_norm": float(grad_norm)}
 
 
 def _global_metrics(local: dict[str, float], world_size: int, device: torch.device) -> dict[str, float]:

@@ -44,6 +44,8 @@ def test_launcher_overrides_reach_their_fields() -> None:
     (["env.name=agentstream/Sokoban-v0", "+env.kwargs.map_size=5"], "env.kwargs has ['map_size'], which"),
     (["engines.cpu_executor=ray"], "engines.cpu_executor='ray': use uni"),
     (["learner.logprob_chunk_tokens=-1"], "learner.logprob_chunk_tokens=-1: must be >= 0"),
+    (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
+    (["learner.ppo_epochs=0"], "learner.ppo_epochs=0: must be at least 1"),
     (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
 ])
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:

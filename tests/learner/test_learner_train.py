@@ -28,7 +28,7 @@ from learner.step import StepOptions, prepare
 STEPS = 3
 
 
-def write_config(tmp_path: Path, model_dir: Path, world_size: int) -> Config:
+def write_config(tmp_path: Path, model_dir: Path, world_size: int, **learner: int) -> Config:
     cfg = Config()
     cfg.run.output_dir = str(tmp_path)
     cfg.model.path = str(model_dir)
@@ -38,6 +38,8 @@ def write_config(tmp_path: Path, model_dir: Path, world_size: int) -> Config:
     # backward); the single-process reference below all at once: the chunked path under FSDP2 must agree.
     cfg.learner.logprob_chunk_tokens = 5
     cfg.learner.lr = 1e-3
+    for name, value in learner.items():
+        setattr(cfg.learner, name, value)
     cfg.trainer.total_steps = STEPS
     cfg.engines.count = 1
     save(cfg, tmp_path / "config.yaml")
@@ -85,6 +87,37 @@ def reference_first_step(cfg: Config, model_dir: Path, shares: list[Batch]) -> t
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm))
     torch.optim.AdamW(model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay).step()
     return loss_sum, grad_norm, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def reference_updates(cfg: Config, model_dir: Path, shares: list[Batch]) -> dict:
+    """Step 0 with learner.ppo_epochs x learner.mini_batches updates, without FSDP: log pi_prox of every
+    micro-batch from the initial model; each rank's micro-batches (padded to the larger count, and to at least
+    mini_batches) cut into mini_batches contiguous parts; part j of both ranks together is one update, its loss
+    a mean over its own tokens; one AdamW for all updates. Returns the weights after the step."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    opts = StepOptions.from_config(cfg.learner, cfg.algorithm)
+    a, k = opts.algo, cfg.learner.mini_batches
+    per_rank = [prepare(share, opts, model.config.vocab_size)[0] for share in shares]
+    padded = max(k, *(len(mbs) for mbs in per_rank))
+    with torch.no_grad():
+        prox = [[response_logprobs(model, mb, chunk_tokens=0) for mb in mbs] for mbs in per_rank]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
+    for _ in range(cfg.learner.ppo_epochs):
+        for part in np.array_split(np.arange(padded), k):
+            members = [(r, i) for r, mbs in enumerate(per_rank) for i in part if i < len(mbs)]
+            total = sum(per_rank[r][i].num_tokens for r, i in members)
+            for r, i in members:
+                mb = per_rank[r][i]
+                logp = response_logprobs(model, mb, chunk_tokens=0)[None]
+                loss, _ = ppo_clip_tis(logp, prox[r][i][None], mb.behav_logp[None], mb.advantages[None], mb.mask[None],
+                                       clip_low=a.clip_low, clip_high=a.clip_high, tis_cap=a.is_cap, denom=total)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def test_two_ranks_train_publish_and_report(tiny_model_dir: Path, tmp_path: Path):
@@ -147,3 +180,27 @@ def test_a_bad_batch_fails_the_rank_with_a_clear_message(tiny_model_dir: Path, t
                   publisher_factory=FilePublisher)
     assert rc == 1
     assert "outside the model's vocabulary" in capfd.readouterr().err
+
+
+def test_two_ranks_with_epochs_and_mini_batches_match_a_plain_loop(tiny_model_dir: Path, tmp_path: Path):
+    """learner.ppo_epochs=2, learner.mini_batches=3: six optimizer steps per batch, each mini-batch's loss over
+    its own tokens on both ranks, the ratio taken to the policy before the step (not to the current one): the
+    published weights after step 0 equal the plain single-process loop's."""
+    cfg = write_config(tmp_path, tiny_model_dir, world_size=2, ppo_epochs=2, mini_batches=3)
+    shares = batches(320)
+    weights_dir, out_dir = tmp_path / "published", tmp_path / "run"
+    argv = ["--config", str(tmp_path / "config.yaml"), "--weights-bind", str(weights_dir), "--out", str(out_dir)]
+    with FakeBroker(lambda step, rank: shares[step, rank]) as broker:
+        run_ranks(2, argv + ["--broker", broker.address])
+    updates = [m for _, m in broker.of_kind("version_update")]
+    assert [u.version for u in updates] == list(range(1, STEPS + 1))
+    for step, u in enumerate(updates):
+        assert u.metrics["updates"] == 6
+        assert u.metrics["tokens"] == sum(int(shares[step, r].response_lens.sum()) for r in (0, 1))  # per pass
+        assert math.isfinite(u.metrics["loss"]) and math.isfinite(u.metrics["grad_norm"])
+        # updates 2..6 see a policy that moved since pi_prox: the ratio is not 1 everywhere
+        assert abs(u.metrics["ppo_ratio_mean"] - 1.0) > 1e-6
+    expected = reference_updates(cfg, tiny_model_dir, [shares[0, 0], shares[0, 1]])
+    published = torch.load(weights_dir / "v1.pt")
+    for name, w in expected.items():
+        torch.testing.assert_close(published[name], w, atol=5e-5, rtol=0, msg=name)
