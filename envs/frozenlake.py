@@ -32,6 +32,7 @@ LOCAL_INSTRUCTIONS = (
     "Answer with one move: <action>left</action>, <action>down</action>, <action>right</action> or <action>up</action>."
 )
 VIEWS = ("grid", "local")
+OFFSETS = dict(zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))))  # (row, column) change of each move
 
 
 def parse_action(text: str) -> ParseResult:
@@ -43,7 +44,7 @@ def safe_moves(desc: list[str], row: int, col: int) -> list[str]:
     """The moves that stay on the grid and do not land in a hole, in ACTIONS order."""
     size = len(desc)
     out = []
-    for name, (dr, dc) in zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))):
+    for name, (dr, dc) in OFFSETS.items():
         r, c = row + dr, col + dc
         if 0 <= r < size and 0 <= c < size and desc[r][c] != "H":
             out.append(name)
@@ -54,7 +55,7 @@ def neighbours(desc: list[str], row: int, col: int) -> str:
     """The local view: what lies one move away in each direction, in ACTIONS order."""
     size, names = len(desc), {"F": "ice", "S": "ice", "H": "hole", "G": "goal"}
     parts = []
-    for name, (dr, dc) in zip(ACTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))):
+    for name, (dr, dc) in OFFSETS.items():
         r, c = row + dr, col + dc
         parts.append(f"{name} {names[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'off'}")
     return ", ".join(parts) + "."
@@ -81,6 +82,9 @@ class FrozenLakeText(gym.Env):
             raise ValueError(f"map_size={map_size}: must be at least 2")
         if view not in VIEWS:
             raise ValueError(f"view={view!r}: must be one of {VIEWS}")
+        if view == "local" and show_safe_moves:
+            raise ValueError("show_safe_moves=True adds a line to the grid view; the local view (view='local') "
+                             "already names what each move reaches: drop one of them")
         self.map_size = map_size
         self.max_steps = max_steps
         self.is_slippery = is_slippery
@@ -96,7 +100,7 @@ class FrozenLakeText(gym.Env):
         self.hole_reward = hole_reward
         # "grid": the whole lake with P at the player, and the player's row and column. "local": only the four
         # cells one move away (`left ice, down hole, right off, up ice.`: one token each), egocentric and
-        # partial, as in MiniGrid: a prompt half as long, where the cells that decide the move are all it shows.
+        # partial, as in MiniGrid: a prompt two thirds as long, where the cells that decide the move are all it shows.
         self.view = view
         self.instructions = INSTRUCTIONS if view == "grid" else LOCAL_INSTRUCTIONS
         self.observation_space = text_space()

@@ -320,7 +320,7 @@ def train_step(
     grad_norms = []
     for _ in range(opts.ppo_epochs):
         for part in parts:
-            sums = update(model, optimizer, [mbs[i] for i in part], seqs, opts, models, world_size, device,
+            sums = optimizer_update(model, optimizer, [mbs[i] for i in part], seqs, opts, models, world_size, device,
                           None if prox is None else [prox[i] for i in part])
             grad_norms.append(sums.pop("grad_norm"))
             for k, v in sums.items():  # over the updates: sums add up, maxes keep the largest
@@ -340,7 +340,7 @@ def train_step(
     }
 
 
-def update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seqs: Sequences,
+def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seqs: Sequences,
            opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
            prox: list[Tensor] | None) -> dict[str, float]:
     """One optimizer step on `mbs` (this rank's part of a mini-batch; every rank passes as many): the loss is a
