@@ -120,7 +120,7 @@ class FrozenLakeText(gym.Env):
         self._state, _ = self._game.reset(seed=map_seed)
         self._steps = 0
         obs = self._observation()
-        return obs, self._info(valid=True, success=False)
+        return obs, self._info(valid=True, success=False, obs=obs)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._game is None:
@@ -130,7 +130,7 @@ class FrozenLakeText(gym.Env):
         parsed = parse_action(action)
         if isinstance(parsed, ParseFailure):
             obs = self._observation()
-            info = self._info(valid=False, success=False)
+            info = self._info(valid=False, success=False, obs=obs)
             info["parse_error"] = parsed.reason
             return obs, 0.0, False, truncated, info
         self._state, reward, terminated, _, _ = self._game.step(parsed.value)
@@ -138,7 +138,7 @@ class FrozenLakeText(gym.Env):
         success = bool(terminated and reward > 0)
         if terminated and not success:
             reward = self.hole_reward
-        return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, success)
+        return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, success, obs)
 
     def _observation(self) -> str:
         row, col = divmod(int(self._state), self.map_size)
@@ -150,17 +150,16 @@ class FrozenLakeText(gym.Env):
             text += "\nSafe moves: " + ", ".join(f"{m} {'yes' if m in safe else 'no'}" for m in ACTIONS) + "."
         return text
 
-    def _info(self, valid: bool, success: bool) -> dict[str, Any]:
-        return {"valid": valid, "success": success, "anchor": self._anchor(), "admissible_actions": list(ACTIONS)}
+    def _info(self, valid: bool, success: bool, obs: str) -> dict[str, Any]:
+        return {"valid": valid, "success": success, "anchor": self._anchor(obs), "admissible_actions": list(ACTIONS)}
 
-    def _anchor(self) -> str:
+    def _anchor(self, obs: str) -> str:
         """GiGPO's step-group key: the state (the lake is the group's; the player's cell is the rest). The grid
         view shows both; the local view's text alone is shared by different cells, so the cell is added."""
-        text = self._observation()
-        if self.view == "local":
-            row, col = divmod(int(self._state), self.map_size)
-            text += f" (row {row}, column {col})"
-        return text
+        if self.view == "grid":
+            return obs
+        row, col = divmod(int(self._state), self.map_size)
+        return f"{obs} (row {row}, column {col})"
 
     def close(self) -> None:
         self._game = None

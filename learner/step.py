@@ -316,18 +316,23 @@ def train_step(
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
+    tok_seq = transition_of_tokens(seqs)  # [R]
+    seq_counts = [int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs]  # with a response token
     parts = [idx.tolist() for idx in np.array_split(np.arange(len(mbs)), opts.mini_batches)]  # same on every rank
+    passes: dict[str, float] = {}  # over every update: sums add up, maxes keep the largest
     grad_norms = []
     for _ in range(opts.ppo_epochs):
         for part in parts:
-            sums = optimizer_update(model, optimizer, [mbs[i] for i in part], seqs, opts, models, world_size, device,
-                          None if prox is None else [prox[i] for i in part])
+            sums = optimizer_update(model, optimizer, [mbs[i] for i in part], sum(seq_counts[i] for i in part), seqs,
+                                    opts, models, world_size, device, None if prox is None else [prox[i] for i in part])
             grad_norms.append(sums.pop("grad_norm"))
-            for k, v in sums.items():  # over the updates: sums add up, maxes keep the largest
-                local[k] = max(local.get(k, v), v) if k.startswith("max:") else local.get(k, 0.0) + v
-    for k in [k for k in local if not k.startswith(("max:", "reward_kl"))]:
-        local[k] /= opts.ppo_epochs  # each pass covers the batch once: per-pass sums (token-weighted means alike)
-    local["loss"] /= opts.mini_batches  # each mini-batch's loss is a mean over its own tokens
+            for k, v in sums.items():
+                passes[k] = max(passes.get(k, v), v) if k.startswith("max:") else passes.get(k, 0.0) + v
+    for k in passes:
+        if not k.startswith("max:"):
+            passes[k] /= opts.ppo_epochs  # each pass covers the batch once: per-pass sums (token-weighted means alike)
+    passes["loss"] /= opts.mini_batches  # each mini-batch's loss is a mean over its own tokens
+    local.update(passes)
     if models.critic is not None:
         returns = returns_of(opts.algo.advantage, inp, adv, gamma=opts.algo.gamma)  # [N]
         local.update({f"critic_{k}": v for k, v in models.critic.update(seqs, returns, values, device, world_size).items()})
@@ -340,13 +345,12 @@ def train_step(
     }
 
 
-def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seqs: Sequences,
-           opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
-           prox: list[Tensor] | None) -> dict[str, float]:
-    """One optimizer step on `mbs` (this rank's part of a mini-batch; every rank passes as many): the loss is a
-    mean over the mini-batch's tokens (or sequences) on all ranks. Returns local stat sums and the grad norm."""
-    tok_seq = transition_of_tokens(seqs)  # [R]
-    n_seqs = sum(int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs)  # with a response token
+def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], n_seqs: int,
+                     seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
+                     prox: list[Tensor] | None) -> dict[str, float]:
+    """One optimizer step on `mbs` (this rank's part of a mini-batch, holding `n_seqs` sequences; every rank
+    passes as many micro-batches): the loss is a mean over the mini-batch's tokens (or sequences) on all ranks.
+    Returns local stat sums and the grad norm."""
     totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs), "sequences": n_seqs}, dist.ReduceOp.SUM,
                              device)
     sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=max(totals["tokens"], 1.0) / world_size,

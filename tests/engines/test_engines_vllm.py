@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import re
 import subprocess
 import sys
@@ -198,7 +199,7 @@ async def test_b_update_through_agent_matches_hf(server, stack, hf):
     assert Hello(role="engine", name="engine-0", pid=stack.agent.pid, address=server.url) in msgs
     versions = [m.version for m in msgs if isinstance(m, EngineStatus)]
     # 0 (maybe repeated by the agent's periodic status on a slow host), then 1
-    assert [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]][:2] == [0, 1]
+    assert [v for v, _ in itertools.groupby(versions)][:2] == [0, 1]
     stats = [m for m in msgs if isinstance(m, Stats)]
     assert stats and stats[-1].gauges["version"] == 1 and stats[-1].counters["weight_updates"] == 1
     assert 0 < stats[-1].gauges["weight_sync_s"] < 30
