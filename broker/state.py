@@ -189,8 +189,8 @@ class BrokerState:
         if request >= 0:
             kept = self.grants.setdefault(owner, [incarnation, {}])[1]
             kept[request] = [gid, seed, min_version]
-            if len(kept) > MAX_GRANTS_KEPT:
-                del kept[min(kept)]
+            if len(kept) > MAX_GRANTS_KEPT:  # the oldest: requests are numbered upwards and kept in that order
+                del kept[next(iter(kept))]
         return GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=request)
 
     def ingest(self, t: Transition, frames: list[bytes] | None) -> Ingested:

@@ -51,6 +51,20 @@ def test_a_bundle_is_taken_as_its_transitions_one_by_one() -> None:
     assert bundled.snapshot() == single.snapshot()
 
 
+def test_only_the_newest_grants_are_kept_for_resent_requests(monkeypatch) -> None:
+    import broker.state as state_mod
+
+    monkeypatch.setattr(state_mod, "MAX_GRANTS_KEPT", 5)
+    s = make_state(None)
+    s.buffer.max_staleness = 10**6  # admission never waits here
+    grants = [s.admit("a", 0, request=r) for r in range(8)]
+    assert sorted(s.grants["a"][1]) == [3, 4, 5, 6, 7]  # the 5 newest; 0, 1, 2 forgotten oldest first
+    assert s.admit("a", 0, request=4) == grants[4]  # a kept request: its grant again, nothing admitted
+    assert s.buffer.counts["groups_admitted"] == 8
+    again = s.admit("a", 0, request=1)  # forgotten: answered with a new group
+    assert again.group_id == 8 and s.buffer.counts["groups_admitted"] == 9
+    assert sorted(s.grants["a"][1]) == [1, 4, 5, 6, 7]
+
 def test_intake_is_in_order_once_and_acknowledged() -> None:
     s = make_state(None)
     g = s.admit("a", 0, request=0)
