@@ -160,6 +160,7 @@ class ReplayBuffer:
         self.staleness_hist: Counter[int] = Counter()
         self.trained_group_shapes: Counter[str] = Counter()  # "trajectories/finished" of every trained group
         self.last_staleness: list[int] = []
+        self.dropped_total = 0  # sum of counts["transitions_dropped_*"] (perf: admission asks it per request)
 
     # ------------------------------------------------------------------ admission
     def admissible(self) -> bool:
@@ -167,7 +168,7 @@ class ReplayBuffer:
         step = self.live_admitted // self.groups_per_step
         if step > self.learner_version + self.max_staleness:
             return False
-        held = (self.counts["transitions_ingested"] - self.counts["transitions_trained"] - sum(self.dropped().values())
+        held = (self.counts["transitions_ingested"] - self.counts["transitions_trained"] - self.dropped_total
                 + self.reused_held())
         if held >= self.max_buffered:
             return False
@@ -336,6 +337,7 @@ class ReplayBuffer:
 
     def _count_drop(self, steps: list[Transition], reason: str) -> None:
         self.counts[f"transitions_dropped_{reason}"] += len(steps)
+        self.dropped_total += len(steps)
         self._settle(steps, f"dropped:{reason}")
 
     def _settle(self, steps: list[Transition], fate: str) -> None:
@@ -394,6 +396,7 @@ class ReplayBuffer:
             return g
 
         self.counts = Counter(state["counts"])
+        self.dropped_total = sum(self.dropped().values())
         self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
         self.trained_group_shapes = Counter(state["shapes"])
         self.learner_version, self.next_step = state["learner_version"], state["next_step"]

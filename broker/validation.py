@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,9 @@ def _fail(msg: Message, text: str, code: str) -> None:
 def _check_token_ids(msg: Message, name: str, ids: np.ndarray, limits: Limits) -> None:
     if not ids.size:
         return
+    # perf: one pass in the usual case; viewed as uint32 a negative id is >= 2**31, above any vocabulary
+    if ids.dtype == np.int32 and int(ids.view(np.uint32).max()) < (limits.vocab_size or 2**31):
+        return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0:
         _fail(msg, f"{name} holds {lo}; token ids are >= 0", "out_of_vocab")
@@ -96,6 +100,9 @@ def _check_token_ids(msg: Message, name: str, ids: np.ndarray, limits: Limits) -
 
 
 def _check_logprobs(msg: Message, logprobs: np.ndarray) -> None:
+    # perf: two passes in the usual case; nan makes max() nan (not <=), +-inf fails one of the two
+    if not logprobs.size or (float(logprobs.max()) <= LOGPROB_SLACK and math.isfinite(float(logprobs.min()))):
+        return
     if not np.isfinite(logprobs).all():
         _fail(msg, f"logprobs hold {int((~np.isfinite(logprobs)).sum())} nan/inf values", "non_finite")
     if logprobs.size and float(logprobs.max()) > LOGPROB_SLACK:
@@ -125,8 +132,10 @@ def _transitions(msg: Transitions, limits: Limits) -> None:
         _fail(msg, f"{n} items but {msg.prompt_lens.size} prompt and {msg.response_lens.size} response lengths",
               "inconsistent")
     for lens, ids in ((msg.prompt_lens, msg.prompt_ids), (msg.response_lens, msg.response_ids)):
-        if int(lens.min()) < 0 or int(lens.sum(dtype=np.int64)) != ids.size:
-            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} but {ids.size} token ids came", "inconsistent")
+        # One pass: as uint32 a negative length is >= 2**31, more than a message's token ids can be
+        if int(lens.astype(np.int32, copy=False).view(np.uint32).sum(dtype=np.int64)) != ids.size:
+            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} (each must be >= 0) but {ids.size} token "
+                       f"ids came", "inconsistent")
     if msg.logprobs.size != msg.response_ids.size:
         _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
     longest = int((msg.prompt_lens.astype(np.int64) + msg.response_lens).max())

@@ -57,8 +57,9 @@ def _pack(kind: str, body: Any) -> bytes:
 
 
 def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | memoryview]:
-    """The bytes of `_pack(kind, frames)` for a list of raw frames, as pieces that reference the frames instead
-    of copying them into one payload (perf: a large Transitions message was copied twice, scripts/bench_broker.py).
+    """The bytes of `_pack(kind, frames)` for a list of raw frames: [record header, payload] when small, else
+    pieces that reference the frames instead of copying them into one payload (perf: a large Transitions
+    message was copied twice, scripts/bench_broker.py).
     msgpack's own encoding, spelled out: [kind, [bin, ...]] with the smallest array and bin headers."""
     n = len(frames)
     pieces: list[bytes | memoryview] = [b"\x92" + msgpack.packb(kind) + (
@@ -68,9 +69,13 @@ def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | me
         pieces.append(b"\xc4" + bytes([size]) if size < 1 << 8 else b"\xc5" + size.to_bytes(2, "big")
                       if size < 1 << 16 else b"\xc6" + size.to_bytes(4, "big"))
         pieces.append(frame)
-    crc, length = 0, 0
+    length = sum(memoryview(piece).nbytes for piece in pieces)
+    if length < JOIN_BELOW_BYTES:  # small: one joined payload, one checksum call (perf)
+        payload = b"".join(pieces)
+        return [_HEAD.pack(length, zlib.crc32(payload)), payload]
+    crc = 0
     for piece in pieces:
-        crc, length = zlib.crc32(piece, crc), length + memoryview(piece).nbytes
+        crc = zlib.crc32(piece, crc)
     return [_HEAD.pack(length, crc), *pieces]
 
 
@@ -172,8 +177,8 @@ class WriteAheadLog:
         """`append(kind, frames)` for a message's raw frames, written without copying them first."""
         assert self._file is not None, "call recover() first"
         pieces = _pack_frames(kind, frames)
-        if _HEAD.unpack(pieces[0])[0] < JOIN_BELOW_BYTES:  # the record's payload length
-            self._file.write(b"".join(pieces))  # small: one write is cheaper than a call per piece
+        if len(pieces) == 2:  # small: header + joined payload, in one write (cheaper than a call per piece)
+            self._file.write(pieces[0] + pieces[1])
         else:
             for piece in pieces:
                 self._file.write(piece)
