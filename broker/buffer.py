@@ -89,36 +89,41 @@ def partition_by_tokens(groups: list[Group], world_size: int) -> list[list[Group
     return shares
 
 
+def _step_of(t: Transition) -> int:
+    return t.step
+
+
 def build_batch(step: int, rank: int, learner_version: int, group_size: int, groups: list[Group]) -> Batch:
     """One rank's share as a columnar Batch (trajectories and steps in order)."""
-    rows: list[tuple[int, int, Transition]] = []
+    group_index: list[int] = []
+    traj_index: list[int] = []
+    ts: list[Transition] = []
     traj = 0
     for gi, group in enumerate(groups):
         for traj_id in sorted(group.trajectories):
-            for t in sorted(group.trajectories[traj_id], key=lambda t: t.step):
-                rows.append((gi, traj, t))
+            steps = sorted(group.trajectories[traj_id], key=_step_of)
+            traj_index += [traj] * len(steps)
+            group_index += [gi] * len(steps)
+            ts += steps
             traj += 1
+    # perf (scripts/bench_broker.py): one row tuple per transition, transposed once; token arrays concatenated
+    # straight into their dtype (they arrive as int32/float32: no second copy)
+    rows = [(t.step, t.prompt_ids.size, t.response_ids.size, t.reward, t.done or t.truncated, t.valid, t.version_lo,
+             t.version_hi) for t in ts]
+    cols = list(zip(*rows)) if rows else [()] * 8
 
-    def col(values: list, dtype: str) -> np.ndarray:
-        return np.asarray(values, dtype=dtype)
+    def cat(arrays: list[np.ndarray], dtype: str) -> np.ndarray:
+        return np.concatenate(arrays, dtype=dtype, casting="same_kind") if arrays else np.zeros(0, dtype)
 
-    ts = [t for _, _, t in rows]
     return Batch(
         step=step, rank=rank, learner_version=learner_version, group_size=group_size,
-        group_index=col([g for g, _, _ in rows], "int32"),
-        traj_index=col([tr for _, tr, _ in rows], "int32"),
-        step_index=col([t.step for t in ts], "int32"),
-        prompt_lens=col([len(t.prompt_ids) for t in ts], "int32"),
-        response_lens=col([len(t.response_ids) for t in ts], "int32"),
-        rewards=col([t.reward for t in ts], "float32"),
-        dones=col([t.done or t.truncated for t in ts], "bool"),
-        valid=col([t.valid for t in ts], "bool"),
-        version_lo=col([t.version_lo for t in ts], "int32"),
-        version_hi=col([t.version_hi for t in ts], "int32"),
-        prompt_ids=np.concatenate([t.prompt_ids for t in ts]).astype("int32") if ts else np.zeros(0, "int32"),
-        response_ids=np.concatenate([t.response_ids for t in ts]).astype("int32") if ts else np.zeros(0, "int32"),
-        logprobs=np.concatenate([t.logprobs for t in ts]).astype("float32") if ts else np.zeros(0, "float32"),
-        anchors=[t.anchor for t in ts],
+        group_index=np.array(group_index, np.int32), traj_index=np.array(traj_index, np.int32),
+        step_index=np.array(cols[0], np.int32), prompt_lens=np.array(cols[1], np.int32),
+        response_lens=np.array(cols[2], np.int32), rewards=np.array(cols[3], np.float32),
+        dones=np.array(cols[4], bool), valid=np.array(cols[5], bool), version_lo=np.array(cols[6], np.int32),
+        version_hi=np.array(cols[7], np.int32),
+        prompt_ids=cat([t.prompt_ids for t in ts], "int32"), response_ids=cat([t.response_ids for t in ts], "int32"),
+        logprobs=cat([t.logprobs for t in ts], "float32"), anchors=[t.anchor for t in ts],
     )
 
 

@@ -274,3 +274,32 @@ def test_the_reuse_pool_survives_a_snapshot() -> None:
                         max_buffered_transitions=100, max_samples_per_group=3)
     copy.load_state(b.to_state(_frames), _transition)
     assert [g.samples for g in copy.reuse] == [1] and copy.try_form(1) and copy.try_form(2) and not copy.try_form(3)
+
+
+def test_a_batch_lists_groups_trajectories_and_steps_in_order_with_their_columns() -> None:
+    from broker.buffer import Group, build_batch
+
+    def t(traj: str, step: int, n_prompt: int, reward: float, lo: int, done: bool = False, valid: bool = True):
+        return Transition(traj_id=traj, group_id=0, actor="a", step=step,
+                          prompt_ids=np.full(n_prompt, step, np.int32), response_ids=np.array([7, step], np.int32),
+                          logprobs=np.array([-1.0, -0.5 * step], np.float32), version_lo=lo, version_hi=lo + 1,
+                          reward=reward, done=done, truncated=False, valid=valid, anchor=f"{traj}@{step}")
+
+    g0 = Group(0, 0, trajectories={"b": [t("b", 1, 1, 2.0, 3, done=True), t("b", 0, 2, 1.0, 2)],  # steps arrive 1, 0
+                                   "a": [t("a", 0, 1, 0.5, 1, done=True, valid=False)]})
+    g1 = Group(1, 1, trajectories={"z": [t("z", 0, 3, -1.0, 0, done=True)]})
+    b = build_batch(5, 1, 9, 2, [g0, g1])
+    # By hand: group 0's trajectories sorted by id (a, then b with its steps 0, 1), then group 1's z.
+    assert (b.step, b.rank, b.learner_version, b.group_size) == (5, 1, 9, 2)
+    assert b.group_index.tolist() == [0, 0, 0, 1] and b.traj_index.tolist() == [0, 1, 1, 2]
+    assert b.step_index.tolist() == [0, 0, 1, 0] and b.prompt_lens.tolist() == [1, 2, 1, 3]
+    assert b.response_lens.tolist() == [2, 2, 2, 2] and b.rewards.tolist() == [0.5, 1.0, 2.0, -1.0]
+    assert b.dones.tolist() == [True, False, True, True] and b.valid.tolist() == [False, True, True, True]
+    assert b.version_lo.tolist() == [1, 2, 3, 0] and b.version_hi.tolist() == [2, 3, 4, 1]
+    assert b.prompt_ids.tolist() == [0, 0, 0, 1, 0, 0, 0] and b.response_ids.tolist() == [7, 0, 7, 0, 7, 1, 7, 0]
+    assert b.logprobs.tolist() == [-1.0, 0.0, -1.0, 0.0, -1.0, -0.5, -1.0, 0.0]
+    assert b.anchors == ["a@0", "b@0", "b@1", "z@0"]
+    assert (b.group_index.dtype, b.rewards.dtype, b.dones.dtype, b.prompt_ids.dtype, b.logprobs.dtype) == (
+        np.int32, np.float32, np.bool_, np.int32, np.float32)
+    empty = build_batch(0, 0, 0, 2, [])
+    assert empty.prompt_ids.size == 0 and empty.rewards.dtype == np.float32 and empty.anchors == []
