@@ -304,6 +304,12 @@ def _field_specs(cls: type) -> dict[str, Any]:
 
 _SPECS = {kind: _field_specs(cls) for kind, cls in _KINDS.items()}
 _FIELD_NAMES = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
+_PLAIN_DEFAULTS: dict[str, dict[str, Any] | None] = {
+    kind: None if any(f.default_factory is not dataclasses.MISSING for f in dataclasses.fields(cls)) else
+    {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    for kind, cls in _KINDS.items()}
+"""Each kind's field defaults, for decoding without `__init__`; None for a kind with a default factory
+(a fresh dict or list per message), which is made by its `__init__`."""
 _REQUIRED = {
     kind: {
         f.name for f in dataclasses.fields(cls)
@@ -402,7 +408,13 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     missing = _REQUIRED[kind] - values.keys()
     if missing:
         raise ProtocolError(f"{kind}: missing fields {sorted(missing)}", "missing_field")
-    return cls(**values)
+    defaults = _PLAIN_DEFAULTS[kind]
+    if defaults is None:
+        return cls(**values)
+    msg = object.__new__(cls)  # perf: what the frozen dataclass's __init__ makes, without a setattr per field
+    msg.__dict__.update(defaults)
+    msg.__dict__.update(values)
+    return msg
 
 
 

@@ -285,15 +285,17 @@ class Broker:
                 results = [self.state.ingest(msg, raw)]
             else:
                 results = self.state.ingest_many(msg.split(), raw)
-            completed = False
+            completed, ack = False, None
             for res in results:
                 if res.ack is not None:
-                    self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=res.ack)
+                    ack = res.ack
                 completed |= res.outcome == "completed"
                 if res.outcome == "rejected":
                     reason = res.detail.split(":", 1)[0]
                     self.rejected[reason] = self.rejected.get(reason, 0) + 1
                     self._count_malformed(ident, f"transition rejected ({res.detail})")
+            if ack is not None:
+                self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=ack)
             if completed:
                 await self._serve_batches()
         elif isinstance(msg, GroupRequest):

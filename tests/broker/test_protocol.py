@@ -69,6 +69,17 @@ def test_every_kind_round_trips() -> None:
         assert_same(msg, P.decode(P.encode(msg)))
 
 
+def test_fields_left_out_take_their_defaults_and_each_message_its_own_dicts() -> None:
+    import msgpack
+
+    only_required = msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "group_request", "actor": "a", "_arrays": []})
+    got = P.decode([only_required])
+    assert got == P.GroupRequest(actor="a") and (got.incarnation, got.request) == (0, -1)
+    stats = msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "stats", "source": "s", "role": "actor", "_arrays": []})
+    a, b = P.decode([stats]), P.decode([stats])
+    assert a == P.Stats(source="s", role="actor") and a.counters is not b.counters  # a fresh dict each
+
+
 def test_arrays_travel_raw_little_endian() -> None:
     msg = random_transition(random.Random(1))
     frames = P.encode(msg)

@@ -49,6 +49,14 @@ def test_a_bundle_is_taken_as_its_transitions_one_by_one() -> None:
     assert one_by_one == [("taken", 0), ("gap", None), ("duplicate", 0), ("taken", 1), ("completed", 2)]
     assert [(r.outcome, r.ack) for r in ingest_bundle(bundled, stream)] == one_by_one
     assert bundled.snapshot() == single.snapshot()
+    # The usual bundle (the next seqs, in order) takes a shorter path: the same outcome. Group g2 is complete
+    # after its two trajectories; the third transition names a group that is not open any more.
+    g2 = [st.admit("a", 0, request=1) for st in (single, bundled)][0].group_id
+    in_order = [tr("a", 0, 3, g2, "p", 0, True), tr("a", 0, 4, g2, "q", 0, True), tr("a", 0, 5, g2, "r", 0, True)]
+    one_by_one = [(r.outcome, r.ack) for r in (ingest(single, t) for t in in_order)]
+    assert one_by_one == [("taken", 3), ("completed", 4), ("rejected", 5)]
+    assert [(r.outcome, r.ack) for r in ingest_bundle(bundled, in_order)] == one_by_one
+    assert bundled.snapshot() == single.snapshot()
 
 
 def test_only_the_newest_grants_are_kept_for_resent_requests(monkeypatch) -> None:
