@@ -82,10 +82,11 @@ def partition_by_tokens(groups: list[Group], world_size: int) -> list[list[Group
     """
     shares: list[list[Group]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
-    for group in sorted(groups, key=lambda g: g.tokens, reverse=True):
-        r = min(range(world_size), key=lambda i: (loads[i], len(shares[i])))
-        shares[r].append(group)
-        loads[r] += group.tokens
+    sized = sorted(((g.tokens, i) for i, g in enumerate(groups)), key=lambda x: x[0], reverse=True)  # counted once
+    for tokens, i in sized:
+        r = min(range(world_size), key=lambda k: (loads[k], len(shares[k]))) if world_size > 1 else 0
+        shares[r].append(groups[i])
+        loads[r] += tokens
     return shares
 
 
@@ -264,10 +265,9 @@ class ReplayBuffer:
                 self.trained_group_shapes[f"{len(group.trajectories)}/{len(group.finished)}"] += 1
             for steps in group.trajectories.values():
                 self.counts["transitions_trained" if first else "transitions_reused"] += len(steps)
-                for t in steps:
-                    lag = version - t.version_lo
-                    self.staleness_hist[lag] += 1
-                    self.last_staleness.append(lag)
+                lags = [version - t.version_lo for t in steps]
+                self.staleness_hist.update(lags)
+                self.last_staleness += lags
                 if first:
                     self._settle(steps, f"trained:{step}")
             if group.samples < self.max_samples:
