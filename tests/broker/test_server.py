@@ -4,6 +4,7 @@ and bad input (malformed or oversized messages are rejected, counted, and the br
 import asyncio
 
 import numpy as np
+import pytest
 import zmq
 import zmq.asyncio
 from e2e_testing import dealer
@@ -106,3 +107,36 @@ async def test_malformed_and_oversized_messages_are_rejected_counted_and_survive
         broker.stop()
         await task
         client.close()
+
+
+def test_the_broker_socket_helpers_move_whole_multipart_messages() -> None:
+    import time
+
+    from broker.server import recv_frames, send_frames
+
+    ctx = zmq.Context()
+    router, dealer_sock = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer_sock.setsockopt(zmq.IDENTITY, b"peer")
+        dealer_sock.connect(f"tcp://127.0.0.1:{port}")
+        dealer_sock.setsockopt(zmq.RCVTIMEO, 5000)
+        with pytest.raises(zmq.Again):  # nothing was sent yet
+            recv_frames(router)
+        messages = [[b"a", b"", b"ccc"], [b"single"], [b"x" * 70_000, b"y"]]
+        for m in messages:
+            dealer_sock.send_multipart(m)
+        got, deadline = [], time.monotonic() + 5
+        while len(got) < len(messages) and time.monotonic() < deadline:
+            try:
+                got.append([f.bytes for f in recv_frames(router)])
+            except zmq.Again:
+                time.sleep(0.01)
+        assert got == [[b"peer", *m] for m in messages]  # the sender's identity, then each message's parts whole
+        for m in messages:
+            send_frames(router, [b"peer", *m], copy=len(m[0]) < 65536)
+        assert [dealer_sock.recv_multipart() for _ in messages] == messages
+    finally:
+        router.close(0)
+        dealer_sock.close(0)
+        ctx.term()
