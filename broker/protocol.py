@@ -381,8 +381,8 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
             f"different agentstream versions", "bad_version"
         )
     kind = header.get("kind")
-    if kind == "transitions":
-        fast = _plain_transitions(header, bufs)
+    if kind == "transitions" or kind == "transition":
+        fast = _plain_transitions(header, bufs) if kind == "transitions" else _plain_transition(header, bufs)
         if fast is not None:
             return fast
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
@@ -447,22 +447,56 @@ def _plain_transitions(header: dict[str, Any], bufs: list[Any]) -> Transitions |
     actor, incarnation, items, arrays = header.get("actor"), header.get("incarnation"), header.get("items"), header.get("_arrays")
     if not (len(header) == 6 and type(actor) is str and len(actor) <= MAX_NAME_CHARS and type(incarnation) is int
             and -1 <= incarnation <= INT32_MAX and type(items) is list and 1 <= len(items) <= MAX_BUNDLE
-            and type(arrays) is list and len(arrays) == 5 and len(bufs) == 6 and all(map(_plainly_valid, items))):
+            and all(map(_plainly_valid, items))):
         return None
     msg = object.__new__(Transitions)
     values = msg.__dict__
-    for (name, dtype, itemsize), spec, buf in zip(_TRANSITIONS_ARRAYS, arrays, bufs[1:]):
+    if not _plain_arrays(_TRANSITIONS_ARRAYS, arrays, bufs, values):
+        return None
+    values.update(actor=actor, incarnation=incarnation, items=items, kind="transitions")
+    return msg
+
+
+def _plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any]) -> bool:
+    """The data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype, itemsize) in
+    order), decoded into `values`; False (values unfinished) for anything else."""
+    if type(arrays) is not list or len(arrays) != len(layout) or len(bufs) != len(layout) + 1:
+        return False
+    for (name, dtype, itemsize), spec, buf in zip(layout, arrays, bufs[1:]):
         if type(spec) is not list or len(spec) != 3 or spec[0] != name or spec[1] != dtype:
-            return None
+            return False
         shape = spec[2]
         if type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int or shape[0] < 0:
-            return None
+            return False
         count = shape[0]
         if count * itemsize != len(buf):
-            return None
+            return False
         values[name] = np.frombuffer(buf, dtype=ARRAY_DTYPES[dtype], count=count) if count else np.zeros(
             0, ARRAY_DTYPES[dtype])
-    values.update(actor=actor, incarnation=incarnation, items=items, kind="transitions")
+    return True
+
+
+_TRANSITION_ARRAYS = _TRANSITIONS_ARRAYS[2:]
+"""A Transition message's data frames as `encode` writes them."""
+
+
+def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | None:
+    """perf (scripts/bench_broker.py --one-per-message; an actor sends a lone step as a Transition): the usual
+    Transition message, its header fields checked as one item of a bundle (`_plainly_valid`, the same checks);
+    None sends anything unusual through `decode`'s general path."""
+    if len(header) != 17:  # v, kind, _arrays and the 14 header fields, every one present
+        return None
+    actor, incarnation = header.get("actor"), header.get("incarnation")
+    item = [header.get(f) for f in TRANSITION_ITEM_FIELDS]
+    if not (type(actor) is str and len(actor) <= MAX_NAME_CHARS and type(incarnation) is int
+            and -1 <= incarnation <= INT32_MAX and _plainly_valid(item)):
+        return None
+    msg = object.__new__(Transition)
+    values = msg.__dict__
+    if not _plain_arrays(_TRANSITION_ARRAYS, header.get("_arrays"), bufs, values):
+        return None
+    values.update(zip(TRANSITION_ITEM_FIELDS, item))
+    values.update(actor=actor, incarnation=incarnation, kind="transition")
     return msg
 
 

@@ -211,9 +211,10 @@ def test_the_fast_acceptance_of_bundle_items_is_never_looser_than_the_checks() -
     assert fast_accepted > 1000
 
 
-def test_the_fast_decoding_of_bundles_agrees_with_the_general_path(monkeypatch) -> None:
-    """Property: on random bundles and random byte mutations of them, `decode`'s fast path for Transitions
-    (`_plain_transitions`) gives the same message, or the same reject code, as the general path alone."""
+def test_the_fast_decoding_of_transitions_agrees_with_the_general_path(monkeypatch) -> None:
+    """Property: on random bundles and lone transitions, and random byte mutations of them, `decode`'s fast paths
+    (`_plain_transitions`, `_plain_transition`) give the same message, or the same reject code, as the general
+    path alone."""
     rng = random.Random(11)
 
     def outcome(frames):
@@ -221,26 +222,37 @@ def test_the_fast_decoding_of_bundles_agrees_with_the_general_path(monkeypatch) 
             msg = P.decode(frames)
         except P.ProtocolError as exc:
             return exc.code
-        return (msg.actor, msg.incarnation, msg.items, *(getattr(msg, f).tolist() for f in
-                ("prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs")),
-                *(str(getattr(msg, f).dtype) for f in ("prompt_ids", "logprobs")))
+        arrays = [f for f in ("prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs")
+                  if hasattr(msg, f)]
+        return (type(msg).__name__, sorted((k, repr(v)) for k, v in vars(msg).items() if k not in arrays),
+                *(getattr(msg, f).tolist() for f in arrays), *(str(getattr(msg, f).dtype) for f in arrays))
 
-    cases, fast_taken = [], 0
-    for i in range(400):
+    cases = []
+    for i in range(800):
         ts = [transition(traj_id=f"t{j}", step=j, seq=j, info={"k": j}, anchor="a" * rng.randint(0, 3),
                          prompt_ids=np.arange(rng.randint(0, 5), dtype=np.int32),
                          response_ids=np.arange(n := rng.randint(0, 4), dtype=np.int32),
                          logprobs=np.full(n, -0.25, np.float32)) for j in range(rng.randint(1, 4))]
-        frames = [bytearray(f) for f in P.encode(P.Transitions.of(ts))]
+        msg = P.Transitions.of(ts) if i % 4 < 2 else ts[0]
+        frames = [bytearray(f) for f in P.encode(msg)]
         for _ in range(rng.randint(0, 2)) if i % 2 else ():
             k = rng.randrange(len(frames))
             if frames[k]:
                 frames[k][rng.randrange(len(frames[k]))] = rng.randrange(256)
         cases.append([bytes(f) for f in frames])
     with_fast = [outcome(c) for c in cases]
+    fast_taken = {"transitions": 0, "transition": 0}
     for c in cases:
-        header = P.unpack_header(c[0]) if outcome(c) != "bad_header" else None
-        fast_taken += header is not None and P._plain_transitions(header, c) is not None
+        try:
+            header = P.unpack_header(c[0])
+        except P.ProtocolError:
+            continue
+        if header.get("kind") == "transitions":
+            fast_taken["transitions"] += P._plain_transitions(header, c) is not None
+        elif header.get("kind") == "transition":
+            fast_taken["transition"] += P._plain_transition(header, c) is not None
     monkeypatch.setattr(P, "_plain_transitions", lambda header, bufs: None)
+    monkeypatch.setattr(P, "_plain_transition", lambda header, bufs: None)
     assert with_fast == [outcome(c) for c in cases]
-    assert fast_taken > 200 and sum(isinstance(o, str) for o in with_fast) > 20  # both paths were exercised
+    # Both fast paths were taken, and both paths rejected some mutations.
+    assert min(fast_taken.values()) > 200 and sum(isinstance(o, str) for o in with_fast) > 40
