@@ -84,7 +84,7 @@ def partition_by_tokens(groups: list[Group], world_size: int) -> list[list[Group
     loads = [0] * world_size
     sized = sorted(((g.tokens, i) for i, g in enumerate(groups)), key=lambda x: x[0], reverse=True)  # counted once
     for tokens, i in sized:
-        r = min(range(world_size), key=lambda k: (loads[k], len(shares[k]))) if world_size > 1 else 0
+        r = min(range(world_size), key=lambda k: (loads[k], len(shares[k])))
         shares[r].append(groups[i])
         loads[r] += tokens
     return shares

@@ -205,3 +205,21 @@ def decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple
         raise ProtocolError(f"{kind}.{name}: {len(buf)} bytes do not hold {shape} of {dtype_name}", "bad_array")
     arr = np.frombuffer(buf, dtype=dtype, count=count) if count else np.zeros(0, dtype)
     return name, arr
+
+
+def plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any]) -> bool:
+    """perf: the data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype) in order),
+    decoded into `values`; False (values unfinished) for anything else, which `decode_array` then judges."""
+    if type(arrays) is not list or len(arrays) != len(layout) or len(bufs) != len(layout) + 1:
+        return False
+    for (name, dtype), spec, buf in zip(layout, arrays, bufs[1:]):
+        if type(spec) is not list or len(spec) != 3 or spec[0] != name or spec[1] != dtype:
+            return False
+        shape = spec[2]
+        if type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int or shape[0] < 0:
+            return False
+        count, dt = shape[0], ARRAY_DTYPES[dtype]
+        if count * dt.itemsize != len(buf):
+            return False
+        values[name] = np.frombuffer(buf, dtype=dt, count=count) if count else np.zeros(0, dt)
+    return True

@@ -36,6 +36,7 @@ from broker.checks import (
     ProtocolError,
     decode_array,
     field_checker,
+    plain_arrays,
     unpack_header,
 )
 
@@ -381,8 +382,9 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
             f"different agentstream versions", "bad_version"
         )
     kind = header.get("kind")
-    if kind == "transitions" or kind == "transition":
-        fast = _plain_transitions(header, bufs) if kind == "transitions" else _plain_transition(header, bufs)
+    plain = _PLAIN_DECODERS.get(kind) if isinstance(kind, str) else None
+    if plain is not None:
+        fast = plain(header, bufs)
         if fast is not None:
             return fast
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
@@ -435,45 +437,27 @@ def _check_items(where: str, value: Any) -> None:
             check(field_value)
 
 
-_TRANSITIONS_ARRAYS = (("prompt_lens", "int32", 4), ("response_lens", "int32", 4), ("prompt_ids", "int32", 4),
-                       ("response_ids", "int32", 4), ("logprobs", "float32", 4))
-"""A Transitions message's data frames as `encode` writes them: (field, dtype, itemsize), in this order."""
+_TRANSITIONS_ARRAYS = (("prompt_lens", "int32"), ("response_lens", "int32"), ("prompt_ids", "int32"),
+                       ("response_ids", "int32"), ("logprobs", "float32"))
+"""A Transitions message's data frames as `encode` writes them: (field, dtype), in this order."""
 
 
 def _plain_transitions(header: dict[str, Any], bufs: list[Any]) -> Transitions | None:
     """perf (scripts/bench_broker.py): the usual Transitions message, decoded in one pass of plain checks (no
     per-field dispatch); None sends anything unusual through `decode`'s general path, which accepts exactly
     what this accepts and says what is wrong with the rest."""
-    actor, incarnation, items, arrays = header.get("actor"), header.get("incarnation"), header.get("items"), header.get("_arrays")
+    actor, incarnation, items = header.get("actor"), header.get("incarnation"), header.get("items")
+    # 6: v, kind, _arrays and the 3 header fields, every one present
     if not (len(header) == 6 and type(actor) is str and len(actor) <= MAX_NAME_CHARS and type(incarnation) is int
             and -1 <= incarnation <= INT32_MAX and type(items) is list and 1 <= len(items) <= MAX_BUNDLE
             and all(map(_plainly_valid, items))):
         return None
     msg = object.__new__(Transitions)
     values = msg.__dict__
-    if not _plain_arrays(_TRANSITIONS_ARRAYS, arrays, bufs, values):
+    if not plain_arrays(_TRANSITIONS_ARRAYS, header.get("_arrays"), bufs, values):
         return None
     values.update(actor=actor, incarnation=incarnation, items=items, kind="transitions")
     return msg
-
-
-def _plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any]) -> bool:
-    """The data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype, itemsize) in
-    order), decoded into `values`; False (values unfinished) for anything else."""
-    if type(arrays) is not list or len(arrays) != len(layout) or len(bufs) != len(layout) + 1:
-        return False
-    for (name, dtype, itemsize), spec, buf in zip(layout, arrays, bufs[1:]):
-        if type(spec) is not list or len(spec) != 3 or spec[0] != name or spec[1] != dtype:
-            return False
-        shape = spec[2]
-        if type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int or shape[0] < 0:
-            return False
-        count = shape[0]
-        if count * itemsize != len(buf):
-            return False
-        values[name] = np.frombuffer(buf, dtype=ARRAY_DTYPES[dtype], count=count) if count else np.zeros(
-            0, ARRAY_DTYPES[dtype])
-    return True
 
 
 _TRANSITION_ARRAYS = _TRANSITIONS_ARRAYS[2:]
@@ -493,11 +477,15 @@ def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | N
         return None
     msg = object.__new__(Transition)
     values = msg.__dict__
-    if not _plain_arrays(_TRANSITION_ARRAYS, header.get("_arrays"), bufs, values):
+    if not plain_arrays(_TRANSITION_ARRAYS, header.get("_arrays"), bufs, values):
         return None
     values.update(zip(TRANSITION_ITEM_FIELDS, item))
     values.update(actor=actor, incarnation=incarnation, kind="transition")
     return msg
+
+
+_PLAIN_DECODERS = {"transitions": _plain_transitions, "transition": _plain_transition}
+"""perf: the kinds a broker receives most, decoded by plain checks first (`decode` falls back when they say None)."""
 
 
 def _plainly_valid(item: Any) -> bool:
