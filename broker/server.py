@@ -4,7 +4,7 @@
 
 Actors send Hello, GroupRequest (answered by GroupGrant when admission allows), Transition and Stats;
 learner ranks send BatchRequest (answered by their share of that step's global batch, when it exists) and
-rank 0 sends VersionUpdate; weight agents send EngineStatus and Stats. A malformed or oversized message is
+rank 0 sends VersionUpdate; weight sidecars send EngineStatus and Stats. A malformed or oversized message is
 answered with Reject, counted under `malformed_messages`, and the broker keeps serving. SIGTERM stops it.
 """
 
@@ -17,19 +17,19 @@ import logging
 import signal
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 from aiohttp import web
-from omegaconf import OmegaConf
 
 from agentstream import config as config_mod
-from agentstream.config import BrokerConfig, Config
-from broker import dashboard, metrics, views
-from broker.buffer import ReplayBuffer
-from broker.protocol import (
+from agentstream.wire.addresses import advertised_host
+from agentstream.wire.curve import CurveServer
+from agentstream.wire.limits import check_limits
+from agentstream.wire.messages import (
     Ack,
     BatchRequest,
     EngineStatus,
@@ -43,41 +43,41 @@ from broker.protocol import (
     Transition,
     Transitions,
     VersionUpdate,
-    Welcome,  # roles: processes joining a running run
-    copy_when_sending,  # perf (bench): zero-copy only for large frames
+    Welcome,
+    copy_when_sending,
     decode,
     encode,
 )
-from broker.security import CurveServer  # security: CURVE + allow-list off loopback
+from broker import dashboard, metrics, views
+from broker.buffer import ReplayBuffer
+from broker.sockets import recv_frames, send_frames
+from broker.spec import BrokerSpec, broker_spec
 from broker.state import BrokerState
 from broker.stats import ACTOR_COUNTERS, StatsBook
-from broker.validation import (  # security: run-dependent message checks
-    limits_for,
-    validate,
-)
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger("broker")
 
 
 class Broker:
-    """The hub's state and message handlers; `serve()` runs it until `stop()`."""
+    """The hub's message handlers around its logged state; `serve()` runs it until `stop()`. Every change of
+    the buffer goes through `self.state` (broker.state), which logs it."""
 
-    def __init__(self, cfg: Config, port: int, dashboard_port: int, run_name: str = "", run_dir: Path | None = None):
-        self.cfg: BrokerConfig = cfg.broker
-        self.total_steps = cfg.trainer.total_steps
-        self.buffer = ReplayBuffer(
-            group_size=cfg.env.group_size, groups_per_step=cfg.trainer.groups_per_step,
-            world_size=cfg.learner.world_size, max_staleness=cfg.trainer.max_staleness,
-            max_buffered_transitions=cfg.broker.max_buffered_transitions, seed_base=cfg.run.seed * 1_000_003,
-            drop_zero_variance=cfg.algorithm.dynamic_sampling,
-            retain_formed=cfg.checkpoint.every_steps > 0, partial_groups=cfg.broker.dead_actor_groups,
-            min_partial=cfg.broker.min_partial_group, track_keys=cfg.broker.track_keys,
-            max_samples_per_group=cfg.trainer.max_samples_per_group, samples_per_insert=cfg.trainer.samples_per_insert,
+    def __init__(self, spec: BrokerSpec, port: int, dashboard_port: int, run_name: str = "",
+                 run_dir: Path | None = None):
+        self.spec, self.cfg = spec, spec.broker
+        self.total_steps = spec.trainer.total_steps
+        c, t = spec.broker, spec.trainer
+        buffer = ReplayBuffer(
+            group_size=spec.group_size, groups_per_step=t.groups_per_step, world_size=spec.world_size,
+            max_staleness=t.max_staleness, max_buffered_transitions=c.max_buffered_transitions,
+            seed_base=spec.seed_base, drop_zero_variance=spec.dynamic_sampling, retain_formed=spec.retain_formed,
+            partial_groups=c.dead_actor_groups, min_partial=c.min_partial_group, track_keys=c.track_keys,
+            max_samples_per_group=t.max_samples_per_group, samples_per_insert=t.samples_per_insert,
         )
-        # Reliability: every change to the buffer is a logged event (broker.state); None: nothing durable.
-        wal = WriteAheadLog(run_dir / "broker-wal", fsync=cfg.broker.wal_fsync) if cfg.broker.wal and run_dir else None
-        self.state = BrokerState(self.buffer, wal, compact_every=cfg.broker.wal_compact_events)
+        wal = WriteAheadLog(run_dir / "broker-wal", fsync=c.wal_fsync) if c.wal and run_dir else None
+        self.state = BrokerState(buffer, wal, compact_every=c.wal_compact_events)
+        self.buffer = buffer  # read here; changed only through self.state
         self._acks: dict[bytes, Ack] = {}  # acknowledgements to send once the log is flushed
         self._dead: set[str] = set()  # peers declared dead by the heartbeat check
         self.stats = StatsBook()
@@ -91,28 +91,25 @@ class Broker:
         self._group_waiters: deque[tuple[bytes, GroupRequest]] = deque()
         self._batch_waiters: list[tuple[bytes, BatchRequest]] = []
         self._stop = asyncio.Event()
-        self._run_cfg = cfg  # roles: sent to joining processes in Welcome
-        self._engine_followers: set[bytes] = set()  # roles: actors told when the engine list grows
+        self._engine_followers: set[bytes] = set()  # actors that joined later: told when the engine list grows
         self._sock: zmq.asyncio.Socket | None = None
         self._direct: zmq.Socket | None = None  # the same socket, for sends without asyncio (see `serve`)
         self._outbox: list[list] = []  # replies held until the receive loop's round ends (`_send`)
         self._holding = False
-        # security: what every message is checked against, CURVE (serve()), and rate-limited reject logs
-        self.limits = limits_for(cfg.model, cfg.engines)
         self._curve: CurveServer | None = None
         self._reject_log_at, self._rejects_unlogged = 0.0, 0
-        # dashboard: once-a-second points for the charts, and where they are logged (opened by serve())
+        # once-a-second points for the dashboard's charts, and the sinks that log them (opened by serve())
         self.run_dir = run_dir
         self.history: deque[dict[str, float | None]] = deque(maxlen=max(1, self.cfg.dashboard_history_s))
         self.sinks: list[metrics.MetricsSink] = []
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
-        self.sinks = metrics.open_sinks(self.cfg, self.run_dir, self.run_name)  # dashboard: JSONL, TensorBoard, W&B
+        self.sinks = metrics.open_sinks(self.cfg, self.run_dir, self.run_name)
         self.state.recover()  # before anyone is answered: a restarted broker continues where it stopped
         ctx = zmq.asyncio.Context.instance()
         self._sock = ctx.socket(zmq.ROUTER)
-        if self.cfg.curve_keys_dir:  # security: only clients whose key is in KEYS/allowed get through
+        if self.cfg.curve_keys_dir:  # only clients whose key is in KEYS/allowed get through
             self._curve = CurveServer(ctx, self.cfg.curve_keys_dir, on_deny=lambda key: self._count_denied())
             self._curve.secure(self._sock)
         self._sock.setsockopt(zmq.SNDHWM, self.cfg.high_water_mark)
@@ -122,8 +119,8 @@ class Broker:
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.bind(f"tcp://{self.cfg.host}:{self.port}")
-        # perf (scripts/bench_broker.py): replies go out through a plain (shadow) socket, without an asyncio
-        # future per message. A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
+        # Replies go out through a plain (shadow) socket, without an asyncio future per message (measured by
+        # scripts/bench_broker.py). A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
         # ZeroMQ drops the message (its resend protocol covers that), so a non-blocking send always returns.
         self._direct = zmq.Socket.shadow(self._sock.underlying)
         app = dashboard.make_app(self.snapshot, history_fn=lambda: list(self.history),
@@ -143,7 +140,7 @@ class Broker:
         except* _Stopped:
             pass
         finally:
-            self._close_sinks()  # dashboard: the final point first
+            self._close_sinks()  # the final point first
             await runner.cleanup()
             self._sock.close()
             if self._curve is not None:
@@ -172,7 +169,7 @@ class Broker:
                     changed = True
                 elif peer.role == "engine" and peer.name in self.buffer.engine_versions:
                     self._dead.add(peer.name)
-                    del self.buffer.engine_versions[peer.name]
+                    self.state.engine_gone(peer.name)
                     log.warning("%s silent for %.0fs: declared dead, admission no longer waits for it", peer.name,
                                 now - peer.last_seen)
                     changed = True
@@ -187,8 +184,7 @@ class Broker:
 
     async def _receive_loop(self) -> None:
         assert self._sock is not None
-        # perf (scripts/bench_broker.py): what already arrived is read through a plain (shadow) socket without
-        # blocking: ~9 us CPU per message instead of ~42 us for an asyncio future per poll and per read.
+        # What already arrived is read through a plain (shadow) socket without blocking (scripts/bench_broker.py): ~9 us CPU per message instead of ~42 us for an asyncio future per poll and per read.
         drain = zmq.Socket.shadow(self._sock.underlying)
         while True:
             # ZeroMQ signals its file descriptor on edges, and a send on the shadow socket (`_flush_outbox`) can
@@ -214,7 +210,7 @@ class Broker:
     async def _receive(self, frames: list) -> None:
         ident, body = frames[0].bytes, frames[1:]
         try:
-            msg = validate(decode(body, max_bytes=self.cfg.max_message_bytes), self.limits)
+            msg = check_limits(decode(body, max_bytes=self.cfg.max_message_bytes), self.spec.limits)
         except ProtocolError as exc:
             self._reject_input(ident, exc)
             await self._send(ident, Reject(reason=str(exc)))
@@ -222,15 +218,15 @@ class Broker:
         try:
             await self.handle(ident, msg, body)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
-            # security: input the checks let through must still never take the hub down; the traceback
+            # Input the checks let through must still never take the hub down; the traceback
             # is logged (a bug to fix), the message counted, and the broker keeps serving.
             log.exception("handling %s from %r failed", msg.kind, ident[:64])
             self._reject_input(ident, ProtocolError(f"{msg.kind} could not be handled: {exc!r}", "handler_error"))
 
     def _reject_input(self, ident: bytes, exc: ProtocolError) -> None:
-        """Security: count a refused message under `protocol_<code>`; log at most one line a second (a flood
-        of garbage must not become a flood of log lines)."""
-        self.buffer.counts["malformed_messages"] += 1
+        """Count a refused message under `protocol_<code>`; log at most one line a second (a flood of garbage
+        must not become a flood of log lines)."""
+        self.state.count_refused()
         key = f"protocol_{exc.code}"
         self.rejected[key] = self.rejected.get(key, 0) + 1
         self.malformed.append(f"{ident[:64].decode(errors='replace')}: {str(exc)[:500]}")
@@ -243,7 +239,7 @@ class Broker:
         self._reject_log_at, self._rejects_unlogged = now, 0
 
     def _count_denied(self) -> None:
-        """Security: a CURVE handshake with a key not in the allow-list (AllowList logs the key once)."""
+        """A CURVE handshake with a key not in the allow-list (AllowList logs the key once)."""
         self.rejected["curve_denied"] = self.rejected.get("curve_denied", 0) + 1
 
     async def _flush_acks(self) -> None:
@@ -252,7 +248,7 @@ class Broker:
             await self._send(ident, ack)  # the log is flushed before any of them leaves
 
     def _count_malformed(self, ident: bytes, reason: str) -> None:
-        self.buffer.counts["malformed_messages"] += 1
+        self.state.count_refused()
         self.malformed.append(f"{ident.decode(errors='replace')}: {reason}")
         log.warning("rejected a message from %r: %s", ident, reason)
 
@@ -277,88 +273,112 @@ class Broker:
 
     # ------------------------------------------------------------------ handlers
     async def handle(self, ident: bytes, msg: Message, frames: list | None = None) -> None:
-        if isinstance(msg, (Transition, Transitions)):
-            # The log keeps the frames as received (written from the received buffers, not copied first).
-            raw = None if self.state.wal is None else (
-                [f.buffer for f in frames] if frames else [bytes(f) for f in encode(msg)])
-            if isinstance(msg, Transition):
-                results = [self.state.ingest(msg, raw)]
-            else:
-                results = self.state.ingest_many(msg.split(), raw)
-            completed, ack = False, None
-            for res in results:
-                if res.ack is not None:
-                    ack = res.ack
-                completed |= res.outcome == "completed"
-                if res.outcome == "rejected":
-                    reason = res.detail.split(":", 1)[0]
-                    self.rejected[reason] = self.rejected.get(reason, 0) + 1
-                    self._count_malformed(ident, f"transition rejected ({res.detail})")
-            if ack is not None:
-                self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=ack)
-            if completed:
-                await self._serve_batches()
-        elif isinstance(msg, GroupRequest):
-            known = self.state.grants.get(ident.decode(errors="replace"))
-            if msg.request >= 0 and known is not None and known[0] == msg.incarnation and msg.request in known[1]:
-                gid, seed, min_version = known[1][msg.request]  # a resent request: the grant it already got
-                await self._send(ident, GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=msg.request))
-                return
-            if not any(i == ident and r.request == msg.request >= 0 for i, r in self._group_waiters):
-                self._group_waiters.append((ident, msg))  # (a resent request already waiting is not queued twice)
-            await self._admit()
-        elif isinstance(msg, Stats):
-            self.stats.report(msg.source, msg.role, msg.counters, msg.gauges, msg.final)
-            self._dead.discard(msg.source)
-            if msg.final and msg.role == "actor":  # roles: an actor that left will not finish its groups
-                self._engine_followers.discard(ident)
-                if self.state.drop_owner(msg.source, reason="actor_left"):
-                    await self._serve_batches()
-        elif isinstance(msg, BatchRequest):
-            await self._batch_request(ident, msg)
-        elif isinstance(msg, VersionUpdate):
-            if self.state.version(msg.version, msg.resumed, msg.checkpointed):
-                self.state.maybe_compact(force=True)  # the learner checkpointed: what it consumed is safe
-            if msg.resumed:
-                log.warning("the learner resumed from its checkpoint at version %d", msg.version)
-                await self._serve_batches()
-            self.learner_metrics = {k: float(v) for k, v in msg.metrics.items() if isinstance(v, (int, float))}
-            if msg.version >= self.total_steps:
-                self.status = "finished"  # the dashboard keeps showing the final state
-            await self._admit()
-        elif isinstance(msg, EngineStatus):
-            self.engines[msg.engine] = msg
-            if await self._count_engine(msg):  # roles: a late joiner counts once it serves recent weights
-                self.buffer.engine_versions[msg.engine] = msg.version
-            if msg.engine not in self.stats.peers:  # status may come before Hello
-                self.stats.hello(msg.engine, "engine", 0, 0, msg.url)
-            self.stats.peers[msg.engine].last_seen = time.time()
-            await self._admit()
-        elif isinstance(msg, Hello):
-            self._dead.discard(msg.name)
-            if msg.role == "actor" and self.state.observe(msg.name, msg.incarnation) == "new":
-                await self._serve_batches()  # the old incarnation's groups were settled: room to admit
-            self.stats.hello(msg.name, msg.role, msg.incarnation, msg.pid, msg.address)
-            if msg.want_welcome:  # roles: a process joining the run learns engines, weights, config
-                await self._send(ident, self.welcome())
-                if msg.role == "actor":
-                    self._engine_followers.add(ident)
-        else:
+        """Act on one checked message (`frames`: as received, for the log)."""
+        handler = self._handlers.get(type(msg))
+        if handler is None:
             self._count_malformed(ident, f"{msg.kind} is not a message the broker accepts")
             await self._send(ident, Reject(reason=f"the broker does not accept {msg.kind} messages"))
+            return
+        await handler(self, ident, msg, frames)
 
-    # ------------------------------------------------------------------ roles (joining a running run)
+    async def _on_transitions(self, ident: bytes, msg: Transition | Transitions, frames: list | None) -> None:
+        # The log keeps the frames as received (written from the received buffers, not copied first).
+        raw = None if self.state.wal is None else (
+            [f.buffer for f in frames] if frames else [bytes(f) for f in encode(msg)])
+        if isinstance(msg, Transition):
+            results = [self.state.ingest(msg, raw)]
+        else:
+            results = self.state.ingest_many(msg.split(), raw)
+        completed, ack = False, None
+        for res in results:
+            if res.ack is not None:
+                ack = res.ack
+            completed |= res.outcome == "completed"
+            if res.outcome == "rejected":
+                reason = res.detail.split(":", 1)[0]
+                self.rejected[reason] = self.rejected.get(reason, 0) + 1
+                self._count_malformed(ident, f"transition rejected ({res.detail})")
+        if ack is not None:
+            self._acks[ident] = Ack(actor=msg.actor, incarnation=msg.incarnation, upto=ack)
+        if completed:
+            await self._serve_batches()
+
+    async def _on_group_request(self, ident: bytes, msg: GroupRequest, _frames: list | None) -> None:
+        known = self.state.grants.get(ident.decode(errors="replace"))
+        if msg.request >= 0 and known is not None and known[0] == msg.incarnation and msg.request in known[1]:
+            gid, seed, min_version = known[1][msg.request]  # a resent request: the grant it already got
+            await self._send(ident, GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=msg.request))
+            return
+        if not any(i == ident and r.request == msg.request >= 0 for i, r in self._group_waiters):
+            self._group_waiters.append((ident, msg))  # (a resent request already waiting is not queued twice)
+        await self._admit()
+
+    async def _on_stats(self, ident: bytes, msg: Stats, _frames: list | None) -> None:
+        self.stats.report(msg.source, msg.role, msg.counters, msg.gauges, msg.final)
+        self._dead.discard(msg.source)
+        if msg.final and msg.role == "actor":  # an actor that left will not finish its groups
+            self._engine_followers.discard(ident)
+            if self.state.drop_owner(msg.source, reason="actor_left"):
+                await self._serve_batches()
+
+    async def _on_batch_request(self, ident: bytes, req: BatchRequest, _frames: list | None) -> None:
+        if req.world_size != self.buffer.world_size or not 0 <= req.rank < req.world_size:
+            reason = (f"rank {req.rank} of world {req.world_size} does not match the broker's "
+                      f"learner.world_size={self.buffer.world_size}")
+            await self._send(ident, Reject(reason=reason, step=req.step))
+            return
+        b = self.buffer
+        if req.step > b.next_step and b.next_step == 0 and not b.formed:
+            self.state.resume(req.step)  # a fresh broker and a learner resuming from its checkpoint
+        self._batch_waiters = [(i, r) for i, r in self._batch_waiters if (r.step, r.rank) != (req.step, req.rank)]
+        self._batch_waiters.append((ident, req))  # a resent request replaces the one it repeats
+        await self._serve_batches()
+
+    async def _on_version(self, _ident: bytes, msg: VersionUpdate, _frames: list | None) -> None:
+        if self.state.version(msg.version, msg.resumed, msg.checkpointed):
+            self.state.maybe_compact(force=True)  # the learner checkpointed: what it consumed is safe
+        if msg.resumed:
+            log.warning("the learner resumed from its checkpoint at version %d", msg.version)
+            await self._serve_batches()
+        self.learner_metrics = {k: float(v) for k, v in msg.metrics.items() if isinstance(v, (int, float))}
+        if msg.version >= self.total_steps:
+            self.status = "finished"  # the dashboard keeps showing the final state
+        await self._admit()
+
+    async def _on_engine_status(self, _ident: bytes, msg: EngineStatus, _frames: list | None) -> None:
+        self.engines[msg.engine] = msg
+        if await self._count_engine(msg):  # a late joiner counts once it serves recent weights
+            self.state.engine_serving(msg.engine, msg.version)
+        if msg.engine not in self.stats.peers:  # status may come before Hello
+            self.stats.hello(msg.engine, "engine", 0, 0, msg.url)
+        self.stats.peers[msg.engine].last_seen = time.time()
+        await self._admit()
+
+    async def _on_hello(self, ident: bytes, msg: Hello, _frames: list | None) -> None:
+        self._dead.discard(msg.name)
+        if msg.role == "actor" and self.state.observe(msg.name, msg.incarnation) == "new":
+            await self._serve_batches()  # the old incarnation's groups were settled: room to admit
+        self.stats.hello(msg.name, msg.role, msg.incarnation, msg.pid, msg.address)
+        if msg.want_welcome:  # a process joining the run learns engines, weights, config
+            await self._send(ident, self.welcome())
+            if msg.role == "actor":
+                self._engine_followers.add(ident)
+
+    _handlers: dict[type, Callable[..., Awaitable[None]]] = {
+        Transition: _on_transitions, Transitions: _on_transitions, GroupRequest: _on_group_request,
+        Stats: _on_stats, BatchRequest: _on_batch_request, VersionUpdate: _on_version,
+        EngineStatus: _on_engine_status, Hello: _on_hello,
+    }
+    """Message kind -> its handler; any other kind is refused (a weight update, a batch: not the broker's)."""
+
+    # ------------------------------------------------------------------ processes joining a running run
     def welcome(self) -> Welcome:
         """What a joining process needs: usable engines, the learner's weight address, the run config."""
-        from agentstream.procs import advertised_host
-
-        cfg = self._run_cfg
-        weights = (f"tcp://{advertised_host(cfg.learner.weight_host)}:{cfg.learner.weight_port}"
-                   if cfg.learner.weight_port else "")
         return Welcome(
             engines=[e.url for name, e in sorted(self.engines.items()) if name in self.buffer.engine_versions],
-            weights=weights, dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}/",
-            learner_version=self.buffer.learner_version, config=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+            weights=self.spec.weights,
+            dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}/",
+            learner_version=self.buffer.learner_version, config=self.spec.run_config,
         )
 
     async def _count_engine(self, msg: EngineStatus) -> bool:
@@ -370,7 +390,7 @@ class Broker:
         if msg.engine in b.engine_versions and msg.version >= b.engine_versions[msg.engine]:
             return True
         if msg.engine in b.engine_versions:  # its version went back: a restarted server, a joiner again
-            del b.engine_versions[msg.engine]
+            self.state.engine_gone(msg.engine)
             log.warning("%s is back at version %d: admission does not wait for it until it catches up",
                         msg.engine, msg.version)
         if b.learner_version > 0 and msg.version < b.learner_version - b.max_staleness:
@@ -378,7 +398,7 @@ class Broker:
                      msg.version, b.learner_version)
             return False
         if self._engine_followers:
-            b.engine_versions[msg.engine] = msg.version  # before the Welcome, so that it lists this engine
+            self.state.engine_serving(msg.engine, msg.version)  # before the Welcome, so that it lists this engine
             welcome = self.welcome()
             for ident in list(self._engine_followers):
                 try:
@@ -434,7 +454,7 @@ class Broker:
     def _sample(self) -> None:
         """Once a second: totals for the windowed rates, then one point for the charts and the sinks."""
         self.stats.sample(self._totals())
-        point = metrics.flatten(views.dashboard_state(self))
+        point = metrics.flatten(views.dashboard_state(self.view()))
         self.history.append(point)
         for sink in list(self.sinks):
             try:
@@ -456,47 +476,31 @@ class Broker:
     async def _summary_handler(self, _request: web.Request) -> web.Response:
         return web.json_response(self.summary())
 
+    def view(self) -> views.BrokerView:
+        """What the views read, now."""
+        return views.BrokerView(
+            run_name=self.run_name, status=self.status, reason=self.reason, started=self.started,
+            total_steps=self.total_steps, buffer=self.buffer, stats=self.stats, engines=self.engines,
+            rejected=self.rejected, learner_metrics=self.learner_metrics, group_waiters=len(self._group_waiters),
+            audit=self.state.audit)
+
     def summary(self) -> dict[str, Any]:
-        """What the launcher writes to summary.json (contract: see README; `broker.views.summary`)."""
-        return views.summary(self)
+        """What the launcher writes to summary.json (`broker.views.summary`)."""
+        return views.summary(self.view())
 
     def snapshot(self) -> dict[str, Any]:
         """The dashboard's state (schema in broker/dashboard.py), with the last few points for its charts."""
-        return {**views.dashboard_state(self), "recent": list(self.history)[-5:]}
+        return {**views.dashboard_state(self.view()), "recent": list(self.history)[-5:]}
 
 
 class _Stopped(Exception):
     pass
 
 
-_NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
-
-
-def recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
-    """`sock.recv_multipart(zmq.NOBLOCK, copy=False)`, each part's more-flag read from the part itself (perf,
-    scripts/bench_broker.py: pyzmq asks the socket for RCVMORE after every part, through an enum conversion;
-    ~5 us of ~19 per 7-part message here). Raises zmq.Again when nothing waits; the parts after the first
-    are there already (ZeroMQ delivers a multipart message whole)."""
-    frame = sock.recv(_NOBLOCK, copy=False)
-    frames = [frame]
-    while frame.more:
-        frame = sock.recv(_NOBLOCK, copy=False)
-        frames.append(frame)
-    return frames
-
-
-def send_frames(sock: zmq.Socket, frames: list, copy: bool) -> None:
-    """`sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)` with its flags as plain ints (perf: pyzmq ORs
-    enum flags for every part)."""
-    for frame in frames[:-1]:
-        sock.send(frame, _MORE_NOBLOCK, copy=copy)
-    sock.send(frames[-1], _NOBLOCK, copy=copy)
-
-
 async def _main(args: argparse.Namespace) -> None:
-    cfg = config_mod.load(args.config)
     run_dir = Path(args.config).parent
-    broker = Broker(cfg, args.port, args.dashboard_port, run_name=run_dir.name, run_dir=run_dir)
+    broker = Broker(broker_spec(config_mod.load(args.config)), args.port, args.dashboard_port, run_name=run_dir.name,
+                    run_dir=run_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)

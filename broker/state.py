@@ -20,13 +20,13 @@ transitions_ingested == transitions_trained + buffered + transitions_dropped_*.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentstream.wire.messages import Batch, GroupGrant, Transition, Transitions, decode, encode
 from broker.buffer import RejectedTransition, ReplayBuffer
-from broker.protocol import Batch, GroupGrant, Transition, Transitions, decode, encode
 from broker.wal import WriteAheadLog, iter_records
 
 log = logging.getLogger("broker.state")
@@ -115,28 +115,10 @@ class BrokerState:
 
     def apply(self, kind: str, body: Any) -> None:
         """Re-apply one logged event (recovery)."""
-        if kind == "admit":
-            self.admit(*body)
-        elif kind == "transition":
-            self.ingest(_transition(body), body)
-        elif kind == "transitions":
-            self.ingest_many(_bundle(body), body)
-        elif kind == "incarnation":
-            self.new_incarnation(*body)
-        elif kind == "drop_owner":
-            self.drop_owner(*body)
-        elif kind == "version":
-            self.version(*body)
-        elif kind == "resume":
-            self.resume(body)
-        elif kind == "form":
-            self.try_form(body)
-        elif kind == "count":
-            self.count(body)
-        elif kind == "served":
-            self.share(*body)
-        else:
-            raise RuntimeError(f"unknown event {kind!r} in the broker's log")
+        replay = _REPLAY.get(kind)
+        if replay is None:
+            raise RuntimeError(f"unknown event {kind!r} in the broker's log; known: {', '.join(_REPLAY)}")
+        replay(self, body)
 
     def snapshot(self) -> dict:
         return {"buffer": self.buffer.to_state(_frames), "delivery": self.delivery,
@@ -227,7 +209,7 @@ class BrokerState:
         """`ingest` each of a Transitions message's transitions, in order; `frames`: the message's encoding,
         logged once (replaying it takes the same decisions again, from the same state)."""
         self._log("transitions", frames)
-        if ts:  # perf: the usual bundle, the next keys in order of a current incarnation, skips the checks
+        if ts:  # the usual bundle (the next keys in order, of a current incarnation) needs no per-key checks
             known = self.delivery.get(ts[0].actor)
             if known is not None and known[0] == ts[0].incarnation and all(
                     t.seq == known[1] + 1 + i for i, t in enumerate(ts)):
@@ -279,6 +261,21 @@ class BrokerState:
             self._log("served", [step, rank])
         return batch
 
+    # ------------------------------------------------------------------ not logged
+    # Engine versions and refused messages change no delivery state: engines report their version again every
+    # few seconds, so a restarted broker learns it anew, and a refused message was never taken.
+    def engine_serving(self, engine: str, version: int) -> None:
+        """Admission may rely on `engine`, which serves `version`."""
+        self.buffer.engine_versions[engine] = version
+
+    def engine_gone(self, engine: str) -> None:
+        """Admission stops waiting for `engine` (silent, or back at an older version)."""
+        self.buffer.engine_versions.pop(engine, None)
+
+    def count_refused(self) -> None:
+        """A message the broker refused (malformed, over a limit, or a transition the buffer rejected)."""
+        self.buffer.counts["malformed_messages"] += 1
+
     def audit(self) -> dict[str, Any]:
         """The delivery accounting (summary.json `reliability`): every acknowledged transition is trained,
         dropped with a reason, rejected with a reason, or still buffered; with broker.track_keys, per key."""
@@ -303,3 +300,18 @@ class BrokerState:
                            "dropped": fates.count("dropped"), "buffered": len(held - b.fates.keys()),
                            "settled_twice": c["keys_settled_twice"]}
         return out
+
+
+_REPLAY: dict[str, Callable[[BrokerState, Any], Any]] = {
+    "admit": lambda s, body: s.admit(*body),
+    "transition": lambda s, body: s.ingest(_transition(body), body),
+    "transitions": lambda s, body: s.ingest_many(_bundle(body), body),
+    "incarnation": lambda s, body: s.new_incarnation(*body),
+    "drop_owner": lambda s, body: s.drop_owner(*body),
+    "version": lambda s, body: s.version(*body),
+    "resume": lambda s, body: s.resume(body),
+    "form": lambda s, body: s.try_form(body),
+    "count": lambda s, body: s.count(body),
+    "served": lambda s, body: s.share(*body),
+}
+"""Each logged event's kind -> the method that made it, called again with the logged arguments."""

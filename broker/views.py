@@ -1,18 +1,39 @@
 """What the broker shows of itself: the run's summary (summary.json) and the dashboard's state (its page,
-`/api/state`, `/metrics` and the metrics sinks), read from a running `broker.server.Broker`."""
+`/api/state`, `/metrics` and the metrics sinks), read from a `BrokerView` the server takes of itself."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, env_outcomes
+from agentstream.wire.messages import EngineStatus
+from broker.buffer import ReplayBuffer
+from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, StatsBook, env_outcomes
 
-if TYPE_CHECKING:
-    from broker.server import Broker
+
+@dataclass(frozen=True)
+class BrokerView:
+    """What the views read of a broker, taken at one moment of its event loop. The views run synchronously
+    inside that loop, so nothing they read changes while they read it; they never write."""
+
+    run_name: str
+    status: str
+    reason: str
+    started: float
+    total_steps: int
+    buffer: ReplayBuffer
+    stats: StatsBook
+    engines: Mapping[str, EngineStatus]
+    rejected: Mapping[str, int]
+    learner_metrics: Mapping[str, float]
+    group_waiters: int
+    audit: Callable[[], dict[str, Any]]
+    """The delivery accounting (computed only for the summary: it walks every buffered key)."""
 
 
-def summary(broker: Broker) -> dict[str, Any]:
+def summary(broker: BrokerView) -> dict[str, Any]:
     """What the launcher writes to summary.json (contract: see README)."""
     b = broker.buffer
     wall = time.time() - broker.started
@@ -40,13 +61,13 @@ def summary(broker: Broker) -> dict[str, Any]:
         "env_steps_per_s": actor["env_steps"] / wall,
         "tokens_per_s": actor["tokens_generated"] / wall,
         "actors_final": sum(1 for p in actors if p.final),
-        "transitions_sent_by_actor": broker.stats.by_source("transitions_sent", "actor"),  # roles
+        "transitions_sent_by_actor": broker.stats.by_source("transitions_sent", "actor"),
         "learner_metrics": broker.learner_metrics,
-        "reliability": broker.state.audit(),  # delivery accounting (broker.state)
+        "reliability": broker.audit(),
     }
 
 
-def dashboard_state(broker: Broker) -> dict[str, Any]:
+def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     """The dashboard's state now (schema in broker/dashboard.py); each point of its charts and of the metrics
     sinks is this, flattened."""
     now, b, s = time.time(), broker.buffer, broker.stats
@@ -64,7 +85,7 @@ def dashboard_state(broker: Broker) -> dict[str, Any]:
         "actors_alive": sum(1 for a in actors if a["alive"]),
         "engines_alive": sum(1 for e in engines if e["alive"]),
         "weight_sync_s": max((e["weight_sync_s"] for e in engines), default=0.0),
-        "group_waiters": len(broker._group_waiters),
+        "group_waiters": broker.group_waiters,
     }
     for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
         if peer.role == "evaluator":
@@ -90,7 +111,8 @@ def dashboard_state(broker: Broker) -> dict[str, Any]:
         "staleness_hist": {str(k): v for k, v in sorted(b.staleness_hist.items())},
     }
 
-def _engine_rows(broker: Broker, now: float) -> list[dict[str, Any]]:
+
+def _engine_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
     rows = []
     for name, e in sorted(broker.engines.items()):
         p = broker.stats.peers.get(name)
@@ -102,7 +124,8 @@ def _engine_rows(broker: Broker, now: float) -> list[dict[str, Any]]:
             "last_seen_s": now - p.last_seen if p else -1.0})
     return rows
 
-def _actor_rows(broker: Broker, now: float) -> list[dict[str, Any]]:
+
+def _actor_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
     return [{"name": p.name, "address": p.address or (f"pid {p.pid}" if p.pid else ""),
              "incarnation": p.incarnation, "alive": not p.final and now - p.last_seen < 10,
              "episodes_in_flight": int(p.gauges.get("episodes_in_flight", 0)),

@@ -58,7 +58,7 @@ def _pack(kind: str, body: Any) -> bytes:
 
 def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """The bytes of `_pack(kind, frames)` for a list of raw frames: [record header, payload] when small, else
-    pieces that reference the frames instead of copying them into one payload (perf: a large Transitions
+    pieces that reference the frames instead of copying them into one payload (a large Transitions
     message was copied twice, scripts/bench_broker.py).
     msgpack's own encoding, spelled out: [kind, [bin, ...]] with the smallest array and bin headers."""
     n = len(frames)
@@ -70,7 +70,7 @@ def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | me
                       if size < 1 << 16 else b"\xc6" + size.to_bytes(4, "big"))
         pieces.append(frame)
     length = sum(memoryview(piece).nbytes for piece in pieces)
-    if length < JOIN_BELOW_BYTES:  # small: one joined payload, one checksum call (perf)
+    if length < JOIN_BELOW_BYTES:  # small: one joined payload, one checksum call
         payload = b"".join(pieces)
         return [_HEAD.pack(length, zlib.crc32(payload)), payload]
     crc = 0

@@ -1,15 +1,15 @@
-"""Engines: vLLM OpenAI-compatible servers for the policy, the weight agent beside each, and both ends'
+"""Engines: vLLM OpenAI-compatible servers for the policy, the weight sidecar beside each, and both ends'
 client code.
 
     server.py      server_command(model, engines, port) -> (argv, env); wait_ready(url, timeout_s, proc)
     worker_ext.py  the vLLM worker extension that reloads weights in a running server (tied heads fixed)
-    agent.py       python -m engines.agent --name engine-0 --url http://127.0.0.1:8000 \\
+    sidecar.py       python -m engines.sidecar --name engine-0 --url http://127.0.0.1:8000 \\
                        --learner tcp://127.0.0.1:5600 --broker tcp://127.0.0.1:5555
-    weights.py     WeightPublisher: learner rank 0 pushes full weights or a LoRA adapter to every agent
+    weights.py     WeightPublisher: learner rank 0 pushes full weights or a LoRA adapter to every sidecar
     client.py      EngineClient.generate: token ids in; token ids, log-probs, version interval out
 
-Weight flow: learner rank 0 `WeightPublisher.publish` -> ZeroMQ -> agent writes safetensors -> server
-pause(keep) -> reload -> label version -> reset prefix cache -> resume -> agent reports `EngineStatus`.
+Weight flow: learner rank 0 `WeightPublisher.publish` -> ZeroMQ -> sidecar writes safetensors -> server
+pause(keep) -> reload -> label version -> reset prefix cache -> resume -> sidecar reports `EngineStatus`.
 
     .venv/bin/python -m pytest tests/engines     # starts one real vLLM server (~1 min on 2 CPU cores)
 """
@@ -41,7 +41,12 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from engines.client import EngineClient, EngineError, Generation
     from engines.server import (
-        LORA_ADAPTER_NAME, SERVED_MODEL_NAME, ServerNotReady, base_model_name, served_model_name, server_command,
+        LORA_ADAPTER_NAME,
+        SERVED_MODEL_NAME,
+        ServerNotReady,
+        base_model_name,
+        served_model_name,
+        server_command,
         wait_ready,
     )
     from engines.weights import WeightPublisher, serialize_adapter, serialize_state_dict

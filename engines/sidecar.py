@@ -1,8 +1,8 @@
-"""The weight agent: runs beside one vLLM server and swaps the learner's new weights into it.
+"""The weight sidecar: runs beside one vLLM server and swaps the learner's new weights into it.
 
-    python -m engines.agent --name engine-0 --url http://127.0.0.1:8000 \\
+    python -m engines.sidecar --name engine-0 --url http://127.0.0.1:8000 \\
         --learner tcp://127.0.0.1:5600 --broker tcp://127.0.0.1:5555 [--workdir DIR] [--stats-interval 1.0]
-        [--curve-keys KEYS]    # security: CURVE to learner and broker with KEYS/client.* (broker.security)
+        [--curve-keys KEYS]    # CURVE to learner and broker with KEYS/client.* (agentstream.wire.curve)
 
 What it does:
   1. waits for the server's /health, labels the server's weights version "0";
@@ -44,13 +44,13 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-from broker.client import AsyncClient
-from broker.protocol import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
-from broker.security import load_client_keys, secure_client  # security
-from broker.validation import Limits, validate  # security
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.curve import load_client_keys, secure_client
+from agentstream.wire.limits import Limits, check_limits
+from agentstream.wire.messages import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
 from engines.server import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME, ServerNotReady, wait_ready
 
-log = logging.getLogger("engines.agent")
+log = logging.getLogger("engines.sidecar")
 
 RELOAD_METHOD = "agentstream_reload_weights"  # engines.worker_ext.WeightReloadExtension
 
@@ -64,12 +64,12 @@ class ServerDied(RuntimeError):
 
 
 class _Stop(Exception):
-    """Raised inside the agent's task group to end it after SIGTERM."""
+    """Raised inside the sidecar's task group to end it after SIGTERM."""
 
 
 @dataclass
-class AgentArgs:
-    """Command-line options of the agent."""
+class SidecarSpec:
+    """Command-line options of the sidecar."""
 
     name: str
     url: str
@@ -81,8 +81,8 @@ class AgentArgs:
     apply_timeout_s: float = 600.0
     dead_after_s: float = 30.0
     initial_version: int = 0  # -1: the server's weights are unknown (a server started elsewhere)
-    curve_keys_dir: str = ""  # security: broker.curve_keys_dir (CURVE to learner and broker); "": none
-    max_weight_bytes: int = 32 << 30  # security: a bigger frame from the learner drops the connection
+    curve_keys_dir: str = ""  # broker.curve_keys_dir (CURVE to learner and broker); "": none
+    max_weight_bytes: int = 32 << 30  # a bigger frame from the learner drops the connection
 
 
 # ---------------------------------------------------------------------------------- the server
@@ -205,19 +205,19 @@ def prune_weight_dirs(workdir: Path, keep: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------------- the agent
-class WeightAgent:
-    """One agent for one server; `await WeightAgent(args).run()` returns the exit status."""
+# ---------------------------------------------------------------------------------- the sidecar
+class WeightSidecar:
+    """One sidecar for one server; `await WeightSidecar(spec).run()` returns the exit status."""
 
-    def __init__(self, args: AgentArgs):
-        self.args = args
-        self.version = args.initial_version  # version the server runs now (-1: unknown until the first update)
+    def __init__(self, spec: SidecarSpec):
+        self.spec = spec
+        self.version = spec.initial_version  # version the server runs now (-1: unknown until the first update)
         self.epoch = 0  # WeightUpdate.epoch of the running weights (0: the server's initial weights)
         self.updates = 0  # updates applied
         self.skipped = 0  # updates superseded by a newer one before they were applied
         self.last_sync_s = 0.0  # seconds the last update took, file write to resume
-        self._own_workdir = args.workdir is None
-        self.workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"agentstream-{args.name}-"))
+        self._own_workdir = spec.workdir is None
+        self.workdir = Path(spec.workdir or tempfile.mkdtemp(prefix=f"agentstream-{spec.name}-"))
         self._pending: WeightUpdate | None = None  # newest update not applied yet
         self._wake = asyncio.Event()
         self._apply_lock = asyncio.Lock()  # held while an update is applied; shutdown waits for it
@@ -232,7 +232,7 @@ class WeightAgent:
             loop.add_signal_handler(sig, stop.set)
         status = 0
         async with aiohttp.ClientSession() as session:
-            self._server = ServerControl(self.args.url, session, self.args.apply_timeout_s)
+            self._server = ServerControl(self.spec.url, session, self.spec.apply_timeout_s)
             try:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._stop_on(stop))
@@ -253,24 +253,24 @@ class WeightAgent:
     async def _start(self) -> None:
         """Wait for the server, label it version 0, register with learner and broker."""
         assert self._server is not None
-        log.info("waiting for the vLLM server at %s", self.args.url)
-        await wait_ready(self.args.url, self.args.ready_timeout_s)
+        log.info("waiting for the vLLM server at %s", self.spec.url)
+        await wait_ready(self.spec.url, self.spec.ready_timeout_s)
         await self._server.set_version(self.version)
         ctx = zmq.asyncio.Context.instance()
         self._learner = ctx.socket(zmq.DEALER)
-        self._learner.setsockopt(zmq.IDENTITY, self.args.name.encode())
+        self._learner.setsockopt(zmq.IDENTITY, self.spec.name.encode())
         self._learner.setsockopt(zmq.RCVHWM, 4)  # full weight sets: the newest is all that matters
         self._learner.setsockopt(zmq.SNDHWM, 16)  # statuses only; see _to_learner
         self._learner.setsockopt(zmq.LINGER, 1000)
-        self._learner.setsockopt(zmq.MAXMSGSIZE, self.args.max_weight_bytes)
-        if self.args.curve_keys_dir:
-            secure_client(self._learner, load_client_keys(self.args.curve_keys_dir))
-        self._learner.connect(self.args.learner)
-        self._broker = AsyncClient(self.args.broker, name=self.args.name, curve_keys_dir=self.args.curve_keys_dir)
+        self._learner.setsockopt(zmq.MAXMSGSIZE, self.spec.max_weight_bytes)
+        if self.spec.curve_keys_dir:
+            secure_client(self._learner, load_client_keys(self.spec.curve_keys_dir))
+        self._learner.connect(self.spec.learner)
+        self._broker = AsyncClient(self.spec.broker, name=self.spec.name, curve_keys_dir=self.spec.curve_keys_dir)
         await self._broker.start()
-        await self._broker.send(Hello(role="engine", name=self.args.name, address=self.args.url, pid=os.getpid()))
+        await self._broker.send(Hello(role="engine", name=self.spec.name, address=self.spec.url, pid=os.getpid()))
         await self._send_status()
-        log.info("ready at version %d; learner %s, broker %s", self.version, self.args.learner, self.args.broker)
+        log.info("ready at version %d; learner %s, broker %s", self.version, self.spec.learner, self.spec.broker)
 
     async def _stop_on(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -283,7 +283,7 @@ class WeightAgent:
         while True:
             frames = await self._learner.recv_multipart(copy=False)
             try:
-                msg = validate(decode(frames, max_bytes=self.args.max_weight_bytes), Limits())
+                msg = check_limits(decode(frames, max_bytes=self.spec.max_weight_bytes), Limits())
             except ProtocolError as exc:
                 log.warning("bad message from the learner ignored: %s", exc)
                 continue
@@ -322,8 +322,8 @@ class WeightAgent:
         t0 = time.perf_counter()
         writers = {"safetensors": write_weights, "peft_adapter": write_adapter}
         if update.format not in writers:
-            raise ApplyError(f"update to version {update.version} has format {update.format!r}; this agent "
-                             f"knows {sorted(writers)} (are learner and agent the same agentstream version?)")
+            raise ApplyError(f"update to version {update.version} has format {update.format!r}; this sidecar "
+                             f"knows {sorted(writers)} (are learner and sidecar the same agentstream version?)")
         folder = await asyncio.to_thread(writers[update.format], self.workdir, update.version, update.payload)
         try:
             reports = await self._server.apply(folder, update.version, lora=update.format == "peft_adapter")
@@ -345,19 +345,19 @@ class WeightAgent:
         assert self._server is not None and self._learner is not None
         last_ok = time.monotonic()
         while True:
-            await asyncio.sleep(self.args.stats_interval)
+            await asyncio.sleep(self.spec.stats_interval)
             await self._send_stats(final=False)
             await self._send_status()  # also the broker's heartbeat: a restarted broker learns the version again
             if await self._server.healthy():
                 last_ok = time.monotonic()
-            elif time.monotonic() - last_ok > self.args.dead_after_s:
+            elif time.monotonic() - last_ok > self.spec.dead_after_s:
                 raise ServerDied(
-                    f"the vLLM server at {self.args.url} has not answered /health for {self.args.dead_after_s:.0f} s; "
+                    f"the vLLM server at {self.spec.url} has not answered /health for {self.spec.dead_after_s:.0f} s; "
                     f"see its log for why it died"
                 )
 
     def _status(self) -> EngineStatus:
-        return EngineStatus(engine=self.args.name, url=self.args.url, version=self.version, epoch=self.epoch)
+        return EngineStatus(engine=self.spec.name, url=self.spec.url, version=self.version, epoch=self.epoch)
 
     async def _send_status(self) -> None:
         assert self._broker is not None
@@ -378,7 +378,7 @@ class WeightAgent:
             return
         requests = await self._server.requests_in_flight() if self._server is not None and not final else 0
         await self._broker.send(Stats(
-            source=self.args.name, role="engine", final=final,
+            source=self.spec.name, role="engine", final=final,
             counters={"weight_updates": self.updates, "weight_updates_skipped": self.skipped},
             gauges={"version": self.version, "weight_sync_s": self.last_sync_s, "requests_in_flight": requests},
         ))
@@ -398,8 +398,8 @@ class WeightAgent:
 
 
 # ---------------------------------------------------------------------------------- command line
-def parse_args(argv: list[str] | None = None) -> AgentArgs:
-    p = argparse.ArgumentParser(prog="python -m engines.agent", description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None) -> SidecarSpec:
+    p = argparse.ArgumentParser(prog="python -m engines.sidecar", description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True, help="engine name (ZeroMQ identity, stats source)")
     p.add_argument("--url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000")
     p.add_argument("--learner", required=True, help="the learner's weight ROUTER, e.g. tcp://127.0.0.1:5600")
@@ -417,15 +417,15 @@ def parse_args(argv: list[str] | None = None) -> AgentArgs:
     p.add_argument("--max-weight-bytes", type=int, default=32 << 30,
                    help="largest weight update accepted from the learner (a larger one drops the connection)")
     a = p.parse_args(argv)
-    return AgentArgs(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
+    return SidecarSpec(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
                      a.apply_timeout, a.dead_after, a.initial_version, curve_keys_dir=a.curve_keys,
                      max_weight_bytes=a.max_weight_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name} agent: %(message)s")
-    return asyncio.run(WeightAgent(args).run())
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name} sidecar: %(message)s")
+    return asyncio.run(WeightSidecar(args).run())
 
 
 if __name__ == "__main__":

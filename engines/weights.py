@@ -1,16 +1,16 @@
-"""Learner side of weight sync: rank 0 pushes full weights to every engine's weight agent.
+"""Learner side of weight sync: rank 0 pushes full weights to every engine's weight sidecar.
 
-    pub = WeightPublisher("tcp://127.0.0.1:5600")        # learner.weight_port; agents connect to it
+    pub = WeightPublisher("tcp://127.0.0.1:5600")        # learner.weight_port; sidecars connect to it
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     pub.publish(version, state)                           # rank 0 only; returns at once
     pub.wait_for(version, n_engines=cfg.engines.count, timeout_s=120)
     pub.close()
 
-Transport: a ZeroMQ ROUTER here, one DEALER per weight agent (`engines.agent`, identity = engine name).
-An agent registers by sending `EngineStatus` with the version its server runs, and acknowledges every
+Transport: a ZeroMQ ROUTER here, one DEALER per weight sidecar (`engines.sidecar`, identity = engine name).
+An sidecar registers by sending `EngineStatus` with the version its server runs, and acknowledges every
 update with another `EngineStatus`. Updates are whole safetensors files (full weights, or with LoRA the
 whole adapter: `publish_adapter`), so only the newest matters:
-an agent that registers late, restarts, or was too slow to take the last one gets the newest version
+an sidecar that registers late, restarts, or was too slow to take the last one gets the newest version
 as soon as it reports an older one. Synchronous code (the learner has no event loop); nothing here
 blocks except `wait_for`.
 """
@@ -26,16 +26,16 @@ import torch
 import zmq
 from safetensors.torch import save
 
-from broker.protocol import EngineStatus, ProtocolError, WeightUpdate, decode, encode
-from broker.security import CurveServer
+from agentstream.wire.curve import CurveServer
+from agentstream.wire.messages import EngineStatus, ProtocolError, WeightUpdate, decode, encode
 from engines.server import ADAPTER_CONFIG_KEY
 
 log = logging.getLogger(__name__)
 
-# Per-agent send queue in messages: at most about two full weight sets wait in memory for a slow agent.
-# A send that would exceed it is dropped; that agent gets the newest weights when it next reports.
+# Per-sidecar send queue in messages: at most about two full weight sets wait in memory for a slow sidecar.
+# A send that would exceed it is dropped; that sidecar gets the newest weights when it next reports.
 _SEND_HWM = 4
-_MAX_INBOUND_BYTES = 1 << 16  # security: what an agent sends (EngineStatus) is a few hundred bytes
+_MAX_INBOUND_BYTES = 1 << 16  # what a sidecar sends (EngineStatus) is a few hundred bytes
 
 
 def serialize_state_dict(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> bytes:
@@ -71,7 +71,7 @@ def serialize_adapter(
 ) -> bytes:
     """A LoRA adapter -> one safetensors file: the tensors as peft's adapter_model.safetensors holds them
     (keys `base_model.model.<module>.lora_A.weight`), and adapter_config.json's text in the metadata, so
-    that one payload is the whole adapter directory (`engines.agent.write_adapter` unfolds it)."""
+    that one payload is the whole adapter directory (`engines.sidecar.write_adapter` unfolds it)."""
     if not state_dict or not all("lora_" in k for k in state_dict):
         raise ValueError(f"an adapter holds only lora_ tensors; got {sorted(state_dict)[:5]}")
     out = {k: (v.detach() if dtype is None else v.detach().to(dtype)).cpu().contiguous() for k, v in state_dict.items()}
@@ -86,33 +86,33 @@ class WeightPublisher:
         """Bind a ROUTER at `bind_address` (e.g. tcp://127.0.0.1:5600, or tcp://127.0.0.1:* for any free
         port; `self.address` says which). `dtype` casts floating tensors
         before sending (e.g. bfloat16 halves the bytes for a bf16 engine); None sends them as given.
-        `curve_keys_dir` (broker.curve_keys_dir): only agents whose key is in its allowed/ connect."""
+        `curve_keys_dir` (broker.curve_keys_dir): only sidecars whose key is in its allowed/ connect."""
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        # security: CURVE with the run's allow-list; agents only ever send small statuses, so a larger
+        # CURVE with the run's allow-list; sidecars only ever send small statuses, so a larger
         # frame drops its sender before anything is buffered.
         self._curve = CurveServer(self._ctx, curve_keys_dir) if curve_keys_dir else None
         if self._curve is not None:
             self._curve.secure(self._sock)
         self._sock.setsockopt(zmq.MAXMSGSIZE, _MAX_INBOUND_BYTES)
         # Raise on a send to an identity that is not connected (instead of dropping it silently), so a
-        # vanished agent is forgotten and re-registers when it comes back.
+        # vanished sidecar is forgotten and re-registers when it comes back.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
         self._sock.setsockopt(zmq.LINGER, linger_ms)
         self._sock.bind(bind_address)
-        # The address agents connect to: with port 0 or "*" in bind_address, the port the OS picked.
+        # The address sidecars connect to: with port 0 or "*" in bind_address, the port the OS picked.
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._dtype = dtype
         self._latest: tuple[int, bytes, str] | None = None  # (version, safetensors payload, WeightUpdate.format)
         self._acked: dict[str, int] = {}  # engine -> version its server runs (last EngineStatus; -1: another epoch)
-        self.epoch = epoch  # sent with every update: agents running another learner process's weights take ours
+        self.epoch = epoch  # sent with every update: sidecars running another learner process's weights take ours
         self._sent: dict[str, int] = {}  # engine -> newest version queued to it
         self._closed = False
 
     # ------------------------------------------------------------------------------------- public
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Serialise `state_dict` (full weights) once and send it as `version` to every registered agent."""
+        """Serialise `state_dict` (full weights) once and send it as `version` to every registered sidecar."""
         self._publish(version, lambda: serialize_state_dict(state_dict, self._dtype), "safetensors")
 
     def publish_adapter(self, version: int, state_dict: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
@@ -132,8 +132,8 @@ class WeightPublisher:
                  time.perf_counter() - t0, sorted(self._sent))
 
     def service(self) -> None:
-        """Take the registrations that arrived (a restarted or joining agent) and send it the newest weights;
-        call it while waiting for something else, so that a late agent never waits for the next publish."""
+        """Take the registrations that arrived (a restarted or joining sidecar) and send it the newest weights;
+        call it while waiting for something else, so that a late sidecar never waits for the next publish."""
         if not self._closed:
             self._poll(0)
 
@@ -156,7 +156,7 @@ class WeightPublisher:
             if left <= 0:
                 raise TimeoutError(
                     f"{done} of {n_engines} engines run version >= {version} after {timeout_s:.0f} s; "
-                    f"versions seen: {dict(sorted(self._acked.items()))}. Check that every weight agent is "
+                    f"versions seen: {dict(sorted(self._acked.items()))}. Check that every weight sidecar is "
                     f"running and connects to {self.address} (its log says why an update failed)."
                 )
             self._poll(left)
@@ -190,13 +190,13 @@ class WeightPublisher:
             log.warning("bad message from %r ignored: %s", engine, exc)
             return
         if not isinstance(msg, EngineStatus):
-            log.warning("unexpected %s from %r ignored (weight agents send engine_status)", msg.kind, engine)
+            log.warning("unexpected %s from %r ignored (weight sidecars send engine_status)", msg.kind, engine)
             return
         previous = self._acked.get(engine)
         # Weights of another learner process (before a restart from a checkpoint) count as none of ours.
         self._acked[engine] = msg.version if msg.epoch == self.epoch or msg.epoch == 0 and msg.version <= 0 else -1
         if previous is None or msg.version < previous:
-            # New agent, or a restarted one (its version went back): whatever we sent it is gone.
+            # New sidecar, or a restarted one (its version went back): whatever we sent it is gone.
             log.info("engine %r registered at version %d (%s)", engine, msg.version, msg.url)
             self._sent.pop(engine, None)
         self._send_latest(engine)

@@ -1,5 +1,6 @@
 """The config's checks: every value that cannot work, found before any process starts and said with what to
-change. `agentstream.config.validate` raises them together as one ConfigError."""
+change; `check_config` raises them together as one ConfigError. They live with the launcher because they read
+the registries of the envs, memories and the learner's algorithms, which the config schema must not import."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ from agentstream.config import (
     TINY_MODEL_DIR,
     AlgorithmConfig,
     Config,
+    ConfigError,
     LearnerConfig,
     ValidationConfig,
 )
+from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
+from envs.registry import known_envs
+from learner.advantages import ADVANTAGES
+from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from learner.offpolicy import LEVELS, OFF_POLICY
+from memory import known_memories
 
 
 def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
@@ -36,11 +44,15 @@ def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
     return [f"env.kwargs has {unknown}, which {name} does not take; it takes {known}."]
 
 
+def check_config(cfg: Config) -> None:
+    """Raise one ConfigError listing every value of `cfg` that cannot work."""
+    errors = config_errors(cfg)
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
 def config_errors(cfg: Config) -> list[str]:
     """Every value of `cfg` that cannot work, each said with what to change (empty: the config is fine)."""
-    from envs.registry import known_envs
-    from memory import known_memories
-
     errors: list[str] = []
     g, k = cfg.env.group_size, cfg.actors.episodes_per_actor
     if g < 1:
@@ -129,13 +141,13 @@ def config_errors(cfg: Config) -> list[str]:
         errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
                       f"e.g. 1024 for a large vocabulary).")
     errors += _lora_and_checkpoint_errors(cfg)
-    errors += validate_algorithm(cfg.algorithm)
+    errors += algorithm_errors(cfg.algorithm)
     errors += _validation_errors(cfg.validation)
     if cfg.engines.count < (1 if cfg.run.role == "engines" else 0):
         errors.append(f"engines.count={cfg.engines.count}: must be at least {1 if cfg.run.role == 'engines' else 0} "
                       f"(0: no engine on this host; engines join with role=engines).")
     errors += _role_errors(cfg)
-    errors += _network_errors(cfg)  # security: off loopback only with CURVE keys or an explicit opt-in
+    errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
     return errors
 
 
@@ -202,12 +214,8 @@ def _lora_and_checkpoint_errors(cfg: Config) -> list[str]:
     return errors
 
 
-def validate_algorithm(a: AlgorithmConfig) -> list[str]:
+def algorithm_errors(a: AlgorithmConfig) -> list[str]:
     """What is wrong with `algorithm.*` (empty: nothing), each saying what to change."""
-    from learner.advantages import ADVANTAGES
-    from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-    from learner.offpolicy import LEVELS, OFF_POLICY
-
     errors = []
     for name, value, known in [
         ("advantage", a.advantage, ADVANTAGES), ("policy_loss", a.policy_loss, POLICY_LOSSES),
@@ -237,8 +245,6 @@ def validate_algorithm(a: AlgorithmConfig) -> list[str]:
 
 def _network_errors(cfg: Config) -> list[str]:
     """Leaving loopback: ZeroMQ sockets need CURVE keys, vLLM's unauthenticated HTTP an explicit opt-in."""
-    from broker.security import KEYGEN_COMMAND, is_loopback, keys_dir_errors
-
     b, role = cfg.broker, cfg.run.role
     fix = (f"generate keys with `{KEYGEN_COMMAND}` and set broker.curve_keys_dir=KEYS, or set "
            f"broker.allow_insecure_bind=true if every machine on that network is trusted.")

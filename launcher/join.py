@@ -12,7 +12,7 @@ than the default (the same model at another path on this host) are taken.
 
 role=actors: N actor processes named `actor-<host>-<pid>-<i>`; each asks the broker for the engine list
 (and follows engines that join later). A dead actor is restarted, as in the main launch.
-role=engines: N vLLM servers, each with a weight agent that registers with the learner's publisher (it
+role=engines: N vLLM servers, each with a weight sidecar that registers with the learner's publisher (it
 gets the newest weights at the learner's next step) and with the broker, which lets actors use the engine
 once it serves recent weights.
 role=learner: node learner.node_rank of a learner that spans learner.nnodes hosts (multi-node torchrun): its
@@ -42,11 +42,13 @@ from omegaconf import OmegaConf
 
 from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.launch import Launcher, RunFailed, Wiring
-from agentstream.procs import advertised_host, free_port
-from agentstream.progress import progress_loop, write_summary
-from broker.client import AsyncClient
-from broker.protocol import Hello, Welcome
+from agentstream.wire.addresses import advertised_host, free_port
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.messages import Hello, Welcome
+from launcher.checks import check_config
+from launcher.progress import progress_loop, write_summary
+from launcher.supervisor import Launcher, RunFailed
+from launcher.wiring import Wiring
 
 log = logging.getLogger("join")
 
@@ -125,10 +127,10 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
         urls = [f"http://{host}:{base + 2 * i if base else free_port(cfg.engines.host)}" for i in range(cfg.engines.count)]
     learner_host = welcome.weights.split("//", 1)[-1].rsplit(":", 1)[0]  # node 0's host (rank 0 publishes there)
     return Wiring(
-        broker=cfg.broker.address, broker_port=0,  # actors, weight agents, learner ranks -> the run's broker
+        broker=cfg.broker.address, broker_port=0,  # actors, weight sidecars, learner ranks -> the run's broker
         dashboard=welcome.dashboard.rstrip("/"), dashboard_port=0,  # this launch -> the run's state
-        weights=welcome.weights,  # new weight agents -> the learner's publisher
-        engines=urls,  # new weight agents -> new servers; empty for actors: they ask the broker
+        weights=welcome.weights,  # new weight sidecars -> the learner's publisher
+        engines=urls,  # new weight sidecars -> new servers; empty for actors: they ask the broker
         # learner ranks of this node -> node 0's rendezvous; `weights_bind` only tells them that rank 0 (on
         # node 0, which binds it) publishes, so that they join its collective gathers of the weights
         rdzv=f"{learner_host}:{cfg.learner.rdzv_port}" if cfg.run.role == "learner" else "",
@@ -137,7 +139,7 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
 
 
 async def _start(launcher: Launcher) -> None:
-    """Start this launch's processes: engines (and, once each is ready, its weight agent) or actors."""
+    """Start this launch's processes: engines (and, once each is ready, its weight sidecar) or actors."""
     from engines.server import wait_ready
 
     if launcher.cfg.run.role == "learner":
@@ -150,7 +152,7 @@ async def _start(launcher: Launcher) -> None:
         for child, url in zip(engines, launcher.wiring.engines):
             await launcher._guarded(wait_ready(url, launcher.cfg.run.startup_timeout_s, proc=None), child)
         for i in range(len(engines)):
-            await launcher.spawn(launcher.agent_child(i))
+            await launcher.spawn(launcher.sidecar_child(i))
     else:
         for i in range(launcher.cfg.actors.count):
             await launcher.spawn(launcher.actor_child(i))
@@ -188,7 +190,7 @@ async def run_join(local: Config, run_dir: Path) -> int:
         if cfg.run.role == "learner" and cfg.learner.nnodes == 1:
             raise config_mod.ConfigError("role=learner: the run's learner runs on one host (learner.nnodes=1); "
                                          "start the run with learner.nnodes=N to spread it over N hosts")
-        config_mod.validate(cfg)
+        check_config(cfg)
         launcher = Launcher(cfg, run_dir, join_wiring(cfg, welcome), prefix=name)
         config_mod.save(cfg, launcher.config_path)
         print(f"[agentstream] joined the run at {cfg.broker.address} (learner at version {welcome.learner_version}) "

@@ -1,10 +1,7 @@
-"""The launcher: starts broker, engines (+ weight agents), learner and actors; wires them; supervises.
+"""The supervisor: starts the children of a run (broker, engines and their weight sidecars, learner, actors,
+evaluator), each in a process group of its own, and decides what a death means.
 
-    python scripts/launch.py                                 # the default run (tiny model, CPU)
-    python scripts/launch.py actors.count=4 trainer.total_steps=20
-    python scripts/launch.py role=actors broker.address=tcp://HOST:PORT actors.count=2   # join a run (join.py)
-
-Supervision (STYLE 10): if the broker, an engine, a weight agent or the learner dies, everything stops
+If the broker, an engine, a weight sidecar or the learner dies, everything stops
 with the reason and the tail of that process's log; a dead actor is restarted under a new incarnation
 (counted, up to `actors.max_restarts`). The run ends when the learner exits after its last step (by then
 every engine serves the final version): actors are stopped, the broker's summary is written to
@@ -14,7 +11,6 @@ every engine serves the final version): actors are stopped, the broker's summary
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import os
 import re
@@ -22,63 +18,18 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.procs import advertised_host, free_port, kill_matching, wait_gone
-from agentstream.progress import get_json, progress_loop, write_summary
+from agentstream.wire.addresses import free_port
+from launcher.procs import kill_matching, wait_gone
+from launcher.wiring import Wiring, wire
 
 log = logging.getLogger("launch")
 PY = sys.executable
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """Every address of the run, decided in one place."""
-
-    broker: str  # actors, learner ranks, weight agents, joining launches -> broker (ZeroMQ ROUTER)
-    broker_port: int
-    dashboard: str  # browser, launcher -> broker (HTTP: dashboard, /metrics, /api/summary)
-    dashboard_port: int
-    weights: str  # weight agents -> learner rank 0 (ZeroMQ ROUTER; rank 0 pushes weights down it)
-    engines: list[str] = field(default_factory=list)  # actors, weight agents -> vLLM servers (HTTP)
-    weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
-    rdzv: str = ""  # learner nodes 1.. -> node 0's torchrun rendezvous (host:port); only with learner.nnodes > 1
-
-
-def wire(cfg: Config) -> Wiring:
-    """Which process talks to which, on which address (one line per edge). Sockets bind to the configured
-    interfaces; the addresses handed out name this machine when an interface is a wildcard (0.0.0.0)."""
-    host, wh = cfg.broker.host, cfg.learner.weight_host
-    broker_port = cfg.broker.port or free_port(host)
-    dash_port = cfg.broker.dashboard_port or free_port(cfg.broker.dashboard_host)
-    weight_port = cfg.learner.weight_port or free_port(wh)
-    base = cfg.engines.base_port
-    engine_ports = [base + 2 * i if base else free_port(cfg.engines.host) for i in range(cfg.engines.count)]
-    engine_host = advertised_host(cfg.engines.host)
-    engine_urls = list(cfg.engines.external_urls) or [f"http://{engine_host}:{p}" for p in engine_ports]
-    rdzv = f"{advertised_host(wh)}:{cfg.learner.rdzv_port or free_port(wh)}" if cfg.learner.nnodes > 1 else ""
-    return Wiring(
-        broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
-        dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
-        weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
-        engines=engine_urls, rdzv=rdzv,
-    )
-
-
-def resolved(cfg: Config, w: Wiring) -> Config:
-    """`cfg` with the ports `wire` picked, so that every process (and a launch joining later, through the
-    broker's Welcome) sees the addresses actually in use."""
-    out = copy.deepcopy(cfg)
-    out.broker.port, out.broker.dashboard_port, out.learner.weight_port = (
-        w.broker_port, w.dashboard_port, int(w.weights.rsplit(":", 1)[1]))
-    if w.rdzv:
-        out.learner.rdzv_port = int(w.rdzv.rsplit(":", 1)[1])
-    return out
 
 
 class RunFailed(RuntimeError):
@@ -88,7 +39,7 @@ class RunFailed(RuntimeError):
 @dataclass
 class Child:
     name: str
-    role: str  # broker | engine | agent | learner | actor
+    role: str  # broker | engine | sidecar | learner | actor
     argv: list[str]
     env: dict[str, str]
     log_path: Path
@@ -141,7 +92,7 @@ class Launcher:
     """Owns the children of one run."""
 
     def __init__(self, cfg: Config, run_dir: Path, wiring: Wiring | None = None, prefix: str = ""):
-        """`wiring`: addresses of a running run (a joining launch, agentstream.join); None: wire a new one.
+        """`wiring`: addresses of a running run (a joining launch, launcher.join); None: wire a new one.
         `prefix` goes into every actor's and engine's name, unique per launch when several join one run."""
         self.cfg, self.run_dir = cfg, run_dir
         self.wiring = wiring or wire(cfg)
@@ -169,24 +120,24 @@ class Launcher:
         from engines.server import server_command
 
         out: list[Child] = []
-        if self.cfg.engines.external_urls:  # running servers: only their weight agents are ours
+        if self.cfg.engines.external_urls:  # running servers: only their weight sidecars are ours
             return out
         for i, url in enumerate(self.wiring.engines):
             argv, env = server_command(self.cfg.model, self.cfg.engines, int(url.rsplit(":", 1)[1]))
             out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, env))
         return out
 
-    def agent_child(self, i: int) -> Child:
+    def sidecar_child(self, i: int) -> Child:
         w = self.wiring
-        return self._child(f"agent-{self.prefix}{i}", "agent", [
-            PY, "-m", "engines.agent", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
+        return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
+            PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
             "--learner", w.weights, "--broker", w.broker,
             "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
             "--stats-interval", str(self.cfg.run.log_interval_s),
             "--initial-version", "-1" if self.cfg.engines.external_urls else "0", *self.curve_args()])
 
     def curve_args(self) -> list[str]:
-        """security: the key folder for a child that takes no config (broker, actors, learner read
+        """The CURVE key folder for a child that takes no config (broker, actors, learner read
         broker.curve_keys_dir from the run's config.yaml), absolute so that any working directory works."""
         keys = self.cfg.broker.curve_keys_dir
         return ["--curve-keys", str(Path(keys).resolve())] if keys else []
@@ -256,7 +207,7 @@ class Launcher:
         for child, url in zip(engines, self.wiring.engines):
             await self._guarded(wait_ready(url, timeout, proc=None), child)
         for i in range(len(self.wiring.engines)):
-            await self.spawn(self.agent_child(i))
+            await self.spawn(self.sidecar_child(i))
         for i in range(self.cfg.actors.count):
             await self.spawn(self.actor_child(i))
         if self.cfg.validation.every > 0:
@@ -328,9 +279,9 @@ class Launcher:
 
     async def _recover(self, child: Child, code: int | None) -> bool:
         """Restart a dead broker (same ports; it recovers its state from its write-ahead log), engine or
-        weight agent (both of the pair; the agent brings the new server to the current weights), or learner
+        weight sidecar (both of the pair; the sidecar brings the new server to the current weights), or learner
         (from its latest checkpoint), within each role's restart budget. False: not restartable."""
-        key = "engine" if child.role == "agent" else child.role
+        key = "engine" if child.role == "sidecar" else child.role
         budget = {"broker": self.cfg.broker.max_restarts, "engine": self.cfg.engines.max_restarts,
                   # a learner on several hosts restarts as a whole or not at all: not by one host's launch
                   "learner": self.cfg.learner.max_restarts
@@ -369,8 +320,8 @@ class Launcher:
         from engines.server import wait_ready
 
         i = next(i for i in range(len(self.wiring.engines))
-                 if child.name in (f"engine-{self.prefix}{i}", f"agent-{self.prefix}{i}"))
-        for partner in [c for c in self.children if c.name in (f"engine-{self.prefix}{i}", f"agent-{self.prefix}{i}")]:
+                 if child.name in (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}"))
+        for partner in [c for c in self.children if c.name in (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}")]:
             self.children.remove(partner)  # its exit is then not a death to handle
             await partner.stop(self.cfg.run.shutdown_timeout_s)
         if not self.cfg.engines.external_urls:
@@ -379,7 +330,7 @@ class Launcher:
                 await wait_ready(self.wiring.engines[i], self.cfg.run.startup_timeout_s, proc=None)
             except Exception as exc:
                 raise RunFailed(f"{engine.name} did not come back: {exc}\nits log ends with:\n{engine.log_tail()}") from exc
-        await self.spawn(self.agent_child(i))
+        await self.spawn(self.sidecar_child(i))
 
     async def stop_roles(self, roles: tuple[str, ...]) -> None:
         """Stop every child of these roles concurrently, each with a bounded wait."""
@@ -392,7 +343,7 @@ class Launcher:
         for task in self._restarting:  # first: a restart in flight must not start a server after its role stopped
             task.cancel()
         await asyncio.gather(*self._restarting, return_exceptions=True)
-        for roles in (("actor", "evaluator"), ("learner",), ("agent",), ("engine",), ("broker",)):
+        for roles in (("actor", "evaluator"), ("learner",), ("sidecar",), ("engine",), ("broker",)):
             await self.stop_roles(roles)
         self.kill_orphan_ranks()
         for task in self._watchers:
@@ -404,103 +355,4 @@ class Launcher:
         return [groups[pid] for pid in left]
 
 
-async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> dict:
-    """The broker's summary once every actor's final stats arrived (bounded wait)."""
-    deadline = time.monotonic() + 15
-    summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
-    while summary["actors_final"] < launcher.cfg.actors.count and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
-    async with session.get(f"{launcher.wiring.dashboard}/metrics") as resp:  # the final numbers, kept
-        (launcher.run_dir / "metrics.txt").write_text(await resp.text())
-    return summary
-
-
-async def run_async(cfg: Config, run_dir: Path) -> int:
-    """Launch, supervise and finish one run. Returns the process exit code."""
-    launcher = Launcher(cfg, run_dir)
-    config_mod.save(resolved(cfg, launcher.wiring), launcher.config_path)
-    loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
-    shutting_down = [False]
-
-    def on_signal() -> None:  # the first signal stops the run; later ones must not interrupt the shutdown
-        if shutting_down[0]:
-            print("[agentstream] already stopping: waiting for every process to exit", file=sys.stderr, flush=True)
-        else:
-            shutting_down[0] = True
-            main_task.cancel()  # type: ignore[union-attr]
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    print(f"[agentstream] run folder: {run_dir}", flush=True)
-    print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
-          flush=True)
-    print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
-          f"broker.address={launcher.wiring.broker} actors.count=N)", flush=True)
-    if cfg.learner.nnodes > 1:
-        print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each other "
-              f"host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
-              f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})", flush=True)
-    status, reason, code = "finished", "", 0
-    summary: dict = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        progress: asyncio.Task[None] | None = None
-        try:
-            await launcher.start_all(session)
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
-            await launcher.supervise()
-            if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
-                launcher._stopping = True
-                await launcher.stop_roles(("actor",))
-                await launcher.wait_evaluator()
-        except RunFailed as exc:
-            status, reason, code = "failed", str(exc), 1
-        except asyncio.CancelledError:
-            status, reason, code = "interrupted", "stopped by a signal (Ctrl-C)", 130
-        finally:
-            shutting_down[0] = True  # from here on, a signal does not cancel (it would orphan the children)
-            if progress is not None:
-                progress.cancel()
-        launcher._stopping = True
-        await launcher.stop_roles(("actor",))  # their final stats reach the broker before it is asked
-        try:
-            summary = await _final_summary(session, launcher)
-        except (TimeoutError, aiohttp.ClientError, KeyError) as exc:
-            summary = {"error": f"broker summary unavailable: {exc}"}
-    left = await launcher.stop_all()
-    from actors.evaluate import CSV_NAME, read_rows
-
-    summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
-    summary.update(status=status, reason=reason, actor_restarts=launcher.actor_restarts, run_dir=str(run_dir),
-                   restarts=dict(launcher.restarts),
-                   processes_left=left, launcher_wall_s=time.time() - launcher.started)
-    write_summary(run_dir / "summary.json", summary)
-    if reason:
-        print(f"[agentstream] run {status}: {reason}", file=sys.stderr, flush=True)
-    if left:
-        print(f"[agentstream] WARNING: process groups still alive: {left}", file=sys.stderr, flush=True)
-    print(f"[agentstream] summary: {run_dir / 'summary.json'}", flush=True)
-    return code
-
-
-def run(cfg: Config, run_dir: Path) -> int:
-    """Validate, make the tiny model if it is the one asked for, and run."""
-    try:
-        config_mod.validate(cfg)
-    except config_mod.ConfigError as exc:
-        print(f"[agentstream] {exc}", file=sys.stderr)
-        return 2
-    if Path(cfg.model.path).resolve() == config_mod.TINY_MODEL_DIR.resolve():
-        from agentstream.tiny_model import ensure_tiny_model
-
-        ensure_tiny_model(cfg.model.path)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run
-        from agentstream.join import run_join
-
-        return asyncio.run(run_join(cfg, run_dir))
-    return asyncio.run(run_async(cfg, run_dir))
-
-
-__all__ = ["Launcher", "RunFailed", "Wiring", "resolved", "run", "wire"]
+__all__ = ["Child", "Launcher", "RunFailed"]

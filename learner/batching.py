@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from broker.protocol import Batch
+from agentstream.wire.messages import Batch
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def checkpoint_root(cfg: CheckpointConfig, run_dir: str | os.PathLike[str]) -> P
 
 
 def _options(model: nn.Module) -> StateDictOptions:
-    # LoRA: the frozen base is not saved (it is model.path), so loading must not insist on it (FACTS.md).
+    # LoRA: the frozen base is not saved (it is model.path), so loading must not insist on it.
     lora = is_lora(model)
     return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 

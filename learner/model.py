@@ -255,7 +255,7 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:
     (`base_model.model.<module>.lora_A.weight`). A collective; only rank 0's dict is filled.
 
     Frozen parameters are skipped while gathering; the `lora_` filter also drops what comes through anyway
-    (a tied lm_head.weight does, FACTS.md)."""
+    (a tied lm_head.weight does)."""
     from peft.utils import get_peft_model_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
-from broker.protocol import Batch
+from agentstream.wire.messages import Batch
 from learner.advantages import NEEDS_VALUES, AdvantageInput, compute_advantages, returns_of, whiten, whitening_sums
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, policy_objective
@@ -167,15 +167,6 @@ def checked_sequences(batch: Batch, vocab: int) -> Sequences:
     return seqs
 
 
-def prepare(batch: Batch, opts: StepOptions, vocab: int, rewards: Tensor | None = None,
-            values: Tensor | None = None) -> tuple[list[MicroBatch], dict[str, float]]:
-    """Advantages and micro-batches of this rank's share, and its advantage stats."""
-    seqs = checked_sequences(batch, vocab)
-    adv, adv_stats = compute_advantages(opts.algo.advantage, advantage_input(batch, rewards, values),
-                                        **opts.advantage_options())
-    return make_micro_batches(seqs, adv, opts.micro_batch_tokens, packing=opts.packing), adv_stats
-
-
 def transition_of_tokens(seqs: Sequences) -> Tensor:
     """The transition [R] each response token belongs to."""
     return torch.repeat_interleave(torch.arange(seqs.num_transitions), seqs.response_lens)
@@ -273,11 +264,6 @@ def batch_stats(batch: Batch, version: int) -> dict[str, float]:
         "reward_sum": float(np.sum(batch.rewards, dtype=np.float64)),
         "invalid": float(np.size(batch.valid) - np.count_nonzero(batch.valid)), **buckets,
     }
-
-
-def staleness(batch: Batch, version: int) -> dict[str, float]:
-    """Kept for callers of the first learner: `batch_stats`."""
-    return batch_stats(batch, version)
 
 
 def _pad_to_max(mbs: list[MicroBatch], device: torch.device, at_least: int = 0) -> tuple[list[MicroBatch], int]:

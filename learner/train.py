@@ -33,14 +33,25 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from agentstream.config import Config, load
-from broker.client import SyncClient
-from broker.protocol import Batch, BatchRequest, Hello, Reject, Stats, VersionUpdate
+from agentstream.config import AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, load
+from agentstream.wire.client import SyncClient
+from agentstream.wire.messages import Batch, BatchRequest, Hello, Reject, Stats, VersionUpdate
 from learner.checkpoint import (
-    Extras, checkpoint_root, complete_checkpoints, load_checkpoint, resolve_resume, save_checkpoint,
+    Extras,
+    checkpoint_root,
+    complete_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
 )
 from learner.model import (
-    adapter_config, adapter_state_dict, full_state_dict, init_distributed, is_lora, load_policy, lora_spec,
+    adapter_config,
+    adapter_state_dict,
+    full_state_dict,
+    init_distributed,
+    is_lora,
+    load_policy,
+    lora_spec,
     trainable_parameters,
 )
 from learner.step import StepModels, StepOptions, make_step_models, train_step
@@ -49,7 +60,7 @@ log = logging.getLogger("learner")
 
 
 class Publisher(Protocol):
-    """Rank 0's link to the engines' weight agents (implemented by `engines.weights.WeightPublisher`)."""
+    """Rank 0's link to the engines' weight sidecars (implemented by `engines.weights.WeightPublisher`)."""
 
     def publish(self, version: int, state_dict: dict[str, Tensor]) -> None: ...
 
@@ -75,7 +86,7 @@ def default_publisher(bind_address: str, curve_keys_dir: str = "") -> Publisher:
     # (a learner restarted from a checkpoint publishes the checkpoint's version again).
     # Compared for equality only; kept in int32 (the protocol's range) and never 0 (the engines' initial weights).
     return WeightPublisher(bind_address, epoch=time.time_ns() // 1_000_000 % (2**31 - 1) + 1,
-                           curve_keys_dir=curve_keys_dir)  # security: CURVE + allow-list for the agents
+                           curve_keys_dir=curve_keys_dir)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -160,107 +171,159 @@ def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version
     return time.perf_counter() - t0
 
 
-def train(cfg: Config, args: argparse.Namespace, rank: int, world: int, device: torch.device,
-          publisher_factory: PublisherFactory) -> None:
+@dataclass(frozen=True)
+class TrainSpec:
+    """What one learner rank takes of the run's config and its command line, built once by `main()`."""
+
+    model: ModelConfig
+    learner: LearnerConfig
+    algorithm: AlgorithmConfig
+    checkpoint: CheckpointConfig
+    total_steps: int
+    seed: int
+    curve_keys_dir: str
+    """CURVE key folder for the broker and the engines' weight sidecars ("" : plain TCP on loopback)."""
+    broker: str
+    """The broker's ROUTER address."""
+    weights_bind: str
+    """What rank 0 binds to publish weights ("" : nothing is published)."""
+    out: Path | None
+    """Run folder: rank 0 appends learner_metrics.jsonl there (None: no file)."""
+    run_dir: str
+    """Where checkpoints go when neither `out` nor checkpoint.dir says (run.output_dir)."""
+    engines: int
+    """Engines that must acknowledge the final version (0: do not wait)."""
+    publish_initial: bool
+    """Publish the initial weights as version 0 before training (engines started elsewhere)."""
+    restarted: bool
+    """Started again by the launcher after a death: continue from the newest checkpoint, if any."""
+    batch_timeout_s: float
+    final_timeout_s: float
+
+
+def train_spec(cfg: Config, args: argparse.Namespace) -> TrainSpec:
+    """The learner's part of the run's config, with the command line's overrides."""
+    checkpoint = dataclasses.replace(cfg.checkpoint, resume_from=args.resume) if args.resume else cfg.checkpoint
+    return TrainSpec(
+        model=cfg.model, learner=cfg.learner, algorithm=cfg.algorithm, checkpoint=checkpoint,
+        total_steps=cfg.trainer.total_steps, seed=cfg.run.seed, curve_keys_dir=cfg.broker.curve_keys_dir,
+        broker=args.broker, weights_bind=args.weights_bind or "",
+        out=Path(args.out) if args.out is not None else None, run_dir=cfg.run.output_dir,
+        engines=cfg.engines.count if args.engines is None else args.engines,
+        publish_initial=args.publish_initial, restarted=args.resume == "latest",
+        batch_timeout_s=args.batch_timeout_s, final_timeout_s=args.final_timeout_s)
+
+
+@dataclass
+class Rank:
+    """One rank's training parts: what every step uses."""
+
+    spec: TrainSpec
+    rank: int
+    world: int
+    device: torch.device
+    client: SyncClient
+    publisher: Publisher | None
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    opts: StepOptions
+    step_models: StepModels
+    state: RankState
+
+
+def train(spec: TrainSpec, rank: int, world: int, device: torch.device, publisher_factory: PublisherFactory) -> None:
     """The whole run of one rank."""
-    client = SyncClient(args.broker, name=f"learner-{rank}", curve_keys_dir=cfg.broker.curve_keys_dir)  # security
+    client = SyncClient(spec.broker, name=f"learner-{rank}", curve_keys_dir=spec.curve_keys_dir)
     client.send(Hello(role="learner", name=f"learner-{rank}", pid=os.getpid()))
-    keys = {"curve_keys_dir": cfg.broker.curve_keys_dir} if cfg.broker.curve_keys_dir else {}  # security: CURVE
-    publisher = publisher_factory(args.weights_bind, **keys) if rank == 0 and args.weights_bind else None
+    keys = {"curve_keys_dir": spec.curve_keys_dir} if spec.curve_keys_dir else {}
+    publisher = publisher_factory(spec.weights_bind, **keys) if rank == 0 and spec.weights_bind else None
     try:
-        m = cfg.model
-        lora = lora_spec(m.lora_rank, m.lora_alpha, m.lora_target_modules, m.lora_dropout, cfg.run.seed)
+        m = spec.model
+        lora = lora_spec(m.lora_rank, m.lora_alpha, m.lora_target_modules, m.lora_dropout, spec.seed)
         model = load_policy(m.path, m.dtype, device, world, lora=lora)
-        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.learner.lr,
-                                      weight_decay=cfg.learner.weight_decay)
-        state = RankState(rank)
-        # ---- algorithm hook (issue 3; owned by learner/step.py): step options, and the critic / frozen
-        # reference policy when cfg.algorithm needs them (a collective: FSDP2 sharding). Passed to train_step.
-        opts = StepOptions.from_config(cfg.learner, cfg.algorithm)
-        step_models = make_step_models(cfg.model, cfg.algorithm, cfg.learner, device, world)
-        # ---- end of algorithm hook
-        ckpt_root = checkpoint_root(cfg.checkpoint, args.out if args.out is not None else cfg.run.output_dir)
+        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=spec.learner.lr,
+                                      weight_decay=spec.learner.weight_decay)
+        # The critic and the frozen reference policy, when the algorithm needs them (a collective: FSDP2 sharding).
+        step_models = make_step_models(m, spec.algorithm, spec.learner, device, world)
+        r = Rank(spec, rank, world, device, client, publisher, model, optimizer,
+                 StepOptions.from_config(spec.learner, spec.algorithm), step_models, RankState(rank))
+        ckpt_root = checkpoint_root(spec.checkpoint, spec.out if spec.out is not None else spec.run_dir)
         critic = step_models.critic  # trained beside the policy: checkpointed with it
         extras = {"critic": (critic.model, critic.optimizer)} if critic is not None else {}
-        if args.resume == "latest" and not complete_checkpoints(ckpt_root):
-            # Restarted before its first checkpoint: start over from the initial weights, which the engines
-            # (running the dead process's later versions) are brought back to.
-            cfg.checkpoint.resume_from, args.publish_initial = "", True
-        start = resume(cfg.checkpoint.resume_from, ckpt_root, model, optimizer, publisher, args, extras)
-        n_engines = cfg.engines.count if args.engines is None else args.engines
-        if (start > 0 or args.resume) and rank == 0:
-            # The broker serves batch `start` again (it kept what this checkpoint had not consumed), and every
-            # engine runs the checkpoint's weights before the first resumed step trains.
-            state.last_update = VersionUpdate(version=start, resumed=True, checkpointed=start)
-            client.send(state.last_update)
-            if args.out is not None:  # versions after this line replace any later ones written before it
-                with open(Path(args.out) / "learner_metrics.jsonl", "a") as f:
-                    f.write(json.dumps({"resumed_from": start}) + "\n")
-            if publisher is not None and n_engines > 0:
-                wait_for_engines(publisher, start, n_engines, args.final_timeout_s)
-        for k in range(start, cfg.trainer.total_steps):
-            run_one_step(model, optimizer, client, publisher, k, opts, args, state, world, device, step_models)
+        start = resume(r, ckpt_root, extras)
+        for k in range(start, spec.total_steps):
+            run_one_step(r, k)
             version = k + 1
-            every = cfg.checkpoint.every_steps
-            if every > 0 and (version % every == 0 or version == cfg.trainer.total_steps):
+            every = spec.checkpoint.every_steps
+            if every > 0 and (version % every == 0 or version == spec.total_steps):
                 save_checkpoint(ckpt_root, model, optimizer, version, extras)
-                if state.last_update is not None:  # rank 0: the broker may forget the batches before it
-                    state.last_update = dataclasses.replace(state.last_update, checkpointed=version)
-                    client.send(state.last_update)
-        if publisher is not None and n_engines > 0:
-            wait_for_engines(publisher, cfg.trainer.total_steps, n_engines, args.final_timeout_s)
+                if r.state.last_update is not None:  # rank 0: the broker may forget the batches before it
+                    r.state.last_update = dataclasses.replace(r.state.last_update, checkpointed=version)
+                    client.send(r.state.last_update)
+        if publisher is not None and spec.engines > 0:
+            wait_for_engines(publisher, spec.total_steps, spec.engines, spec.final_timeout_s)
         dist.barrier()  # ranks leave together: none tears down the group under another's feet
-        client.send(state.stats(final=True))
+        client.send(r.state.stats(final=True))
     finally:
         if publisher is not None:
             publisher.close()
         client.close()
 
 
-def resume(resume_from: str, root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           publisher: Publisher | None, args: argparse.Namespace, extras: Extras) -> int:
-    """Load the checkpoint `resume_from` names (if any) and publish its weights under its version, so that
-    every engine is brought to them before training goes on. Returns the version (0: fresh start)."""
+def resume(r: Rank, root: Path, extras: Extras) -> int:
+    """Load the checkpoint to resume from (if any) and publish its weights under its version, so that every
+    engine is brought to them before training goes on; tell the broker. Returns the version (0: fresh start)."""
+    resume_from, publish_initial = r.spec.checkpoint.resume_from, r.spec.publish_initial
+    if r.spec.restarted and not complete_checkpoints(root):
+        # Restarted before its first checkpoint: start over from the initial weights, which the engines
+        # (running the dead process's later versions) are brought back to.
+        resume_from, publish_initial = "", True
     folder = resolve_resume(resume_from, root)
-    if folder is None:
-        if args.weights_bind and args.publish_initial:
-            publish_weights(model, publisher, 0)
-        return 0
-    version = load_checkpoint(folder, model, optimizer, extras)
-    if args.weights_bind and version > 0:
-        publish_weights(model, publisher, version)
+    version = 0 if folder is None else load_checkpoint(folder, r.model, r.optimizer, extras)
+    if r.spec.weights_bind and (version > 0 or publish_initial):
+        publish_weights(r.model, r.publisher, version)
+    if (version > 0 or r.spec.restarted) and r.rank == 0:
+        # The broker serves batch `version` again (it kept what this checkpoint had not consumed), and every
+        # engine runs the checkpoint's weights before the first resumed step trains.
+        r.state.last_update = VersionUpdate(version=version, resumed=True, checkpointed=version)
+        r.client.send(r.state.last_update)
+        if r.spec.out is not None:  # versions after this line replace any later ones written before it
+            with open(r.spec.out / "learner_metrics.jsonl", "a") as f:
+                f.write(json.dumps({"resumed_from": version}) + "\n")
+        if r.publisher is not None and r.spec.engines > 0:
+            wait_for_engines(r.publisher, version, r.spec.engines, r.spec.final_timeout_s)
     return version
 
 
-def run_one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, client: SyncClient,
-                 publisher: Publisher | None, k: int, opts: StepOptions, args: argparse.Namespace,
-                 state: RankState, world: int, device: torch.device, step_models: StepModels | None = None) -> None:
+def run_one_step(r: Rank, k: int) -> None:
+    """Train step k on this rank's share of batch k, publish version k+1, report."""
     t0 = time.perf_counter()
+    state = r.state
     before = (state.last_update,) if state.last_update is not None else ()
     # While rank 0 waits, its publisher serves engines that (re)start: they get the newest weights at once.
-    batch = request_batch(client, k, state.rank, world, args.batch_timeout_s, before,
-                          publisher.service if publisher is not None else None)
+    batch = request_batch(r.client, k, r.rank, r.world, r.spec.batch_timeout_s, before,
+                          r.publisher.service if r.publisher is not None else None)
     wait_s = time.perf_counter() - t0
-    metrics = train_step(model, optimizer, batch, opts, version=k, world_size=world, device=device,
-                         models=step_models)  # algorithm hook (issue 3): critic / reference
+    metrics = train_step(r.model, r.optimizer, batch, r.opts, version=k, world_size=r.world, device=r.device,
+                         models=r.step_models)
     version = k + 1
-    publish_s = publish_weights(model, publisher, version) if args.weights_bind else 0.0
+    publish_s = publish_weights(r.model, r.publisher, version) if r.spec.weights_bind else 0.0
     step_s = time.perf_counter() - t0
     state.record(metrics, version, wait_s, step_s)
-    if state.rank == 0:
+    if r.rank == 0:
         drop = ("local_tokens", "local_zero_weight_micro_batches")
         report = {k: v for k, v in metrics.items() if k not in drop}
         report.update(step_time_s=step_s, batch_wait_s=wait_s, publish_s=publish_s,
                       learner_idle_fraction=state.counters["batch_wait_s"] / max(state.counters["step_time_s"], 1e-9),
                       learner_busy_s_total=state.counters["step_time_s"] - state.counters["batch_wait_s"])
         state.last_update = VersionUpdate(version=version, metrics=report)
-        client.send(state.last_update)
-        if args.out is not None:
-            with open(Path(args.out) / "learner_metrics.jsonl", "a") as f:
+        r.client.send(state.last_update)
+        if r.spec.out is not None:
+            with open(r.spec.out / "learner_metrics.jsonl", "a") as f:
                 f.write(json.dumps({"version": version, **report}) + "\n")
         log.info("version %d  loss %.4f  grad_norm %.3f  tokens %d  %.2fs (waited %.2fs)", version,
                  metrics["loss"], metrics["grad_norm"], metrics["tokens"], step_s, wait_s)
-    client.send(state.stats())
+    r.client.send(state.stats())
 
 
 def wait_for_engines(publisher: Publisher, version: int, n_engines: int, timeout_s: float) -> None:
@@ -268,7 +331,7 @@ def wait_for_engines(publisher: Publisher, version: int, n_engines: int, timeout
     if publisher.wait_for(version, n_engines, timeout_s) is False:
         raise TimeoutError(
             f"{n_engines} engine(s) did not all acknowledge weights version {version} within {timeout_s}s; "
-            f"check the engines' weight-agent logs (or pass --engines 0 to skip waiting)"
+            f"check the engines' weight-sidecar logs (or pass --engines 0 to skip waiting)"
         )
 
 
@@ -278,8 +341,7 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = de
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {rank_name} %(levelname)s %(message)s")
     try:
         cfg = load(args.config)
-        if args.resume:
-            cfg.checkpoint.resume_from = args.resume
+        spec = train_spec(cfg, args)
         torch.set_num_threads(cfg.learner.torch_threads)
         rank, world, device = init_distributed(cfg.learner.backend)
     except Exception as exc:
@@ -289,9 +351,9 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = de
         if world != cfg.learner.world_size:
             raise RuntimeError(f"torchrun started {world} ranks but learner.world_size={cfg.learner.world_size}; "
                                f"run torchrun --nproc-per-node {cfg.learner.world_size}")
-        if args.out is not None:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-        train(cfg, args, rank, world, device, publisher_factory)
+        if spec.out is not None:
+            spec.out.mkdir(parents=True, exist_ok=True)
+        train(spec, rank, world, device, publisher_factory)
         return 0
     except Exception as exc:
         log.exception("failed")

@@ -4,7 +4,7 @@ the asynchronous bounds, side by side on one machine, on a latency-bound agent w
     .venv/bin/python scripts/bench_async.py [--bounds 0,2,4] [--steps 8] [--latency-ms 50] [--engine-url URL]
     .venv/bin/python scripts/bench_async.py --latency-ms 500 --max-steps 16 --steps 8 --engine-cores 0
 
-Every run is the real launcher (`scripts/launch.py`: broker, weight agent, torchrun learner, actors) with the
+Every run is the real launcher (`scripts/launch.py`: broker, weight sidecar, torchrun learner, actors) with the
 same config except `trainer.max_staleness`; one vLLM server, started here once (or `--engine-url`), serves
 them all (`engines.external_urls`), so start-up cost is equal. Each env step waits a log-normal latency
 (`env.step_latency_mean_s`, sigma 0.5), as tool calls and web pages do.
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 
 
 @dataclass
@@ -64,8 +64,8 @@ def vllm_server(model: str, folder: Path, url: str | None = None, cpu_threads_bi
         yield url
         return
     from agentstream.config import Config
-    from agentstream.procs import start, stop
     from engines.server import server_command, wait_ready
+    from launcher.procs import start, stop
 
     cfg = Config()
     cfg.model.path = model
@@ -178,7 +178,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bounds = [int(b) for b in args.bounds.split(",")]
     from agentstream.config import TINY_MODEL_DIR
-    from agentstream.tiny_model import ensure_tiny_model
+    from launcher.tiny_model import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-async-"))

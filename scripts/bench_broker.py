@@ -5,7 +5,7 @@
 Three processes for the broker path, as in a run: a producer (an actor's stand-in: pipelined GroupRequests,
 then every transition of each granted group, each built as a `Transition`, the group's sent as one
 `Transitions` message (as the actor's client sends transitions that come together; `--one-per-message`:
-one message each) encoded by `broker.protocol`), the real broker (`python -m broker.server`, ingest, group assembly, batch forming) and
+one message each) encoded by `agentstream.wire.messages`), the real broker (`python -m broker.server`, ingest, group assembly, batch forming) and
 a learner stub that only receives its batches (BatchRequest -> Batch -> VersionUpdate). The raw baseline
 sends the same encoded messages from the same producer code over PUSH -> PULL to a sink that only counts
 them. Rate = transitions / (last received - first sent). Sizes: small = 1 step per trajectory, 64 tokens
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 import zmq
 
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 
 GROUP_SIZE = 4
 WINDOW = 32  # group requests the producer keeps outstanding (an actor with many slots does the same)
@@ -57,7 +57,7 @@ SIZES = {"small": Size("small", 48, 16, 1, 16), "large": Size("large", 1536, 512
 
 
 def make_transition(size: Size, rng: np.random.Generator, group_id: int, traj: int, step: int):
-    from broker.protocol import Transition
+    from agentstream.wire.messages import Transition
 
     return Transition(
         traj_id=f"bench.g{group_id}.{traj}", group_id=group_id, actor="bench", step=step,
@@ -78,7 +78,7 @@ def _pool(size: Size) -> list:
 def _group_transitions(size: Size, pool: list, group_id: int) -> list:
     """Every transition of one group, built as an actor builds them (a new Transition per step), keyed for
     the broker's acknowledgements (actor, incarnation 0, seq) as an actor's are."""
-    from broker.protocol import Transition
+    from agentstream.wire.messages import Transition
 
     out = []
     for traj in range(GROUP_SIZE):
@@ -95,14 +95,14 @@ def _group_transitions(size: Size, pool: list, group_id: int) -> list:
 def _messages(transitions: list, bundle: bool) -> list:
     """What goes over the socket: the group's transitions in one Transitions message (as the actor's client
     sends transitions that come together), or one Transition message each."""
-    from broker.protocol import Transitions
+    from agentstream.wire.messages import Transitions
 
     return [Transitions.of(transitions)] if bundle else transitions
 
 
 # ------------------------------------------------------------------------------------ raw PUSH/PULL
 def raw_producer(address: str, size: Size, n: int, start_q: mp.Queue, bundle: bool = True) -> None:
-    from broker.protocol import encode
+    from agentstream.wire.messages import encode
 
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 10_000)
@@ -150,8 +150,8 @@ def run_raw(size: Size, n: int, bundle: bool = True) -> float:
 
 # ------------------------------------------------------------------------------------ through the broker
 def broker_producer(address: str, size: Size, n_groups: int, start_q: mp.Queue, bundle: bool = True) -> None:
-    from broker.client import SyncClient
-    from broker.protocol import Ack, GroupGrant, GroupRequest, Hello, decode, encode
+    from agentstream.wire.client import SyncClient
+    from agentstream.wire.messages import Ack, GroupGrant, GroupRequest, Hello, decode, encode
 
     client = SyncClient(address, name="bench-actor", hwm=10_000)
     client.send(Hello(role="actor", name="bench-actor"))
@@ -187,8 +187,8 @@ def broker_producer(address: str, size: Size, n_groups: int, start_q: mp.Queue, 
 
 
 def learner_stub(address: str, n: int, out_q: mp.Queue) -> None:
-    from broker.client import SyncClient
-    from broker.protocol import Batch, BatchRequest, Hello, VersionUpdate
+    from agentstream.wire.client import SyncClient
+    from agentstream.wire.messages import Batch, BatchRequest, Hello, VersionUpdate
 
     client = SyncClient(address, name="learner-0")
     client.send(Hello(role="learner", name="learner-0"))
@@ -237,7 +237,7 @@ def run_broker(size: Size, n: int, folder: Path, profile: Path | None = None,
                overrides: tuple[str, ...] = (), bundle: bool = True) -> tuple[float, float]:
     """(transitions/s, the broker's CPU seconds per transition). `profile`: run the broker under cProfile
     and write its stats there."""
-    from agentstream.procs import start, stop
+    from launcher.procs import start, stop
 
     per_group = GROUP_SIZE * size.steps
     n_groups = _round_up(n, per_group * size.groups_per_step) // per_group

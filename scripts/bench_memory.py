@@ -3,7 +3,7 @@ without a chunked log-prob computation.
 
     .venv/bin/python scripts/bench_memory.py [--transitions 4000] [--vocab 32768] [--tokens 1024]
 
-Broker: transitions are encoded and decoded exactly as they reach the broker (`broker.protocol`), then
+Broker: transitions are encoded and decoded exactly as they reach the broker (`agentstream.wire.messages`), then
 held by the broker's `ReplayBuffer` in open groups; tracemalloc (numpy reports its buffers to it) gives
 the bytes held per transition, next to the bytes of its token ids and log-probs.
 
@@ -12,7 +12,7 @@ tokens in all, through a Qwen2 with a `--vocab` vocabulary (hidden 128, 2 layers
 RSS growth of forward + backward, each variant in a fresh process: the learner's `response_logprobs`
 (`learner.model.token_logprobs`) as it runs by default (full [Q, V] logits, log-softmax) and with
 `learner.logprob_chunk_tokens=--chunk` (lm_head + logsumexp over `--chunk` tokens at a time, each chunk
-recomputed in backward under activation checkpointing: FACTS.md). Both give the same log-probs (checked).
+recomputed in backward under activation checkpointing). Both give the same log-probs (checked).
 The last line is the learner's ratio without/with chunking.
 """
 
@@ -36,8 +36,8 @@ import torch
 # ------------------------------------------------------------------------------------ broker
 def broker_bytes_per_transition(prompt: int, response: int, n: int) -> tuple[float, float]:
     """(bytes held per buffered transition, bytes of its arrays)."""
+    from agentstream.wire.messages import Transition, decode, encode
     from broker.buffer import ReplayBuffer
-    from broker.protocol import Transition, decode, encode
 
     rng = np.random.default_rng(0)
     group_size = 4
@@ -63,7 +63,7 @@ def broker_bytes_per_transition(prompt: int, response: int, n: int) -> tuple[flo
 
 # ------------------------------------------------------------------------------------ learner
 def _micro_batch(tokens: int, vocab: int):
-    from broker.protocol import Batch
+    from agentstream.wire.messages import Batch
     from learner.batching import Sequences, make_micro_batches
 
     rng = np.random.default_rng(0)

@@ -3,8 +3,8 @@ generation pauses, for full weights and for a LoRA adapter, at two model sizes.
 
     .venv/bin/python scripts/bench_weights.py [--updates 3] [--sizes tiny,small] [--modes full,lora]
 
-Per (size, mode): a real vLLM server (LoRA enabled for `lora`), its real weight agent (`python -m
-engines.agent`) and a real broker; here, a one-rank FSDP2 policy (`learner.model.load_policy`) takes an
+Per (size, mode): a real vLLM server (LoRA enabled for `lora`), its real weight sidecar (`python -m
+engines.sidecar`) and a real broker; here, a one-rank FSDP2 policy (`learner.model.load_policy`) takes an
 optimizer step, then the learner's own path runs: gather (`full_state_dict` / `adapter_state_dict`),
 serialise and send (`engines.weights.WeightPublisher`), and wait for the agent's acknowledgement. While
 that happens, 4 request loops keep the engine generating; the longest gap between two answers during an
@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from agentstream.config import Config
-from agentstream.procs import free_port, start, stop
+from agentstream.wire.addresses import free_port
+from launcher.procs import start, stop
 
 SIZES = {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
          "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4}}
@@ -180,9 +181,9 @@ def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path
         procs.append(start([sys.executable, "-m", "broker.server", "--config", str(folder / "config.yaml"), "--port",
                             str(bport), "--dashboard-port", str(free_port())], folder / "broker.log", cwd=ROOT))
         asyncio.run(wait_ready(url, 400, proc=procs[0]))
-        procs.append(start([sys.executable, "-m", "engines.agent", "--name", "engine-0", "--url", url, "--learner",
+        procs.append(start([sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", url, "--learner",
                             publisher.address, "--broker", f"tcp://127.0.0.1:{bport}", "--workdir",
-                            str(folder / "weights")], folder / "agent.log", cwd=ROOT))
+                            str(folder / "weights")], folder / "sidecar.log", cwd=ROOT))
         publisher.wait_for(0, 1, 120)  # the agent registered
         rows = []
         served = SERVED_MODEL_NAME
@@ -226,7 +227,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
     init_one_rank()
-    from agentstream.tiny_model import make_tiny_model
+    from launcher.tiny_model import make_tiny_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)

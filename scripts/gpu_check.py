@@ -48,7 +48,7 @@ def make_model_dir(shape: dict, folder: Path) -> Path:
 
 def make_batch(rank: int, n_seqs: int, prompt: int, response: int, vocab: int, group_size: int = 4):
     """One rank's share: n_seqs single-step trajectories in groups of `group_size`, random tokens and rewards."""
-    from broker.protocol import Batch
+    from agentstream.wire.messages import Batch
 
     rng = np.random.default_rng(rank)
     i32 = lambda x: np.asarray(x, dtype=np.int32)

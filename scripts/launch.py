@@ -1,4 +1,4 @@
-"""Start a whole agentstream run (broker, vLLM engines + weight agents, FSDP2 learner, actors), or join one.
+"""Start a whole agentstream run (broker, vLLM engines + weight sidecars, FSDP2 learner, actors), or join one.
 
     .venv/bin/python scripts/launch.py                                  # the default job: tiny model, CPU
     .venv/bin/python scripts/launch.py trainer.total_steps=10 actors.count=4
@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from agentstream import config as config_mod  # noqa: E402
-from agentstream.launch import run  # noqa: E402
+from launcher.run import run  # noqa: E402
 
 config_mod.register_schemas()
 
@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
 
 def print_fields(argv: list[str]) -> None:
     """`--fields [PREFIX]`: Hydra's --cfg shows values only; this shows what each field means."""
-    from agentstream.describe import field_docs, render
+    from launcher.describe import field_docs, render
 
     i = argv.index("--fields")
     prefix = argv[i + 1] if len(argv) > i + 1 and not argv[i + 1].startswith("-") else ""
@@ -49,8 +49,14 @@ def print_fields(argv: list[str]) -> None:
 
 
 def role_shorthand(argv: list[str]) -> list[str]:
-    """`role=actors` is short for `run.role=actors` (the field lives in RunConfig)."""
-    return [f"run.{a}" if a.startswith("role=") else a for a in argv]
+    """`argv` with the short keys spelled out: `role=actors` is `run.role=actors` (the field lives in
+    RunConfig) and `logger=[jsonl,wandb]` is `broker.logger=[jsonl,wandb]` (verl users know trainer.logger)."""
+    fields = {"role=": "run.role=", "logger=": "broker.logger="}
+    out = []
+    for a in argv:
+        short = next((k for k in fields if a.startswith(k)), None)
+        out.append(fields[short] + a.removeprefix(short) if short else a)
+    return out
 
 
 if __name__ == "__main__":

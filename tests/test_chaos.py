@@ -1,4 +1,4 @@
-"""Chaos (issue 5): one real run (2 vLLM engines, a 2-rank FSDP2 learner checkpointing every step, 2 actors)
+"""Chaos: one real run (2 vLLM engines, a 2-rank FSDP2 learner checkpointing every step, 2 actors)
 in which the test pauses the learner, then kill -9s actors three times, one engine, the broker and the learner
 (each kill once the run made progress after the previous one).
 
@@ -24,7 +24,8 @@ import psutil
 import pytest
 from e2e_testing import api_state, processes_mentioning, wait_for
 
-from agentstream.procs import free_port, kill_matching
+from agentstream.wire.addresses import free_port
+from launcher.procs import kill_matching
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -90,7 +91,7 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
         engine_pid = newest_pid(run_dir, "engine-0")
         os.killpg(engine_pid, signal.SIGKILL)  # the whole vLLM process tree
         progress(1, "a learner step while engine-0 is down (actors moved to engine-1)")
-        wait_for(lambda: newest_pid(run_dir, "agent-0") > engine_pid and engine_serves_current(state()), 900,
+        wait_for(lambda: newest_pid(run_dir, "sidecar-0") > engine_pid and engine_serves_current(state()), 900,
                  "engine-0 back, at the learner's current weights")
         assert version() <= STEPS - 5, "the run is nearly over before the learner kill: raise STEPS"
         learner = kill_matching("learner.train", str(run_dir))  # torchrun and both ranks (each in its own session)

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from e2e_testing import read_tensorboard, wait_for
 
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 from broker.dashboard import make_app, serve
 
 ROOT = Path(__file__).resolve().parents[1]

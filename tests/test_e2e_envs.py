@@ -1,7 +1,7 @@
 """A launcher run completes on every environment, and with the GiGPO and PPO presets (on two of the envs).
 
 One real vLLM server (the tiny model) serves every run through `engines.external_urls`: the launcher
-starts broker, weight agent, learner (1 rank) and an actor for each run, and the learner first brings
+starts broker, weight sidecar, learner (1 rank) and an actor for each run, and the learner first brings
 the server to its own initial weights (version 0) before any group is admitted.
 """
 
@@ -15,8 +15,9 @@ import pytest
 
 import envs
 from agentstream.config import Config
-from agentstream.procs import free_port, start, stop
-from agentstream.tiny_model import make_tiny_model
+from agentstream.wire.addresses import free_port
+from launcher.procs import start, stop
+from launcher.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e

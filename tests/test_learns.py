@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e

@@ -26,10 +26,10 @@ from e2e_testing import processes_mentioning, wait_for
 from omegaconf import OmegaConf
 
 from agentstream import config as C
-from agentstream.join import joined_config
-from agentstream.procs import free_port
-from agentstream.progress import eta_s, format_progress
-from broker.protocol import Welcome
+from agentstream.wire.addresses import free_port
+from agentstream.wire.messages import Welcome
+from launcher.join import joined_config
+from launcher.progress import eta_s, format_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def test_a_joining_launch_takes_the_runs_config_but_its_own_actors_and_broker_fi
 
 
 def test_a_joining_learner_node_takes_the_runs_learner_but_its_own_node_rank() -> None:
-    from agentstream.join import join_wiring
+    from launcher.join import join_wiring
 
     run = C.Config()
     run.run.output_dir = "runs/main"
@@ -85,11 +85,12 @@ def test_a_joining_learner_node_takes_the_runs_learner_but_its_own_node_rank() -
 def make_broker(max_staleness: int = 1):  # noqa: ANN201
     """A Broker without sockets: what it would send is recorded as (ident, message)."""
     from broker.server import Broker
+    from broker.spec import broker_spec
 
     cfg = C.Config()
     cfg.run.output_dir = "runs/x"
     cfg.trainer.max_staleness, cfg.learner.weight_port = max_staleness, 5556
-    broker = Broker(cfg, port=5555, dashboard_port=8787)
+    broker = Broker(broker_spec(cfg), port=5555, dashboard_port=8787)
     sent: list = []
 
     async def record(ident: bytes, msg) -> None:  # noqa: ANN001
@@ -100,7 +101,7 @@ def make_broker(max_staleness: int = 1):  # noqa: ANN201
 
 
 async def test_hello_with_want_welcome_gets_the_runs_engines_weights_and_config() -> None:
-    from broker.protocol import EngineStatus, Hello
+    from agentstream.wire.messages import EngineStatus, Hello
 
     broker, sent = make_broker()
     await broker.handle(b"engine-0", EngineStatus(engine="engine-0", url="http://127.0.0.1:8000", version=0))
@@ -114,7 +115,7 @@ async def test_hello_with_want_welcome_gets_the_runs_engines_weights_and_config(
 
 
 async def test_a_late_engine_is_used_only_once_it_serves_recent_weights() -> None:
-    from broker.protocol import EngineStatus, Hello
+    from agentstream.wire.messages import EngineStatus, Hello
 
     broker, sent = make_broker(max_staleness=1)
     await broker.handle(b"engine-0", EngineStatus(engine="engine-0", url="http://a:1", version=0))
@@ -126,7 +127,7 @@ async def test_a_late_engine_is_used_only_once_it_serves_recent_weights() -> Non
     # (the learner that would update it may be waiting for a batch) and no actor is told about it.
     await broker.handle(b"engine-9", EngineStatus(engine="engine-9", url="http://b:2", version=0))
     assert broker.buffer.engine_versions == {"engine-0": 5} and sent == []
-    # Its weight agent applied the learner's version 5: now it counts and the following actor hears of it.
+    # Its weight sidecar applied the learner's version 5: now it counts and the following actor hears of it.
     await broker.handle(b"engine-9", EngineStatus(engine="engine-9", url="http://b:2", version=5))
     assert broker.buffer.engine_versions == {"engine-0": 5, "engine-9": 5}
     (ident, welcome), = [(i, m) for i, m in sent if m.kind == "welcome"]

@@ -1,7 +1,7 @@
-"""Client side of the broker: what actors, learner ranks and weight agents use to talk to it.
+"""Client side of the broker: what actors, learner ranks and weight sidecars use to talk to it.
 
 Every client is a ZeroMQ DEALER connected to the broker's ROUTER; its identity is its name, so the broker's
-registry and dashboard know who sent what. All bytes go through `broker.protocol`.
+registry and dashboard know who sent what. All bytes go through `agentstream.wire.messages`.
 
     client = SyncClient("tcp://127.0.0.1:5555", name="learner-0")       # blocking (learner)
     batch = client.request(BatchRequest(step=0, rank=0, world_size=2))
@@ -16,15 +16,26 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
 from collections import deque
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
-from broker.protocol import MAX_BUNDLE, Ack, GroupGrant, GroupRequest, Message, Reject, Transition, Transitions, decode, encode
-from broker.protocol import Welcome  # roles
-from broker.security import load_client_keys, secure_client  # security
+from agentstream.wire.curve import load_client_keys, secure_client
+from agentstream.wire.messages import (
+    MAX_BUNDLE,
+    Ack,
+    GroupGrant,
+    GroupRequest,
+    Message,
+    Reject,
+    Transition,
+    Transitions,
+    Welcome,
+    decode,
+    encode,
+)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -97,7 +108,7 @@ class SyncClient:
 
 
 class AsyncClient:
-    """asyncio client (actors, weight agents). Group grants arrive whenever admission allows."""
+    """asyncio client (actors, weight sidecars). Group grants arrive whenever admission allows."""
 
     def __init__(self, address: str, name: str, hwm: int = 10_000, curve_keys_dir: str = "",
                  max_message_bytes: int = 0):
@@ -109,7 +120,7 @@ class AsyncClient:
         self.name = name
         self._reader: asyncio.Task[None] | None = None
         self.rejects: list[str] = []
-        self.welcomes: asyncio.Queue[Welcome] = asyncio.Queue()  # roles: answers to Hello(want_welcome=True)
+        self.welcomes: asyncio.Queue[Welcome] = asyncio.Queue()  # answers to Hello(want_welcome=True)
         # At-least-once delivery of transitions (see `send_transition`), and resent group requests.
         self.incarnation, self.max_unacked, self.ack_timeout_s = 0, 256, 5.0
         self._seq = 0

@@ -1,14 +1,14 @@
 """CURVE encryption and an allow-list of client keys for the ZeroMQ sockets that leave loopback.
 
-    python -m broker.security keygen KEYS                  # a new key folder for a run
-    python -m broker.security keygen KEYS --client host-b --export KEYS-host-b
+    python -m agentstream.wire.curve keygen KEYS                  # a new key folder for a run
+    python -m agentstream.wire.curve keygen KEYS --client host-b --export KEYS-host-b
                                                            # one more allowed client, as a folder to copy
     python scripts/launch.py broker.curve_keys_dir=KEYS broker.host=0.0.0.0
 
 A key folder holds, as `zmq.auth.create_certificates` writes them (z85 text, `*.key_secret` mode 0600):
 
     server.key, server.key_secret   the servers' key pair (broker ROUTER, learner weight ROUTER)
-    client.key, client.key_secret   the key pair this machine's clients use (actors, learner, weight agents)
+    client.key, client.key_secret   the key pair this machine's clients use (actors, learner, weight sidecars)
     allowed/NAME.key                public keys of the clients the servers accept
 
 A server socket is a CURVE server with a ZAP handler (`CurveServer`) that accepts a client only if its
@@ -40,7 +40,7 @@ from zmq.auth.thread import ThreadAuthenticator
 log = logging.getLogger(__name__)
 
 SERVER, CLIENT, ALLOWED = "server", "client", "allowed"
-KEYGEN_COMMAND = "python -m broker.security keygen KEYS"
+KEYGEN_COMMAND = "python -m agentstream.wire.curve keygen KEYS"
 
 
 class KeyFolderError(ValueError):
@@ -129,7 +129,7 @@ def keys_dir_errors(folder: str, server: bool) -> list[str]:
     errors = []
     if server and not list((root / ALLOWED).glob("*.key")):
         errors.append(f"{root / ALLOWED} holds no client key (*.key): no client could connect; "
-                      f"add one with `python -m broker.security keygen {folder} --client NAME --export DIR`.")
+                      f"add one with `python -m agentstream.wire.curve keygen {folder} --client NAME --export DIR`.")
     return errors
 
 
@@ -221,7 +221,7 @@ class CurveServer:
 
 # ---------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m broker.security", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agentstream.wire.curve", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     k = sub.add_parser("keygen", help="make a key folder, or add an allowed client to one")
     k.add_argument("folder", help="the key folder (broker.curve_keys_dir)")

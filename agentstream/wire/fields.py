@@ -1,6 +1,6 @@
 """What a received message may hold: the header's limits, one check per header field (chosen once per field
 from its type hint), and the decoding of an array frame. Every fault is a `ProtocolError` whose `code` names
-its kind (`REJECT_CODES`); `broker.protocol` builds the checks of each message kind from these."""
+its kind (`REJECT_CODES`); `agentstream.wire.messages` builds the checks of each message kind from these."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ _SCALAR_TYPES: dict[Any, tuple[type, ...]] = {
 
 
 def field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
-    """The check of header field `kind.name` by its type hint, decided once per field (perf: deciding it per
+    """The check of header field `kind.name` by its type hint, decided once per field (deciding it per
     value was a third of the broker's decode time, scripts/bench_broker.py)."""
     where = f"{kind}.{name}"
     origin = typing.get_origin(hint)
@@ -208,7 +208,7 @@ def decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple
 
 
 def plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any]) -> bool:
-    """perf: the data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype) in order),
+    """The data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype) in order),
     decoded into `values`; False (values unfinished) for anything else, which `decode_array` then judges."""
     if type(arrays) is not list or len(arrays) != len(layout) or len(bufs) != len(layout) + 1:
         return False

@@ -1,14 +1,14 @@
 """What a decoded message must also satisfy before a receiver acts on it: the run-dependent checks.
 
-`broker.protocol.decode` checks every value by its type (bounded ints and strings, finite floats, 1-D arrays
+`agentstream.wire.messages.decode` checks every value by its type (bounded ints and strings, finite floats, 1-D arrays
 of the right dtype). This module checks what needs the run's facts or relates fields to each other: token
 ids within the model's vocabulary, prompt + response within the engines' context, as many log-probs as
 response tokens, log-probs that are finite and <= 0, versions in order, a batch's lengths that add up.
 
     limits = limits_for(cfg.model, cfg.engines)        # the broker, once
-    msg = validate(decode(frames, max_bytes), limits)    # raises ProtocolError(code=...) on a bad message
+    msg = check_limits(decode(frames, max_bytes), limits)    # raises ProtocolError(code=...) on a bad message
 
-Every failure is a `ProtocolError` whose `code` is one of `broker.protocol.REJECT_CODES`.
+Every failure is a `ProtocolError` whose `code` is one of `agentstream.wire.messages.REJECT_CODES`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from agentstream.config import EnginesConfig, ModelConfig
-from broker.protocol import (
+from agentstream.wire.messages import (
     Batch,
     BatchRequest,
     Hello,
@@ -38,7 +38,7 @@ from broker.protocol import (
 log = logging.getLogger(__name__)
 
 WEIGHT_FORMATS = ("safetensors", "peft_adapter")
-"""`WeightUpdate.format` values a weight agent can apply."""
+"""`WeightUpdate.format` values a weight sidecar can apply."""
 LOGPROB_SLACK = 1e-3
 """A log-probability is <= 0; this much above 0 is let through as rounding of a server's answer."""
 
@@ -73,7 +73,7 @@ def limits_for(model: ModelConfig, engines: EnginesConfig) -> Limits:
     return Limits(vocab_size=vocab, max_tokens=engines.max_model_len)
 
 
-def validate(msg: Message, limits: Limits) -> Message:
+def check_limits(msg: Message, limits: Limits) -> Message:
     """`msg` if it satisfies `limits` and its fields agree with each other; else raises ProtocolError."""
     check = _CHECKS.get(type(msg))
     if check is not None:
@@ -88,7 +88,7 @@ def _fail(msg: Message, text: str, code: str) -> None:
 def _check_token_ids(msg: Message, name: str, ids: np.ndarray, limits: Limits) -> None:
     if not ids.size:
         return
-    # perf: one pass in the usual case; viewed as uint32 a negative id is >= 2**31, above any vocabulary
+    # One pass in the usual case; viewed as uint32 a negative id is >= 2**31, above any vocabulary
     if ids.dtype == np.int32 and int(ids.view(np.uint32).max()) < (limits.vocab_size or 2**31):
         return
     lo, hi = int(ids.min()), int(ids.max())
@@ -100,7 +100,7 @@ def _check_token_ids(msg: Message, name: str, ids: np.ndarray, limits: Limits) -
 
 
 def _check_logprobs(msg: Message, logprobs: np.ndarray) -> None:
-    # perf: two passes in the usual case; nan makes max() nan (not <=), +-inf fails one of the two
+    # Two passes in the usual case; nan makes max() nan (not <=), +-inf fails one of the two
     if not logprobs.size or (float(logprobs.max()) <= LOGPROB_SLACK and math.isfinite(float(logprobs.min()))):
         return
     if not np.isfinite(logprobs).all():
@@ -197,4 +197,4 @@ _CHECKS: dict[type, Callable[..., None]] = {
     VersionUpdate: _version_update, WeightUpdate: _weight_update,
 }
 
-__all__ = ["LOGPROB_SLACK", "WEIGHT_FORMATS", "Limits", "limits_for", "model_vocab_size", "validate"]
+__all__ = ["LOGPROB_SLACK", "WEIGHT_FORMATS", "Limits", "limits_for", "model_vocab_size", "check_limits"]

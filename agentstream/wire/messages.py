@@ -1,4 +1,4 @@
-"""The wire protocol: every message that crosses a socket; with `broker.checks`, the only code that knows its bytes.
+"""The wire protocol: every message that crosses a socket; with `agentstream.wire.fields`, the only code that knows its bytes.
 
 A message is a list of ZeroMQ frames:
 
@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal, Union
 import msgpack
 import numpy as np
 
-from broker.checks import (
+from agentstream.wire.fields import (
     ARRAY_DTYPES,
     INT32_MAX,
     MAX_DICT_ITEMS,
@@ -64,7 +64,7 @@ class Welcome:
     used now; `config` is the run's resolved config (YAML), so joiners play the same env with the same model."""
 
     engines: list = field(default_factory=list)  # [str] base URLs of the vLLM servers
-    weights: str = ""  # the learner's weight publisher (ZeroMQ address weight agents connect to); "": unknown
+    weights: str = ""  # the learner's weight publisher (ZeroMQ address weight sidecars connect to); "": unknown
     dashboard: str = ""  # the dashboard's URL
     learner_version: int = 0
     config: str = ""  # the run's config as YAML (agentstream.config.save)
@@ -127,7 +127,7 @@ MAX_BUNDLE = 4096
 @dataclass(frozen=True)
 class Transitions:
     """Actor -> broker: consecutive transitions of one actor incarnation in one message, taken by the broker
-    one after another exactly as if they had come one by one (perf: one receive, one header and one pass of
+    one after another exactly as if they had come one by one (one receive, one header and one pass of
     checks for all of them; scripts/bench_broker.py).
 
     Columnar: item i's scalar fields are `items[i]` (TRANSITION_ITEM_FIELDS order); its token arrays are
@@ -256,7 +256,7 @@ class VersionUpdate:
 # --------------------------------------------------------------------------------------- weights
 @dataclass(frozen=True)
 class EngineStatus:
-    """Weight agent -> broker (and -> learner): the policy version its engine serves now."""
+    """Weight sidecar -> broker (and -> learner): the policy version its engine serves now."""
 
     engine: str
     url: str
@@ -267,7 +267,7 @@ class EngineStatus:
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """Learner rank 0 -> weight agent: the weights of policy `version`, as one safetensors file.
+    """Learner rank 0 -> weight sidecar: the weights of policy `version`, as one safetensors file.
 
     format "safetensors": full weights (HF key names). "peft_adapter": only a LoRA adapter, keyed as peft's
     adapter_model.safetensors, with its adapter_config.json text in the file's metadata
@@ -363,10 +363,10 @@ def encode(msg: Message) -> list[bytes | memoryview]:
 def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None) -> Message:
     """Frames -> a message. Raises ProtocolError on anything malformed (never another exception).
 
-    Beyond the shape of the message, every value is checked by its type (`broker.checks.field_checker`): ints
+    Beyond the shape of the message, every value is checked by its type (`agentstream.wire.fields.field_checker`): ints
     within [-1, 2**31-1] (int64 for ids and seeds), finite floats, bounded strings, dicts and lists of scalars,
     1-D arrays of the field's dtype. What depends on the run (vocabulary, context length) is checked by
-    `broker.validation.validate`. msgpack builds nothing larger than the header limits, and no ext types."""
+    `agentstream.wire.limits.check_limits`. msgpack builds nothing larger than the header limits, and no ext types."""
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]  # zmq.Frame -> memoryview
     if not bufs:
         raise ProtocolError("empty message (no frames)", "bad_frames")
@@ -413,7 +413,7 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     defaults = _PLAIN_DEFAULTS[kind]
     if defaults is None:
         return cls(**values)
-    msg = object.__new__(cls)  # perf: what the frozen dataclass's __init__ makes, without a setattr per field
+    msg = object.__new__(cls)  # what the frozen dataclass's __init__ makes, without a setattr per field
     msg.__dict__.update(defaults)
     msg.__dict__.update(values)
     return msg
@@ -485,11 +485,11 @@ def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | N
 
 
 _PLAIN_DECODERS = {"transitions": _plain_transitions, "transition": _plain_transition}
-"""perf: the kinds a broker receives most, decoded by plain checks first (`decode` falls back when they say None)."""
+"""The kinds a broker receives most, decoded by plain checks first (`decode` falls back when they say None)."""
 
 
 def _plainly_valid(item: Any) -> bool:
-    """perf: True for an item that every check of `_check_items` accepts, decided in one expression (the
+    """True for an item that every check of `_check_items` accepts, decided in one expression (the
     usual case); False sends it through those checks, which then say what is wrong. Never looser than them."""
     if type(item) is not list or len(item) != 12:
         return False

@@ -5,8 +5,8 @@ import random
 import numpy as np
 import pytest
 
+from agentstream.wire.messages import Transition
 from broker.buffer import RejectedTransition, ReplayBuffer, partition_by_tokens
-from broker.protocol import Transition
 
 
 def tr(group_id: int, traj: str, step: int, done: bool = False, lo: int = 0, n_prompt: int = 3, n_resp: int = 2,

@@ -3,7 +3,7 @@
 The broker (`python -m broker.server`, real tcp ROUTER) gets, from 4 DEALERs, frames made by mutating valid
 messages (flipped bytes, cut frames, missing or extra frames, wrong dtypes, huge declared shapes, nan
 log-probs, out-of-vocabulary ids, hostile headers, oversized messages) and plain random bytes. Every one is
-checked first by the same decode + validate the broker runs (the oracle), and only frames it refuses are
+checked first by the same decode + check_limits the broker runs (the oracle), and only frames it refuses are
 sent, so each must come back as a Reject and be counted under its code. Meanwhile an actor, an engine and a
 learner run 20 groups through the broker. Asserts: the broker process stays up, answers every bad frame,
 counts each under the oracle's code (per code, exactly), and the healthy actor's 40 transitions are all
@@ -38,9 +38,9 @@ from e2e_testing import dealer
 
 from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.procs import free_port
-from broker import protocol as P
-from broker.validation import Limits, limits_for, validate
+from agentstream.wire import messages as P
+from agentstream.wire.addresses import free_port
+from agentstream.wire.limits import Limits, check_limits, limits_for
 
 REPO = Path(__file__).resolve().parents[2]
 N_FRAMES = 100_000
@@ -177,7 +177,7 @@ MUTATIONS = [(m_random, 15), (m_flip, 25), (m_cut, 10), (m_frame_count, 8), (m_d
 def oracle(frames: list[bytes], limits: Limits) -> str:
     """The broker's verdict, computed here: the reject code, or "" for a message it would accept."""
     try:
-        validate(P.decode(frames, max_bytes=MAX_BYTES), limits)
+        check_limits(P.decode(frames, max_bytes=MAX_BYTES), limits)
     except P.ProtocolError as exc:
         return exc.code
     return ""

@@ -10,9 +10,10 @@ import zmq.asyncio
 from e2e_testing import dealer
 
 from agentstream.config import Config
-from agentstream.procs import free_port
-from broker import protocol as P
+from agentstream.wire import messages as P
+from agentstream.wire.addresses import free_port
 from broker.server import Broker
+from broker.spec import broker_spec
 
 
 def small_config() -> Config:
@@ -27,7 +28,7 @@ def small_config() -> Config:
 
 async def start_broker(cfg: Config) -> tuple[Broker, asyncio.Task, str]:
     port = free_port()
-    broker = Broker(cfg, port, free_port())
+    broker = Broker(broker_spec(cfg), port, free_port())
     task = asyncio.create_task(broker.serve())
     while broker.status != "running":
         await asyncio.sleep(0.01)
@@ -112,7 +113,7 @@ async def test_malformed_and_oversized_messages_are_rejected_counted_and_survive
 def test_the_broker_socket_helpers_move_whole_multipart_messages() -> None:
     import time
 
-    from broker.server import recv_frames, send_frames
+    from broker.sockets import recv_frames, send_frames
 
     ctx = zmq.Context()
     router, dealer_sock = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)

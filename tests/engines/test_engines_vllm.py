@@ -5,7 +5,7 @@ WeightPublisher -> agent process -> server, (c) version 2 lands while requests a
 (d) everything stops and leaves no process behind.
 
 Correctness is checked against Hugging Face transformers under the same weights, in fp32:
-vLLM's sampled-token log-probs match HF's to ~1e-6 here (FACTS.md); a stale LM head is off by ~1.
+vLLM's sampled-token log-probs match HF's to ~1e-6 in fp32 on CPU; a stale LM head is off by ~1.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import pytest
 import torch
 import zmq
 
-from agentstream import procs
 from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
-from agentstream.tiny_model import make_tiny_model
-from broker.protocol import EngineStatus, Hello, Message, Stats, decode
+from agentstream.wire.addresses import free_port
+from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
 from engines import EngineClient, WeightPublisher, server_command, wait_ready
+from launcher import procs
+from launcher.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +97,7 @@ def hf(model_dir) -> Iterator[dict[int, torch.nn.Module]]:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    port = procs.free_port()
+    port = free_port()
     argv, env = server_command(ModelConfig(path=str(model_dir)), EnginesConfig(max_model_len=1024), port)
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
     proc = procs.start(argv, log, env=env)
@@ -116,16 +117,16 @@ def stack(server, tmp_path_factory):
     broker = zmq.Context.instance().socket(zmq.ROUTER)
     broker_port = broker.bind_to_random_port("tcp://127.0.0.1")
     logs = tmp_path_factory.mktemp("agent")
-    argv = [sys.executable, "-m", "engines.agent", "--name", "engine-0", "--url", server.url,
+    argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", server.url,
             "--learner", publisher.address, "--broker", f"tcp://127.0.0.1:{broker_port}",
             "--workdir", str(logs / "weights"), "--stats-interval", "0.5"]
-    agent = procs.start(argv, logs / "agent.log", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+    agent = procs.start(argv, logs / "sidecar.log", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
     try:
         try:
             publisher.wait_for(0, 1, 60)  # the agent registered at version 0
         except TimeoutError as exc:
             pytest.fail(f"{exc}\n--- agent log ---\n{(logs / 'agent.log').read_text()[-3000:]}")
-        yield Stack(publisher, broker, agent, logs / "agent.log")
+        yield Stack(publisher, broker, agent, logs / "sidecar.log")
     finally:
         procs.stop(agent)
         publisher.close()

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from agentstream import config as C
-from agentstream.config_checks import validate_algorithm
+from launcher.checks import algorithm_errors
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 C.register_schemas()
@@ -23,7 +23,7 @@ def compose_algorithm(overrides: list[str]) -> C.Config:
 @pytest.mark.parametrize("path", sorted((CONF / "algorithm").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_algorithm_preset_composes_and_validates(path: Path) -> None:
     cfg = compose_algorithm([f"algorithm={path.stem}"])
-    assert validate_algorithm(cfg.algorithm) == []
+    assert algorithm_errors(cfg.algorithm) == []
 
 
 def test_presets_reach_their_fields() -> None:
@@ -41,5 +41,5 @@ def test_presets_reach_their_fields() -> None:
     (["algorithm.loss_agg=sum"], "algorithm.loss_agg='sum' is unknown"),
 ])
 def test_bad_algorithm_values_say_what_to_change(overrides, needle) -> None:
-    errors = validate_algorithm(compose_algorithm(overrides).algorithm)
+    errors = algorithm_errors(compose_algorithm(overrides).algorithm)
     assert any(needle in e for e in errors), errors

@@ -7,6 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from agentstream import config as C
+from launcher.checks import check_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 C.register_schemas()
@@ -23,7 +24,7 @@ def compose_cfg(name: str = "config", overrides: list[str] | None = None) -> C.C
 def test_every_preset_composes_and_validates(path: Path) -> None:
     cfg = compose_cfg(path.stem)
     assert isinstance(cfg, C.Config)
-    C.validate(cfg)
+    check_config(cfg)
 
 
 def test_launcher_overrides_reach_their_fields() -> None:
@@ -50,7 +51,7 @@ def test_launcher_overrides_reach_their_fields() -> None:
 ])
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:
     with pytest.raises(C.ConfigError, match=re.escape(needle)):
-        C.validate(compose_cfg(overrides=overrides))
+        check_config(compose_cfg(overrides=overrides))
 
 
 def test_wrong_type_is_refused_by_the_schema() -> None:

@@ -3,10 +3,11 @@
 import pytest
 
 from agentstream import config as C
+from launcher.checks import check_config
 
 
 def test_default_budget_is_what_the_engine_accepts() -> None:
-    C.validate(C.Config())  # max_prompt_tokens=0: engines.max_model_len - sampling.max_tokens
+    check_config(C.Config())  # max_prompt_tokens=0: engines.max_model_len - sampling.max_tokens
 
 
 @pytest.mark.parametrize("field, value, needle", [
@@ -19,6 +20,6 @@ def test_memory_values_that_cannot_work(field: str, value: int, needle: str) -> 
     cfg = C.Config()
     setattr(cfg.memory, field, value)
     with pytest.raises(C.ConfigError, match=needle.replace(".", r"\.").replace("+", r"\+")):
-        C.validate(cfg)
+        check_config(cfg)
     setattr(cfg.memory, field, 1000 if field == "max_prompt_tokens" else 0)
-    C.validate(cfg)  # 1000 + 24 = 1024 fits exactly
+    check_config(cfg)  # 1000 + 24 = 1024 fits exactly

@@ -10,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from agentstream import config as C
-from agentstream.describe import attribute_docs, field_docs
+from launcher.checks import check_config
+from launcher.describe import attribute_docs, field_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -39,11 +40,11 @@ def test_every_yaml_under_conf_is_covered() -> None:
 def test_every_option_composes(group: str, option: str, tmp_path: Path) -> None:
     # A preset may name a model directory that is not on this machine (gpu_one, multi_node): the tiny one
     # stands in so that everything else is validated too. multi_node needs CURVE keys: real ones, made here.
-    from broker.security import keygen
+    from agentstream.wire.curve import keygen
 
     keygen(tmp_path / "keys")
     cfg = compose_cfg([f"{group}={option}", f"model.path={C.TINY_MODEL_DIR}", f"broker.curve_keys_dir={tmp_path / 'keys'}"])
-    C.validate(cfg)
+    check_config(cfg)
 
 
 def test_presets_set_what_their_comments_promise() -> None:
@@ -60,7 +61,7 @@ def test_presets_set_what_their_comments_promise() -> None:
 
 def test_a_presets_missing_model_is_reported_with_the_fix() -> None:
     with pytest.raises(C.ConfigError, match="model.path='models/Qwen2.5-0.5B-Instruct' is not a Hugging Face"):
-        C.validate(compose_cfg(["preset=gpu_one"]))
+        check_config(compose_cfg(["preset=gpu_one"]))
 
 
 def test_every_config_field_has_a_description() -> None:
@@ -87,7 +88,7 @@ def test_attribute_docs_reads_the_string_under_each_field() -> None:
 ])
 def test_role_mistakes_say_what_to_change(role: str, extra: list[str], needle: str) -> None:
     with pytest.raises(C.ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
-        C.validate(compose_cfg([f"run.role={role}", *extra]))
+        check_config(compose_cfg([f"run.role={role}", *extra]))
 
 
 def test_launch_script_prints_fields_and_composed_config() -> None:

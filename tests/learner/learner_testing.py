@@ -7,6 +7,7 @@ not of the real broker.
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import Callable
@@ -14,8 +15,13 @@ from typing import Callable
 import numpy as np
 import torch
 import zmq
+from torch import Tensor
 
-from broker.protocol import Batch, BatchRequest, Message, decode, encode
+from agentstream.wire.messages import Batch, BatchRequest, Message, decode, encode
+from learner.advantages import compute_advantages
+from learner.batching import MicroBatch, make_micro_batches
+from learner.losses import PolicyLossInput, policy_objective
+from learner.step import StepOptions, advantage_input, checked_sequences
 
 
 def make_batch(
@@ -125,3 +131,57 @@ def spawn_rank(rank: int, world: int, master_port: int, argv: list[str]) -> None
     rc = main(argv, publisher_factory=FilePublisher)
     if rc:
         sys.exit(rc)
+
+
+# The first learner's default objective under its own signature: the tests hold policy_objective's
+# defaults (PPO-clip + token-level TIS, token mean) against it and against hand-worked values.
+def ppo_clip_tis(
+    logp: Tensor, old_logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+    clip_low: float, clip_high: float, tis_cap: float, denom: Tensor | float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO-clip + token-level TIS, token mean: `policy_objective` with its defaults (the learner's
+    default objective), under the signature the first learner had. Stats as before (`tis_clip_frac`)."""
+    inp = PolicyLossInput(logp=logp, prox_logp=old_logp, behav_logp=behav_logp, advantages=advantages, mask=mask)
+    loss, stats = policy_objective(inp, clip_low=clip_low, clip_high=clip_high, is_cap=tis_cap, token_denom=denom)
+    return loss, {k: stats[k] for k in ("tokens", "is_ratio_mean", "is_ratio_max", "ppo_ratio_mean", "ppo_clip_frac")} | {
+        "tis_clip_frac": stats["is_clip_frac"]}
+
+
+def ppo_clip_tis_reference(
+    logp: Tensor, old_logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+    clip_low: float, clip_high: float, tis_cap: float, denom: float | None = None,
+) -> tuple[float, dict[str, float]]:
+    """Slow, obvious `ppo_clip_tis`: a loop over tokens with python floats. Returns (loss, stats)."""
+    total, n, ratios, ppo_clipped, tis_clipped = 0.0, 0, [], 0, 0
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if not bool(mask[b, t]):
+                continue
+            a = float(advantages[b] if advantages.dim() == 1 else advantages[b, t])
+            r = math.exp(float(logp[b, t]) - float(old_logp[b, t]))
+            r_clip = min(max(r, 1.0 - clip_low), 1.0 + clip_high)
+            is_ratio = math.exp(float(old_logp[b, t]) - float(behav_logp[b, t]))
+            total += min(is_ratio, tis_cap) * max(-a * r, -a * r_clip)
+            n += 1
+            ratios.append(is_ratio)
+            ppo_clipped += int(-a * r_clip > -a * r)
+            tis_clipped += int(is_ratio > tis_cap)
+    loss = total / (denom if denom is not None else max(n, 1))
+    stats = {
+        "tokens": float(n),
+        "is_ratio_mean": sum(ratios) / max(n, 1),
+        "is_ratio_max": max(ratios, default=0.0),
+        "ppo_clip_frac": ppo_clipped / max(n, 1),
+        "tis_clip_frac": tis_clipped / max(n, 1),
+    }
+    return loss, stats
+
+
+def prepare(batch: Batch, opts: StepOptions, vocab: int, rewards: Tensor | None = None,
+            values: Tensor | None = None) -> tuple[list[MicroBatch], dict[str, float]]:
+    """Advantages and micro-batches of this rank's share, and its advantage stats (what train_step computes
+    first, without its reference/critic parts)."""
+    seqs = checked_sequences(batch, vocab)
+    adv, adv_stats = compute_advantages(opts.algo.advantage, advantage_input(batch, rewards, values),
+                                        **opts.advantage_options())
+    return make_micro_batches(seqs, adv, opts.micro_batch_tokens, packing=opts.packing), adv_stats

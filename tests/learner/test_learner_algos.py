@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
+from learner_testing import ppo_clip_tis, ppo_clip_tis_reference
 
-from learner.algos import (
-    ADVANTAGES, POLICY_LOSSES, AdvantageInput, compute_advantages, get_advantage, get_policy_loss, grpo,
-    grpo_reference, ppo_clip_tis, ppo_clip_tis_reference,
-)
+from learner.advantages import ADVANTAGES, AdvantageInput, compute_advantages, get_advantage, grpo, grpo_reference
+from learner.losses import POLICY_LOSSES, get_policy_loss
 
 
 def adv_input(rewards, traj, group, steps=None) -> AdvantageInput:

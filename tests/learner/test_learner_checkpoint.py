@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from learner_testing import FakeBroker, FilePublisher, make_batch, spawn_rank
 
 from agentstream.config import Config, save
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 from learner.checkpoint import complete_checkpoints, resolve_resume
 
 VOCAB = 300  # the session tiny model's ~260 tokens fit

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from learner_testing import FakeBroker, make_batch, spawn_rank
 
 from agentstream.config import Config, save
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 from learner.batching import Sequences, make_micro_batches
 from learner.critic import clipped_value_loss, clipped_value_loss_reference
 from learner.model import response_logprobs, token_logprobs

@@ -12,10 +12,15 @@ import torch
 import torch.distributed as dist
 from learner_testing import make_batch
 
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 from learner.batching import Sequences, make_micro_batches
 from learner.model import (
-    LoraSpec, adapter_config, adapter_state_dict, disabled_adapter, load_policy, response_logprobs,
+    LoraSpec,
+    adapter_config,
+    adapter_state_dict,
+    disabled_adapter,
+    load_policy,
+    response_logprobs,
     trainable_parameters,
 )
 
@@ -97,7 +102,7 @@ def test_published_adapter_loads_in_peft_and_matches(one_rank, tiny_model_dir: P
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    from engines.agent import write_adapter
+    from engines.sidecar import write_adapter
     from engines.weights import serialize_adapter
 
     model = load_policy(str(tiny_model_dir), "float32", torch.device("cpu"), 1, lora=LoraSpec(8, 16.0, TARGETS))
@@ -109,7 +114,7 @@ def test_published_adapter_loads_in_peft_and_matches(one_rank, tiny_model_dir: P
     assert state and all("lora_" in k and ".default." not in k for k in state)
     assert len(state) == 2 * len(TARGETS) * model.config.num_hidden_layers
     payload = serialize_adapter(state, adapter_config(model))
-    folder = write_adapter(tmp_path, 1, payload)  # what the weight agent does with it
+    folder = write_adapter(tmp_path, 1, payload)  # what the weight sidecar does with it
     assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     assert json.loads((folder / "adapter_config.json").read_text())["r"] == 8
     assert set(load((folder / "adapter_model.safetensors").read_bytes())) == set(state)

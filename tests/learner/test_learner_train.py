@@ -15,15 +15,14 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from learner_testing import FakeBroker, FilePublisher, make_batch, spawn_rank
+from learner_testing import FakeBroker, FilePublisher, make_batch, ppo_clip_tis, prepare, spawn_rank
 from safetensors.torch import load_file
 
 from agentstream.config import Config, save
-from agentstream.procs import free_port
-from broker.protocol import Batch
-from learner.algos import ppo_clip_tis
+from agentstream.wire.addresses import free_port
+from agentstream.wire.messages import Batch
 from learner.model import response_logprobs
-from learner.step import StepOptions, prepare
+from learner.step import StepOptions
 
 STEPS = 3
 

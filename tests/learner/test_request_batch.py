@@ -14,8 +14,8 @@ import pytest
 import zmq
 from learner_testing import make_batch
 
-from broker.client import SyncClient
-from broker.protocol import BatchRequest, Reject, decode, encode
+from agentstream.wire.client import SyncClient
+from agentstream.wire.messages import BatchRequest, Reject, decode, encode
 from learner.train import request_batch
 
 

@@ -36,7 +36,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     """The tiny model's tokenizer, trained on FrozenLake text as the real one is on every env's; ~3 s."""
     from transformers import AutoTokenizer
 
-    from agentstream.tiny_model import make_tiny_model
+    from launcher.tiny_model import make_tiny_model
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts=frozenlake_texts())
     return AutoTokenizer.from_pretrained(path)

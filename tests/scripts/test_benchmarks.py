@@ -77,9 +77,10 @@ def test_gpu_check_dry_run_prints_every_figure() -> None:
 def engine_url(tmp_path_factory: pytest.TempPathFactory):
     """One vLLM server of the tiny model, shared by the async and actor benchmarks (--engine-url)."""
     from agentstream.config import Config
-    from agentstream.procs import free_port, start, stop
-    from agentstream.tiny_model import make_tiny_model
+    from agentstream.wire.addresses import free_port
     from engines.server import server_command, wait_ready
+    from launcher.procs import start, stop
+    from launcher.tiny_model import make_tiny_model
 
     cfg = Config()
     cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))

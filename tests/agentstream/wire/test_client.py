@@ -8,8 +8,8 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from broker.client import AsyncClient
-from broker.protocol import Ack, Transition, Transitions, decode, encode
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.messages import Ack, Transition, Transitions, decode, encode
 
 
 def tr(i: int) -> Transition:

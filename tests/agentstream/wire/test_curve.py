@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from agentstream.config import Config, ConfigError, validate
-from agentstream.procs import free_port
-from broker import protocol as P
-from broker.client import SyncClient
-from broker.security import (
+from agentstream.config import Config, ConfigError
+from agentstream.wire import messages as P
+from agentstream.wire.addresses import free_port
+from agentstream.wire.client import SyncClient
+from agentstream.wire.curve import (
     is_loopback,
     keygen,
     load_client_keys,
@@ -28,12 +28,14 @@ from broker.security import (
     secure_client,
 )
 from broker.server import Broker
+from broker.spec import broker_spec
+from launcher.checks import check_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def keygen_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "broker.security", "keygen", *args], cwd=REPO, check=False,
+    return subprocess.run([sys.executable, "-m", "agentstream.wire.curve", "keygen", *args], cwd=REPO, check=False,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -101,7 +103,7 @@ async def test_curve_broker_serves_allowed_keys_only(tmp_path) -> None:
     keygen(stranger)  # a valid key pair, but not in keys/allowed
     shutil.copy(keys / "server.key", stranger / "server.key")  # it even knows the right server key
     port = free_port()
-    broker = Broker(broker_config(keys), port, free_port())
+    broker = Broker(broker_spec(broker_config(keys)), port, free_port())
     task = asyncio.create_task(broker.serve())
     while broker.status != "running":
         await asyncio.sleep(0.01)
@@ -168,28 +170,28 @@ def test_loopback_addresses(host, loopback) -> None:
 
 def test_config_refuses_to_leave_loopback_without_keys(tmp_path) -> None:
     cfg = Config()
-    validate(cfg)  # the default binds everything to 127.0.0.1
+    check_config(cfg)  # the default binds everything to 127.0.0.1
     cfg.broker.host = "0.0.0.0"
-    with pytest.raises(ConfigError, match=r"broker.host .*python -m broker.security keygen"):
-        validate(cfg)
+    with pytest.raises(ConfigError, match=r"broker.host .*python -m agentstream.wire.curve keygen"):
+        check_config(cfg)
     cfg.broker.allow_insecure_bind = True  # said explicitly: a trusted network
-    validate(cfg)
+    check_config(cfg)
     cfg.broker.allow_insecure_bind = False
     cfg.broker.curve_keys_dir = str(tmp_path / "keys")
     with pytest.raises(ConfigError, match="is not a folder"):
-        validate(cfg)
+        check_config(cfg)
     keygen(tmp_path / "keys")
-    validate(cfg)
+    check_config(cfg)
     (tmp_path / "keys" / "server.key_secret").unlink()
     with pytest.raises(ConfigError, match="has no server.key_secret"):
-        validate(cfg)
+        check_config(cfg)
     cfg.broker.curve_keys_dir, cfg.broker.host, cfg.learner.weight_host = "", "127.0.0.1", "192.168.1.4"
     with pytest.raises(ConfigError, match="learner.weight_host"):
-        validate(cfg)
+        check_config(cfg)
     # vLLM's HTTP has no authentication: CURVE keys do not cover it, only the explicit opt-in does.
     keygen(tmp_path / "keys2")
     cfg.learner.weight_host, cfg.broker.curve_keys_dir, cfg.engines.host = "127.0.0.1", str(tmp_path / "keys2"), "0.0.0.0"
     with pytest.raises(ConfigError, match="engines.host"):
-        validate(cfg)
+        check_config(cfg)
     cfg.broker.allow_insecure_bind = True
-    validate(cfg)
+    check_config(cfg)

@@ -1,5 +1,5 @@
-"""Untrusted input: each kind of bad value is refused with its reason code (broker.protocol.REJECT_CODES),
-by `decode` (type-level checks) or `validation.validate` (run-dependent checks). Runs in < 1 s."""
+"""Untrusted input: each kind of bad value is refused with its reason code (agentstream.wire.messages.REJECT_CODES),
+by `decode` (type-level checks) or `limits.check_limits` (run-dependent checks). Runs in < 1 s."""
 
 import dataclasses
 import json
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from agentstream.config import EnginesConfig, ModelConfig
-from broker import protocol as P
-from broker.validation import Limits, limits_for, model_vocab_size, validate
+from agentstream.wire import messages as P
+from agentstream.wire.limits import Limits, check_limits, limits_for, model_vocab_size
 
 LIMITS = Limits(vocab_size=512, max_tokens=64)
 
@@ -27,7 +27,7 @@ def transition(**kw) -> P.Transition:
 def code_of(frames, limits: Limits = LIMITS) -> str:
     """The reject code of `frames` ("" when the message is accepted)."""
     try:
-        validate(P.decode([bytes(f) for f in frames]), limits)
+        check_limits(P.decode([bytes(f) for f in frames]), limits)
     except P.ProtocolError as exc:
         assert exc.code in P.REJECT_CODES, exc.code
         return exc.code
@@ -153,7 +153,7 @@ def test_batches_must_add_up() -> None:
 
 @pytest.mark.parametrize("bundle", [False, True])
 def test_random_mutations_never_raise_anything_but_protocol_error(bundle: bool) -> None:
-    """Property: whatever bytes arrive, decode + validate either accept or raise ProtocolError with a known
+    """Property: whatever bytes arrive, decode + check_limits either accept or raise ProtocolError with a known
     code (never another exception), and every transition of an accepted message satisfies the limits."""
     rng = random.Random(5)
     msg = P.Transitions.of([transition(), transition(step=1, seq=1)]) if bundle else transition()
@@ -166,7 +166,7 @@ def test_random_mutations_never_raise_anything_but_protocol_error(bundle: bool) 
             if frames[i]:
                 frames[i][rng.randrange(len(frames[i]))] = rng.randrange(256)
         try:
-            got = validate(P.decode([bytes(f) for f in frames]), LIMITS)
+            got = check_limits(P.decode([bytes(f) for f in frames]), LIMITS)
         except P.ProtocolError as exc:
             assert exc.code in P.REJECT_CODES
             continue

@@ -7,7 +7,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker import protocol as P
+from agentstream.wire import messages as P
 
 
 def random_transition(rng: random.Random) -> P.Transition:

@@ -1,0 +1,128 @@
+"""One launch: validate the config, make the tiny model when it is the one asked for, then run the whole job
+on this host (`run_local`) or join a running one (`launcher.join`).
+
+    python scripts/launch.py                                 # the default run (tiny model, CPU)
+    python scripts/launch.py actors.count=4 trainer.total_steps=20
+    python scripts/launch.py role=actors broker.address=tcp://HOST:PORT actors.count=2   # join a run
+
+The run ends when the learner exits after its last step (by then every engine serves the final version): actors
+are stopped, the broker's summary is written to `summary.json`, and every process group is stopped. Ctrl-C does
+the same, early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from actors.evaluate import CSV_NAME, read_rows
+from agentstream import config as config_mod
+from agentstream.config import Config
+from launcher.checks import check_config
+from launcher.join import run_join
+from launcher.progress import get_json, progress_loop, write_summary
+from launcher.supervisor import Launcher, RunFailed
+from launcher.tiny_model import ensure_tiny_model
+from launcher.wiring import resolved
+
+
+async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> dict:
+    """The broker's summary once every actor's final stats arrived (bounded wait)."""
+    deadline = time.monotonic() + 15
+    summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
+    while summary["actors_final"] < launcher.cfg.actors.count and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
+    async with session.get(f"{launcher.wiring.dashboard}/metrics") as resp:  # the final numbers, kept
+        (launcher.run_dir / "metrics.txt").write_text(await resp.text())
+    return summary
+
+
+async def run_local(cfg: Config, run_dir: Path) -> int:
+    """Launch, supervise and finish one run. Returns the process exit code."""
+    launcher = Launcher(cfg, run_dir)
+    config_mod.save(resolved(cfg, launcher.wiring), launcher.config_path)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    shutting_down = [False]
+
+    def on_signal() -> None:  # the first signal stops the run; later ones must not interrupt the shutdown
+        if shutting_down[0]:
+            print("[agentstream] already stopping: waiting for every process to exit", file=sys.stderr, flush=True)
+        else:
+            shutting_down[0] = True
+            main_task.cancel()  # type: ignore[union-attr]
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    print(f"[agentstream] run folder: {run_dir}", flush=True)
+    print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
+          flush=True)
+    print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
+          f"broker.address={launcher.wiring.broker} actors.count=N)", flush=True)
+    if cfg.learner.nnodes > 1:
+        print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each other "
+              f"host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
+              f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})", flush=True)
+    status, reason, code = "finished", "", 0
+    summary: dict = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        progress: asyncio.Task[None] | None = None
+        try:
+            await launcher.start_all(session)
+            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
+            await launcher.supervise()
+            if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
+                launcher._stopping = True
+                await launcher.stop_roles(("actor",))
+                await launcher.wait_evaluator()
+        except RunFailed as exc:
+            status, reason, code = "failed", str(exc), 1
+        except asyncio.CancelledError:
+            status, reason, code = "interrupted", "stopped by a signal (Ctrl-C)", 130
+        finally:
+            shutting_down[0] = True  # from here on, a signal does not cancel (it would orphan the children)
+            if progress is not None:
+                progress.cancel()
+        launcher._stopping = True
+        await launcher.stop_roles(("actor",))  # their final stats reach the broker before it is asked
+        try:
+            summary = await _final_summary(session, launcher)
+        except (TimeoutError, aiohttp.ClientError, KeyError) as exc:
+            summary = {"error": f"broker summary unavailable: {exc}"}
+    left = await launcher.stop_all()
+
+    summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
+    summary.update(status=status, reason=reason, actor_restarts=launcher.actor_restarts, run_dir=str(run_dir),
+                   restarts=dict(launcher.restarts),
+                   processes_left=left, launcher_wall_s=time.time() - launcher.started)
+    write_summary(run_dir / "summary.json", summary)
+    if reason:
+        print(f"[agentstream] run {status}: {reason}", file=sys.stderr, flush=True)
+    if left:
+        print(f"[agentstream] WARNING: process groups still alive: {left}", file=sys.stderr, flush=True)
+    print(f"[agentstream] summary: {run_dir / 'summary.json'}", flush=True)
+    return code
+
+
+def run(cfg: Config, run_dir: Path) -> int:
+    """Validate, make the tiny model if it is the one asked for, and run."""
+    try:
+        check_config(cfg)
+    except config_mod.ConfigError as exc:
+        print(f"[agentstream] {exc}", file=sys.stderr)
+        return 2
+    if Path(cfg.model.path).resolve() == config_mod.TINY_MODEL_DIR.resolve():
+        ensure_tiny_model(cfg.model.path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run
+        return asyncio.run(run_join(cfg, run_dir))
+    return asyncio.run(run_local(cfg, run_dir))
+
+
+__all__ = ["run", "run_local"]

@@ -1,0 +1,61 @@
+"""Every address of a run, decided in one function: which process talks to which, one line per edge.
+
+Sockets bind to the configured interfaces; the addresses handed out name this machine when an interface is a
+wildcard (0.0.0.0). A launch that joins a running run gets its wiring from the broker instead (launcher.join).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from agentstream.config import Config
+from agentstream.wire.addresses import advertised_host, free_port
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """Every address of the run, decided in one place."""
+
+    broker: str  # actors, learner ranks, weight sidecars, joining launches -> broker (ZeroMQ ROUTER)
+    broker_port: int
+    dashboard: str  # browser, launcher -> broker (HTTP: dashboard, /metrics, /api/summary)
+    dashboard_port: int
+    weights: str  # weight sidecars -> learner rank 0 (ZeroMQ ROUTER; rank 0 pushes weights down it)
+    engines: list[str] = field(default_factory=list)  # actors, weight sidecars -> vLLM servers (HTTP)
+    weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
+    rdzv: str = ""  # learner nodes 1.. -> node 0's torchrun rendezvous (host:port); only with learner.nnodes > 1
+
+
+def wire(cfg: Config) -> Wiring:
+    """Which process talks to which, on which address (one line per edge). Sockets bind to the configured
+    interfaces; the addresses handed out name this machine when an interface is a wildcard (0.0.0.0)."""
+    host, wh = cfg.broker.host, cfg.learner.weight_host
+    broker_port = cfg.broker.port or free_port(host)
+    dash_port = cfg.broker.dashboard_port or free_port(cfg.broker.dashboard_host)
+    weight_port = cfg.learner.weight_port or free_port(wh)
+    base = cfg.engines.base_port
+    engine_ports = [base + 2 * i if base else free_port(cfg.engines.host) for i in range(cfg.engines.count)]
+    engine_host = advertised_host(cfg.engines.host)
+    engine_urls = list(cfg.engines.external_urls) or [f"http://{engine_host}:{p}" for p in engine_ports]
+    rdzv = f"{advertised_host(wh)}:{cfg.learner.rdzv_port or free_port(wh)}" if cfg.learner.nnodes > 1 else ""
+    return Wiring(
+        broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
+        dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
+        weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
+        engines=engine_urls, rdzv=rdzv,
+    )
+
+
+def resolved(cfg: Config, w: Wiring) -> Config:
+    """`cfg` with the ports `wire` picked, so that every process (and a launch joining later, through the
+    broker's Welcome) sees the addresses actually in use."""
+    out = copy.deepcopy(cfg)
+    out.broker.port, out.broker.dashboard_port, out.learner.weight_port = (
+        w.broker_port, w.dashboard_port, int(w.weights.rsplit(":", 1)[1]))
+    if w.rdzv:
+        out.learner.rdzv_port = int(w.rdzv.rsplit(":", 1)[1])
+    return out
+
+
+__all__ = ["Wiring", "resolved", "wire"]
