@@ -115,8 +115,8 @@ class PromptFitter:
 
     def token_ids(self, messages: Messages) -> list[int]:
         """The prompt's token ids (chat template with the generation prompt), as the engine gets them. The
-        prompt `fit` returned was the last one it counted: asking for its ids right after costs nothing (perf:
-        the chat template was ~14% of an actor's samples, half of them for a second tokenization)."""
+        prompt `fit` returned was the last one it counted: asking for its ids right after costs nothing
+        (the chat template was ~14% of an actor's samples, half of them for a second tokenization)."""
         return list(self._ids(messages))
 
     def _ids(self, messages: Messages) -> list[int]:
