@@ -9,6 +9,11 @@ repeats, the reward is 0, `info["valid"] is False` and `info["parse_error"]` say
 configured penalty. `info` always carries `anchor` (the state as text, for GiGPO's step groups),
 `valid`, `success`, and `admissible_actions` where the game knows them. Each admissible action is the
 text that goes between the tags: `f"<action>{a}</action>"` parses for every `a` in the list.
+`TextGame` writes that turn once (reset check, step count, truncation, parse, invalid answer); each env
+supplies the parser and what a valid action does.
+
+`blocking` is True for envs whose reset/step block for long (a JVM, a C planner, SQLite, subprocesses):
+callers run those calls in a thread so that the other episodes in the process keep going.
 
 Every env takes `max_steps` (the actor passes it) and draws all its randomness from its own
 `self.np_random` (seeded by `reset(seed=...)`), never from `random` or `np.random`'s global state:
@@ -92,14 +97,66 @@ def parse_tagged(text: object, choices: Mapping[str, Any], tag: str = "action", 
     return Action(choices[name])
 
 
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+"""What `step` returns: (observation, reward, terminated, truncated, info), as gymnasium's."""
+
+
 @runtime_checkable
 class TextEnv(Protocol):
     """The part of an environment the actor relies on (the rest is gymnasium's `Env`)."""
 
     instructions: str
+    blocking: bool
+    """True when reset/step block for long (JVM, C library, SQLite, subprocess): callers run them in a thread."""
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]: ...
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
+    def step(self, action: str) -> StepResult: ...
 
     def close(self) -> None: ...
+
+
+class TextGame(gym.Env):
+    """The base of agentstream's envs: `blocking` (False unless an env says otherwise) and the turn every
+    env plays the same way, so that invalid answers are counted and reported alike across envs.
+
+    `step` checks that reset was called, counts the step (invalid ones too: the episode limit bounds the
+    model's turns, not the game's moves), parses the text, and on a parse failure returns the env's
+    current observation with reward 0, `info["valid"] = False` and `info["parse_error"]`. An env sets
+    `max_steps`, zeroes `_steps` in `reset`, and implements the four hooks below.
+    """
+
+    blocking: bool = False
+    instructions: str
+    max_steps: int
+    _steps: int = 0
+
+    def step(self, action: str) -> StepResult:
+        if not self._started():
+            raise RuntimeError("call reset() before step()")
+        self._steps += 1
+        out_of_steps = self._steps >= self.max_steps
+        parsed = self._parse(action)
+        if isinstance(parsed, ParseFailure):
+            obs, info = self._invalid()
+            info["parse_error"] = parsed.reason
+            return obs, 0.0, False, out_of_steps, info
+        obs, reward, terminated, truncated, info = self._step(parsed.value)
+        return obs, reward, terminated, (truncated or out_of_steps) and not terminated, info
+
+    def _started(self) -> bool:
+        """Whether an episode is under way (reset was called, and close was not since)."""
+        raise NotImplementedError
+
+    def _parse(self, action: str) -> ParseResult:
+        """The model's text as an action of this env, or why it is not one. Never raises."""
+        raise NotImplementedError
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        """(observation, info with `valid` False) for an answer that does not move the game."""
+        raise NotImplementedError
+
+    def _step(self, value: Any) -> StepResult:
+        """Play a parsed action. `truncated` is the game's own cut-off (most have none: False); `step` adds
+        the `max_steps` limit and clears it when the episode terminates."""
+        raise NotImplementedError

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
 
-from envs.base import ParseFailure, ParseResult, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
 
 ACTIONS = ("left", "down", "right", "up")  # gymnasium's action indices 0..3
 _CHOICES = {name: i for i, name in enumerate(ACTIONS)}
@@ -70,7 +69,7 @@ def render(desc: list[str], row: int, col: int) -> str:
     return "\n".join(lines)
 
 
-class FrozenLakeText(gym.Env):
+class FrozenLakeText(TextGame):
     """FrozenLake with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -122,23 +121,24 @@ class FrozenLakeText(gym.Env):
         obs = self._observation()
         return obs, self._info(valid=True, success=False, obs=obs)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._game is None:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_action(action)
-        if isinstance(parsed, ParseFailure):
-            obs = self._observation()
-            info = self._info(valid=False, success=False, obs=obs)
-            info["parse_error"] = parsed.reason
-            return obs, 0.0, False, truncated, info
-        self._state, reward, terminated, _, _ = self._game.step(parsed.value)
+    def _started(self) -> bool:
+        return self._game is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_action(action)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        obs = self._observation()
+        return obs, self._info(valid=False, success=False, obs=obs)
+
+    def _step(self, value: int) -> StepResult:
+        assert self._game is not None
+        self._state, reward, terminated, _, _ = self._game.step(value)
         obs = self._observation()
         success = bool(terminated and reward > 0)
         if terminated and not success:
             reward = self.hole_reward
-        return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, success, obs)
+        return obs, float(reward), bool(terminated), False, self._info(True, success, obs)
 
     def _observation(self) -> str:
         row, col = divmod(int(self._state), self.map_size)

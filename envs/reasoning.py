@@ -19,9 +19,7 @@ import json
 import re
 from typing import Any
 
-import gymnasium as gym
-
-from envs.base import Action, ParseFailure, ParseResult, text_space
+from envs.base import Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
 # Names people reach for that reasoning-gym spells differently.
 ALIASES = {"arithmetic": "basic_arithmetic", "math": "basic_arithmetic"}
@@ -85,7 +83,7 @@ def score(dataset: Any, entry: dict[str, Any], answer: str) -> float:
         return 0.0
 
 
-class ReasoningEnv(gym.Env):
+class ReasoningEnv(TextGame):
     """A reasoning-gym item as a text game (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -123,27 +121,27 @@ class ReasoningEnv(gym.Env):
             self._obs += f"\n\nYou have {self.max_attempts} attempts."
         return self._obs, self._info(valid=True, success=False)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._dataset is None:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_answer(action)
-        if isinstance(parsed, ParseFailure):
-            info = self._info(valid=False, success=False)
-            info["parse_error"] = parsed.reason
-            return self._obs, 0.0, False, truncated, info
-        self._attempts.append(parsed.value)
-        value = score(self._dataset, self._entry, parsed.value)
+    def _started(self) -> bool:
+        return self._dataset is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_answer(action)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        return self._obs, self._info(valid=False, success=False)
+
+    def _step(self, answer: str) -> StepResult:
+        self._attempts.append(answer)
+        value = score(self._dataset, self._entry, answer)
         success = value >= 1.0
         left = self.max_attempts - len(self._attempts)
         terminated = success or left == 0
         if not terminated:
-            self._obs = self._feedback(parsed.value, left)
+            self._obs = self._feedback(answer, left)
             value = 0.0  # only the attempt that ends the episode is scored
         info = self._info(valid=True, success=success)
         info["score"] = value
-        return self._obs, value, terminated, truncated and not terminated, info
+        return self._obs, value, terminated, False, info
 
     def _feedback(self, answer: str, left: int) -> str:
         return (f"{self._entry['question']}\n\nYour answer {answer!r} is not correct. "

@@ -17,9 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
-
-from envs.base import Action, ParseFailure, ParseResult, text_space
+from envs.base import Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 from envs.shop_catalogue import Catalogue, Goal, Product, make_catalogue, make_goal, reward
 
 _ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
@@ -63,7 +61,7 @@ class Page:
     chosen: dict[str, str] = field(default_factory=dict)
 
 
-class ShopEnv(gym.Env):
+class ShopEnv(TextGame):
     """The shop as a text game (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -86,29 +84,31 @@ class ShopEnv(gym.Env):
         self._page, self._steps = Page(), 0
         return self._render(), self._info(True, False)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.goal is None:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
+    def _started(self) -> bool:
+        return self.goal is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        """Also invalid: a well-formed command for a button this page does not have."""
         parsed = parse_action(action)
         if isinstance(parsed, Action) and not self._available(*parsed.value):
             verb, arg = parsed.value
-            parsed = ParseFailure(f"{verb}[{arg}] is not available on this page; use one of: "
-                                  f"{', '.join(self.admissible_actions())}")
-        if isinstance(parsed, ParseFailure):
-            info = self._info(False, False)
-            info["parse_error"] = parsed.reason
-            return self._render(), 0.0, False, truncated, info
-        verb, arg = parsed.value
+            return ParseFailure(f"{verb}[{arg}] is not available on this page; use one of: "
+                                f"{', '.join(self.admissible_actions())}")
+        return parsed
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        return self._render(), self._info(False, False)
+
+    def _step(self, command: tuple[str, str]) -> StepResult:
+        verb, arg = command
         if verb == "click" and arg == "buy now":
-            assert self._page.product is not None
+            assert self._page.product is not None and self.goal is not None
             value, parts = reward(self._page.product, self.goal, self._page.chosen)
             info = self._info(True, value >= 1.0)
             info.update(reward_parts=parts, purchased=self._page.product.asin)
             return f"Thank you for shopping with us! Your score: {value:.3f}", value, True, False, info
         self._move(verb, arg)
-        return self._render(), 0.0, False, truncated, self._info(True, False)
+        return self._render(), 0.0, False, False, self._info(True, False)
 
     # -- the game --------------------------------------------------------------------------------------
 

@@ -26,9 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-import gymnasium as gym
-
-from envs.base import Action, ParseFailure, ParseResult, text_space
+from envs.base import Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
 
 @dataclass
@@ -182,7 +180,7 @@ FAMILIES: dict[str, Callable[..., TaskFamily]] = {"text2sql": Text2SQLFamily, "s
                                                   "code": CodeFamily}
 
 
-class SkyRLGymEnv(gym.Env):
+class SkyRLGymEnv(TextGame):
     """A skyrl-gym env per episode, driven through `init(prompt_messages)` / `step(text)`."""
 
     metadata = {"render_modes": []}
@@ -214,22 +212,22 @@ class SkyRLGymEnv(gym.Env):
         self._steps = 0
         return self._obs, self._info(valid=True, success=False)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._env is None:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = self.family.parse(action)
-        if isinstance(parsed, ParseFailure):
-            info = self._info(valid=False, success=False)
-            info["parse_error"] = parsed.reason
-            return self._obs, 0.0, False, truncated, info
-        out = self._env.step(parsed.value)
+    def _started(self) -> bool:
+        return self._env is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        return self.family.parse(action)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        return self._obs, self._info(valid=False, success=False)
+
+    def _step(self, text: str) -> StepResult:
+        out = self._env.step(text)
         reward, done = float(out["reward"]), bool(out["done"])
         self._obs = "\n".join(m["content"] for m in out["observations"]).strip() or "(the episode is over)"
         info = self._info(valid=True, success=done and reward >= 1.0)
         info["skyrl_metadata"] = out.get("metadata") or {}
-        return self._obs, reward, done, truncated and not done, info
+        return self._obs, reward, done, False, info
 
     def _info(self, valid: bool, success: bool) -> dict[str, Any]:
         return {"valid": valid, "success": success, "anchor": f"step {self._steps}\n{self._obs}"}

@@ -29,10 +29,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from envs.base import ParseFailure, ParseResult, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
 
 # gym-sokoban's cell codes, and verl-agent's symbol for each
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
@@ -219,7 +218,7 @@ def render_rgb(room: Room, tile: int = 16) -> np.ndarray:
     return np.ascontiguousarray(tiles.transpose(0, 2, 1, 3, 4).reshape(h * tile, w * tile, 3))
 
 
-class SokobanText(gym.Env):
+class SokobanText(TextGame):
     """Sokoban with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -259,18 +258,21 @@ class SokobanText(gym.Env):
         obs = render_text(self._room)
         return obs, self._info(valid=True, anchor=obs)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def _started(self) -> bool:
+        _ = self.room  # before reset this raises the room's own "call reset() before using the room"
+        return True
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_action(action)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        obs = render_text(self.room)
+        return obs, self._info(valid=False, anchor=obs)
+
+    def _step(self, value: int) -> StepResult:
         room = self.room
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_action(action)
-        if isinstance(parsed, ParseFailure):
-            obs = render_text(room)
-            info = self._info(valid=False, anchor=obs)
-            info["parse_error"] = parsed.reason
-            return obs, 0.0, False, truncated, info
         before = room.boxes_on_target()
-        self._room = new = move(room, parsed.value)
+        self._room = new = move(room, value)
         after = new.boxes_on_target()
         reward = PENALTY_FOR_STEP
         if after > before:
@@ -283,7 +285,7 @@ class SokobanText(gym.Env):
         obs = render_text(new)
         info = self._info(valid=True, anchor=obs)
         info["moved"] = new is not room
-        return obs, float(reward), solved, truncated and not solved, info
+        return obs, float(reward), solved, False, info
 
     def _info(self, valid: bool, anchor: str) -> dict[str, Any]:
         room = self.room

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 from gymnasium.envs.toy_text.taxi import TaxiEnv
 
-from envs.base import ParseFailure, ParseResult, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
 
 ACTIONS = ("south", "north", "east", "west", "pickup", "dropoff")  # gymnasium's action indices 0..5
 _ALIASES = {"down": 0, "up": 1, "right": 2, "left": 3, "drop off": 5, "pick up": 4}
@@ -57,7 +56,7 @@ def render(desc: list[str], locs: list[tuple[int, int]], taxi: tuple[int, int], 
     ])
 
 
-class TaxiText(gym.Env):
+class TaxiText(TextGame):
     """Taxi with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -87,21 +86,21 @@ class TaxiText(gym.Env):
         obs = self._observation()
         return obs, self._info(valid=True, success=False, anchor=obs)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._state is None:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_action(action)
-        if isinstance(parsed, ParseFailure):
-            obs = self._observation()
-            info = self._info(valid=False, success=False, anchor=obs)
-            info["parse_error"] = parsed.reason
-            return obs, 0.0, False, truncated, info
-        self._state, reward, terminated, _, _ = self._game.step(parsed.value)
+    def _started(self) -> bool:
+        return self._state is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_action(action)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        obs = self._observation()
+        return obs, self._info(valid=False, success=False, anchor=obs)
+
+    def _step(self, value: int) -> StepResult:
+        self._state, reward, terminated, _, _ = self._game.step(value)
         obs = self._observation()
         done = bool(terminated)  # Taxi ends only at a correct drop-off
-        return obs, float(reward), done, truncated and not done, self._info(True, done, obs)
+        return obs, float(reward), done, False, self._info(True, done, obs)
 
     def _observation(self) -> str:
         row, col, passenger, dest = self.state

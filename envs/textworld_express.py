@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-import gymnasium as gym
-
 from envs.alfworld.parser import normalize
 from envs.base import (
     TRAIN_SEEDS,
     Action,
     ParseFailure,
     ParseResult,
+    StepResult,
+    TextGame,
     seed_split,
     text_space,
 )
@@ -82,7 +82,7 @@ def _params_text(game_params: Mapping[str, Any] | str | None) -> str:
     return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in game_params.items())
 
 
-class TextWorldExpressText(gym.Env):
+class TextWorldExpressText(TextGame):
     """A TextWorldExpress game with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -141,19 +141,20 @@ class TextWorldExpressText(gym.Env):
             info["gold_path"] = gold[1:] if gold and gold[0] == "look around" else gold
         return self._obs, info
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._twx is None or not self._infos:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_action(action, self._infos["validActions"])
-        if isinstance(parsed, ParseFailure):
-            info = self._info(valid=False)
-            info["parse_error"] = parsed.reason
-            return self._obs, 0.0, False, truncated, info
-        self._obs, reward, _, self._infos = self._twx.step(parsed.value)
+    def _started(self) -> bool:
+        return self._twx is not None and bool(self._infos)
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_action(action, self._infos["validActions"])
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        return self._obs, self._info(valid=False)
+
+    def _step(self, command: str) -> StepResult:
+        assert self._twx is not None
+        self._obs, reward, _, self._infos = self._twx.step(command)
         terminated = bool(self._infos["tasksuccess"] or self._infos["taskfailure"])
-        return self._obs, float(reward), terminated, truncated and not terminated, self._info(valid=True)
+        return self._obs, float(reward), terminated, False, self._info(valid=True)
 
     def _info(self, valid: bool) -> dict[str, Any]:
         infos = self._infos

@@ -23,12 +23,10 @@ import importlib.resources
 import threading
 from typing import Any
 
-import gymnasium as gym
-
 from envs.alfworld.household import SHORT_NAMES, TASK_TYPES, Household, generate
 from envs.alfworld.parser import parse_action
 from envs.alfworld.prompt import instructions
-from envs.base import ParseFailure, text_space
+from envs.base import ParseResult, StepResult, TextGame, text_space
 
 try:
     import textworld
@@ -107,7 +105,7 @@ def _make_engine():
     return _Demangled(PddlEnv(textworld.EnvInfos(won=True, admissible_commands=True)))
 
 
-class AlfWorldText(gym.Env):
+class AlfWorldText(TextGame):
     """ALFWorld household tasks with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -148,20 +146,20 @@ class AlfWorldText(gym.Env):
         self._obs = self._state.feedback
         return self._obs, self._info(valid=True)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._state is None:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_action(action, self.admissible_actions())
-        if isinstance(parsed, ParseFailure):
-            info = self._info(valid=False)
-            info["parse_error"] = parsed.reason
-            return self._obs, 0.0, False, truncated, info
-        self._state, _, _ = self._engine.step(parsed.value)
+    def _started(self) -> bool:
+        return self._state is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_action(action, self.admissible_actions())
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        return self._obs, self._info(valid=False)
+
+    def _step(self, command: str) -> StepResult:
+        self._state, _, _ = self._engine.step(command)
         self._obs = self._state.feedback
         won = bool(self._state["won"])
-        return self._obs, float(won), won, truncated and not won, self._info(valid=True)
+        return self._obs, float(won), won, False, self._info(valid=True)
 
     def admissible_actions(self) -> list[str]:
         """ALFWorld's admissible commands now, less `help` (it shows a manual, it does not act)."""

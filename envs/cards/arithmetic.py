@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from envs.base import ParseFailure, ParseResult, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
 from envs.cards.formula import Token, can_make, evaluate
 
 SUITS = ("hearts", "spades", "diamonds", "clubs")
@@ -64,7 +63,7 @@ def instructions(target: int, n_cards: int, operators: tuple[str, ...], max_numb
     )
 
 
-class CardFormulaEnv(gym.Env):
+class CardFormulaEnv(TextGame):
     """The shared game: cards, a formula of tokens, gym-cards' rewards (subclasses deal the cards)."""
 
     metadata = {"render_modes": []}
@@ -99,21 +98,20 @@ class CardFormulaEnv(gym.Env):
         obs = self._observation()
         return obs, self._info(True, False, obs)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if not self.cards:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        out_of_steps = self._steps >= self.max_steps
-        parsed = parse_token(action, self.choices)
-        if isinstance(parsed, ParseFailure):
-            obs = self._observation()
-            info = self._info(False, False, obs)
-            info["parse_error"] = parsed.reason
-            return obs, 0.0, False, out_of_steps, info
-        reward, terminated, truncated, success = self._apply(parsed.value)
+    def _started(self) -> bool:
+        return bool(self.cards)
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_token(action, self.choices)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
         obs = self._observation()
-        info = self._info(True, success, obs)
-        return obs, reward, terminated, (truncated or out_of_steps) and not terminated, info
+        return obs, self._info(False, False, obs)
+
+    def _step(self, value: Token) -> StepResult:
+        reward, terminated, truncated, success = self._apply(value)  # truncated: the formula grew too long
+        obs = self._observation()
+        return obs, reward, terminated, truncated, self._info(True, success, obs)
 
     def _apply(self, token: Token) -> tuple[float, bool, bool, bool]:
         """gym-cards' transition: (reward, terminated, truncated, success)."""

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 from gymnasium.envs.toy_text.blackjack import BlackjackEnv, sum_hand, usable_ace
 
-from envs.base import ParseFailure, ParseResult, parse_tagged, text_space
+from envs.base import Action, ParseFailure, ParseResult, StepResult, TextGame, parse_tagged, text_space
 
 ACTIONS = ("stand", "hit")  # gymnasium's indices: 0 stick, 1 hit
 _CHOICES = {"stand": 0, "stick": 0, "hit": 1}
@@ -43,7 +42,7 @@ def _total(hand: list[int]) -> str:
     return f"{sum_hand(hand)}{soft}"
 
 
-class BlackjackText(gym.Env):
+class BlackjackText(TextGame):
     """Blackjack with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -54,33 +53,37 @@ class BlackjackText(gym.Env):
         self.observation_space = text_space()
         self.action_space = text_space()
         self._game = BlackjackEnv(natural=natural, sab=sab)
-        self._started = False
+        self._dealt = False
         self._result: float | None = None
         self._steps = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._game.reset(seed=int(self.np_random.integers(2**31)))
-        self._started, self._result, self._steps = True, None, 0
+        self._dealt, self._result, self._steps = True, None, 0
         obs = self._observation()
         return obs, self._info(True, obs)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if not self._started:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
+    def _started(self) -> bool:
+        return self._dealt
+
+    def _parse(self, action: str) -> ParseResult:
+        """Also invalid, on purpose: any move once the hand is decided (the game has nothing left to play)."""
         parsed = parse_action(action)
-        if isinstance(parsed, ParseFailure) or self._result is not None:
-            obs = self._observation()
-            info = self._info(False, obs)
-            info["parse_error"] = parsed.reason if isinstance(parsed, ParseFailure) else "the game is over"
-            return obs, 0.0, False, truncated, info
-        _, reward, terminated, _, _ = self._game.step(parsed.value)
+        if isinstance(parsed, Action) and self._result is not None:
+            return ParseFailure("the game is over")
+        return parsed
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        obs = self._observation()
+        return obs, self._info(False, obs)
+
+    def _step(self, value: int) -> StepResult:
+        _, reward, terminated, _, _ = self._game.step(value)
         if terminated:
             self._result = float(reward)
         obs = self._observation()
-        return obs, float(reward), bool(terminated), truncated and not terminated, self._info(True, obs)
+        return obs, float(reward), bool(terminated), False, self._info(True, obs)
 
     def _observation(self) -> str:
         player, dealer = self._game.player, self._game.dealer

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
-
-from envs.base import ParseFailure, ParseResult, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
 
 ACTIONS = ("-", "+")  # gym-cards' indices 0 (left) and 1 (right)
 _CHOICES = {"-": 0, "+": 1}
@@ -31,7 +29,7 @@ def parse_action(text: str) -> ParseResult:
     return parse_tagged(text, _CHOICES)
 
 
-class NumberLineText(gym.Env):
+class NumberLineText(TextGame):
     """NumberLine with text observations and text actions (see the module docstring)."""
 
     metadata = {"render_modes": []}
@@ -56,24 +54,24 @@ class NumberLineText(gym.Env):
         obs = self._observation()
         return obs, self._info(True, False, obs)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.goal < 0:
-            raise RuntimeError("call reset() before step()")
-        self._steps += 1
-        truncated = self._steps >= self.max_steps
-        parsed = parse_action(action)
-        if isinstance(parsed, ParseFailure):
-            obs = self._observation()
-            info = self._info(False, False, obs)
-            info["parse_error"] = parsed.reason
-            return obs, 0.0, False, truncated, info
+    def _started(self) -> bool:
+        return self.goal >= 0
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_action(action)
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        obs = self._observation()
+        return obs, self._info(False, False, obs)
+
+    def _step(self, value: int) -> StepResult:
         before = abs(self.position - self.goal)
-        self.position = min(max(self.position + (1 if parsed.value else -1), 0), self.max_position)
+        self.position = min(max(self.position + (1 if value else -1), 0), self.max_position)
         after = abs(self.position - self.goal)
         reached = after == 0
         reward = 1.0 if reached else (-1.0 if after >= before else 0.0)
         obs = self._observation()
-        return obs, reward, reached, truncated and not reached, self._info(True, reached, obs)
+        return obs, reward, reached, False, self._info(True, reached, obs)
 
     def _observation(self) -> str:
         return f"Target: {self.goal}\nCurrent: {self.position}"

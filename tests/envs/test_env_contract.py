@@ -6,8 +6,9 @@
   other envs stepping in between change that (episodes share one process);
 - `step` never raises on arbitrary text, and unparseable text is an invalid, non-moving step;
 - `info` carries valid/success/anchor (and admissible actions that parse, when given);
-- training and validation seed ranges are disjoint.
-An env whose package is not installed is skipped with the reason.
+- training and validation seed ranges are disjoint;
+- `blocking` is declared (a bool), True exactly for the envs whose calls block.
+An env whose package is not installed fails: scripts/setup.sh installs every env's package.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs
-from envs.base import TRAIN_SEEDS, VALIDATION_SEEDS, seed_split
+from envs.base import TRAIN_SEEDS, VALIDATION_SEEDS, TextEnv, seed_split
 
 ALL = envs.known_envs()
+# Envs backed by a JVM, a C planner, SQLite or subprocesses: the actor runs their reset/step in a thread.
+BLOCKING = {"agentstream/ALFWorld-v0", "agentstream/SkyRL-v0", "agentstream/TWX-CookingWorld-v0",
+            "agentstream/TWX-TWC-v0"}
 
 
 def make(name: str, **kwargs):
@@ -134,6 +138,17 @@ def test_every_env_resets_on_the_edges_of_the_seed_ranges(name: str) -> None:
     for seed in (TRAIN_SEEDS[0], TRAIN_SEEDS[-1], VALIDATION_SEEDS[0], VALIDATION_SEEDS[-1]):
         obs, _ = env.reset(seed=seed)
         assert obs
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_blocking_is_declared(name: str) -> None:
+    """Callers read `env.blocking` (no default) to choose between a direct call and a thread."""
+    env = make(name)
+    try:
+        assert isinstance(env, TextEnv)
+        assert env.blocking is (name in BLOCKING), f"{name}: blocking={env.blocking!r}"
+    finally:
+        env.close()
 
 
 def test_seed_ranges_are_disjoint() -> None:
