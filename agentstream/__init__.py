@@ -1,1 +1,1 @@
-"""Shared pieces: typed config, launcher, child processes, the tiny local model."""
+"""The ground every process links: the typed config schema (`config`) and the wire library (`wire`). Nothing here imports another part of the system."""

@@ -1,1 +1,1 @@
-"""Broker: wire protocol, client library, trajectory/group assembly, stats and the dashboard."""
+"""Broker: the hub service on top of agentstream.wire: trajectory and group assembly, the write-ahead-logged state, batches, stats and the dashboard."""
