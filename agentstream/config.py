@@ -1,7 +1,8 @@
 """Typed configuration: one dataclass per component, registered as Hydra structured-config schemas.
 
 `conf/config.yaml` fills these in; every component receives only its own sub-config. A value that
-cannot work is rejected by `validate()` before any process starts, with a message saying what to change.
+cannot work is rejected before any process starts (`launcher.checks`), with a message saying what to change.
+This module imports nothing of the project: every process links it.
 
     python scripts/launch.py --cfg job          # print the composed config
 """
@@ -27,7 +28,7 @@ class RunConfig:
     """Run folder: config, logs of every process, summary.json, weights handed to engines."""
     role: str = "all"
     """`all` starts broker, engines, learner and actors; `actors` (actors.count more actors), `engines`
-    (engines.count more vLLM servers + weight agents) or `learner` (node learner.node_rank of a learner
+    (engines.count more vLLM servers + weight sidecars) or `learner` (node learner.node_rank of a learner
     with learner.nnodes > 1) join the running run at broker.address."""
     seed: int = 0
     """Base seed for env seeds and sampling."""
@@ -105,17 +106,17 @@ class SamplingConfig:
 
 @dataclass
 class EnginesConfig:
-    """The vLLM inference servers and their weight agents."""
+    """The vLLM inference servers and their weight sidecars."""
 
     count: int = 1
     """Number of vLLM servers this launch starts (0: none here; engines join with role=engines)."""
     external_urls: list[str] = field(default_factory=list)
     """Use these running servers (started like `engines.server.server_command` does) instead of starting
-    engines; a weight agent is still started for each, and the learner first brings them to its weights."""
+    engines; a weight sidecar is still started for each, and the learner first brings them to its weights."""
     host: str = "127.0.0.1"
     """Interface the servers bind to."""
     base_port: int = 0
-    """First HTTP port (engine i uses base_port + 2i, its weight agent base_port + 2i + 1); 0 picks free ports."""
+    """First HTTP port (engine i uses base_port + 2i, its weight sidecar base_port + 2i + 1); 0 picks free ports."""
     kv_cache_gib: int = 1
     """KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
     cpu_executor: str = "uni"
@@ -135,7 +136,7 @@ class EnginesConfig:
     request_timeout_s: float = 120.0
     """An actor gives up on one generation request after this long."""
     max_restarts: int = 2
-    """A dead engine (server or weight agent) is restarted this many times in total; meanwhile actors use the others."""
+    """A dead engine (server or weight sidecar) is restarted this many times in total; meanwhile actors use the others."""
 
 
 @dataclass
@@ -163,7 +164,7 @@ class BrokerConfig:
     address: str = ""
     """role=actors|engines: the running broker to join, e.g. tcp://10.0.0.5:5555 (the main launch prints it)."""
     port: int = 0
-    """ZeroMQ ROUTER port for actors, learner and weight agents; 0 picks a free port."""
+    """ZeroMQ ROUTER port for actors, learner and weight sidecars; 0 picks a free port."""
     dashboard_port: int = 8787
     """HTTP port of the dashboard and /metrics; 0 picks a free port."""
     max_message_bytes: int = 64 * 1024 * 1024
@@ -174,12 +175,10 @@ class BrokerConfig:
     """ZeroMQ send/receive high-water mark (messages) on every broker socket."""
     dashboard_history_s: int = 900
     """Seconds of once-a-second points the broker keeps for the dashboard's charts (/api/history)."""
-    metrics_jsonl: bool = True
-    """Append one JSON line of metrics per second to RUN/metrics.jsonl."""
-    tensorboard: bool = True
-    """Write the same metrics as TensorBoard scalars under RUN/tensorboard (tensorboardX)."""
-    wandb_project: str = ""
-    """Also log metrics to this Weights & Biases project (needs `pip install wandb`); empty: off."""
+    logger: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Where the metrics go each second: any of jsonl, tensorboard, wandb, mlflow (`logger=[jsonl,wandb]`; [] none)."""
+    project: str = "agentstream"
+    """W&B project and MLflow experiment the metrics are logged under (the run is named after its folder)."""
     wal: bool = True
     """Write-ahead log in RUN/broker-wal: a restarted broker recovers every acknowledged, untrained transition."""
     wal_fsync: bool = False
@@ -196,9 +195,9 @@ class BrokerConfig:
     """Record every transition's fate (trained at step k or dropped with a reason) for audits; memory grows with the run."""
     max_restarts: int = 2
     """A dead broker is restarted (same port, state recovered from its write-ahead log) this many times."""
-    # --- security (broker/security.py)
+    # --- CURVE keys and what may leave loopback (agentstream/wire/curve.py)
     curve_keys_dir: str = ""
-    """Key folder from `python -m broker.security keygen DIR`: ZeroMQ sockets use CURVE and servers accept only
+    """Key folder from `python -m agentstream.wire.curve keygen DIR`: ZeroMQ sockets use CURVE and servers accept only
     clients whose public key is in DIR/allowed; empty: plain TCP, allowed on loopback only."""
     allow_insecure_bind: bool = False
     """Allow a non-loopback broker.host / learner.weight_host without curve_keys_dir, or a non-loopback
@@ -232,7 +231,7 @@ class LearnerConfig:
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch per rank."""
     weight_port: int = 0
-    """Port rank 0 binds to push weights to the engines' weight agents; 0 picks a free port."""
+    """Port rank 0 binds to push weights to the engines' weight sidecars; 0 picks a free port."""
     weight_host: str = "127.0.0.1"
     """Interface rank 0 binds to for weights (0.0.0.0 when engines run on other hosts)."""
     torch_threads: int = 1
@@ -400,13 +399,3 @@ def save(cfg: Config, path: Path) -> None:
 def load(path: str | os.PathLike[str]) -> Config:
     """Read a config written by `save`."""
     return to_object(OmegaConf.load(path))
-
-
-def validate(cfg: Config) -> None:
-    """Reject values that cannot work, before anything starts (`agentstream.config_checks`). Raises ConfigError
-    listing every problem."""
-    from agentstream.config_checks import config_errors
-
-    errors = config_errors(cfg)
-    if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

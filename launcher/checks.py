@@ -16,6 +16,7 @@ from agentstream.config import (
     ValidationConfig,
 )
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
+from broker.metrics import logger_errors
 from envs.registry import known_envs
 from learner.advantages import ADVANTAGES
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
@@ -140,6 +141,7 @@ def config_errors(cfg: Config) -> list[str]:
     if cfg.learner.logprob_chunk_tokens < 0:
         errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
                       f"e.g. 1024 for a large vocabulary).")
+    errors += logger_errors(cfg.broker.logger)
     errors += _lora_and_checkpoint_errors(cfg)
     errors += algorithm_errors(cfg.algorithm)
     errors += _validation_errors(cfg.validation)

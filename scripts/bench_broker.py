@@ -318,7 +318,7 @@ def main() -> None:
     parser.add_argument("--one-per-message", action="store_true", help="send each transition as its own "
                         "Transition message (both paths) instead of each group's as one Transitions message")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="broker config override, e.g. --set broker.wal=false --set broker.tensorboard=false")
+                        help="broker config override, e.g. --set broker.wal=false --set broker.wal_fsync=true")
     args = parser.parse_args()
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

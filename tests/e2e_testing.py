@@ -1,8 +1,11 @@
-"""Helpers shared by tests: launcher runs as subprocesses, raw broker clients, TensorBoard files."""
+"""Helpers shared by tests: launcher runs as subprocesses, raw broker clients, the metrics trackers' files
+(TensorBoard, W&B, MLflow) read back."""
 
 import json
 import os
 import struct
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -77,3 +80,43 @@ def read_tensorboard(logdir: Path) -> dict[str, list[tuple[int, float]]]:
             for v in event.summary.value:
                 out.setdefault(v.tag, []).append((event.step, v.simple_value))
     return out
+
+
+def read_wandb(wandb_dir: Path) -> tuple[dict, dict[str, list[tuple[int, float]]]]:
+    """The one W&B run under `wandb_dir` (RUN/wandb), read by wandb's own reader of its run files
+    (`wandb leet inspect --json`, one JSON record per line): its run record (name, project, ...) and
+    (step, value) per logged key."""
+    runs = sorted(wandb_dir.glob("*run-*/run-*.wandb"))
+    assert len(runs) == 1, f"expected one W&B run in {wandb_dir}, found {runs}"
+    proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(runs[0])],
+                          capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "WANDB_MODE": "offline"})  # offline: no error reports sent
+    run: dict = {}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for line in proc.stdout.splitlines():
+        record = json.loads(line)
+        if record["type"] == "run":
+            run = record["run"]
+        elif record["type"] == "history":
+            step = int(record["history"]["step"]["num"])
+            for key, value in record["history"]["item"].items():
+                if not key.startswith("_"):  # wandb's own columns: _step, _runtime, _timestamp
+                    out.setdefault(key, []).append((step, value))
+    return run, out
+
+
+def read_mlflow(tracking_uri: str, experiment: str) -> tuple[object, dict[str, list[tuple[int, float]]]]:
+    """The one MLflow run of `experiment` at `tracking_uri`, read with MlflowClient: the run and (step, value)
+    per metric key (get_metric_history)."""
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads a file store only when told to
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment!r} at {tracking_uri}"
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, f"expected one MLflow run in {experiment!r}, found {len(runs)}"
+    run = runs[0]
+    return run, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
+                                                         key=lambda m: m.step)]
+                 for key in run.data.metrics}

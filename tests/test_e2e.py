@@ -1,12 +1,14 @@
 """End-to-end: the real launcher runs broker, a vLLM engine, a 2-rank FSDP2 learner and 2 actors.
 
 Asserts from summary.json and the broker's final /metrics that the loop went all the way round:
-env -> memory -> engine -> actor -> broker -> learner -> weights -> engine.
+env -> memory -> engine -> actor -> broker -> learner -> weights -> engine; and that the run's metrics reach
+every logger (JSONL, TensorBoard, W&B offline, MLflow file store), read back with each tracker's own reader.
 A dead actor's restart under a new incarnation is tested in tests/test_chaos.py (kill -9, three times), and
 Ctrl-C of a run (exit code 130, nothing left running) in tests/test_roles.py.
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_testing import processes_mentioning
+from e2e_testing import processes_mentioning, read_mlflow, read_tensorboard, read_wandb
 
-from agentstream.procs import free_port
+from agentstream.wire.addresses import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -35,9 +37,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, floa
     argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "actors.count=2",
             "actors.episodes_per_actor=8", "env.group_size=4", "engines.count=1", "learner.world_size=2",
             f"trainer.total_steps={STEPS}", "trainer.groups_per_step=4", "trainer.max_staleness=1",
-            f"broker.dashboard_port={free_port()}"]
+            f"broker.dashboard_port={free_port()}", "logger=[jsonl,tensorboard,wandb,mlflow]"]
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY", "MLFLOW_TRACKING_URI")}
     started = time.time()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     wall = time.time() - started
     assert proc.returncode == 0, f"launcher failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "dashboard:" in proc.stdout and "summary:" in proc.stdout
@@ -93,6 +96,27 @@ def test_each_transition_holds_the_prompt_and_anchor_of_the_state_it_acted_in(ru
     assert seen > 0
 
 
+def test_every_logger_ends_at_the_summarys_learner_version_and_loss(run) -> None:
+    """The broker logs a last point when it stops: each tracker's last learner_version and learner_loss are
+    summary.json's (TensorBoard keeps float32)."""
+    run_dir, s, _, _ = run
+    want = {"learner_version": float(s["learner_version"]), "learner_loss": s["learner_metrics"]["loss"]}
+    jsonl = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    tb = read_tensorboard(run_dir / "tensorboard")
+    wandb_run, wandb_history = read_wandb(run_dir / "wandb")
+    mlflow_run, mlflow_history = read_mlflow((run_dir / "mlruns").as_uri(), "agentstream")
+    assert wandb_run["display_name"] == mlflow_run.info.run_name == run_dir.name
+    for key, value in want.items():
+        assert jsonl[-1][key] == value, key
+        assert tb[key][-1][1] == pytest.approx(value, rel=1e-6), key
+        assert wandb_history[key][-1][1] == value, key
+        assert mlflow_history[key][-1][1] == value, key
+    # One entry per point in each: W&B and MLflow step through the points 0, 1, 2, ...
+    assert [step for step, _ in wandb_history["learner_version"]] == list(range(len(jsonl)))
+    assert [step for step, _ in mlflow_history["learner_version"]] == list(range(len(jsonl)))
+    assert len(tb["learner_version"]) == len(jsonl)
+
+
 def test_no_process_is_left_running(run) -> None:
     run_dir, s, _, _ = run
     assert s["processes_left"] == []
@@ -131,4 +155,4 @@ def test_a_lora_run_sends_adapters_that_the_engine_keeps_serving(tmp_path: Path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert proc.returncode == 0, summary.get("reason")
     assert summary["learner_version"] == 4 and summary["engine_versions"] == {"engine-0": 4}
-    assert "LoRA adapter 'policy-lora' added" in (run_dir / "logs" / "agent-0.log").read_text()
+    assert "LoRA adapter 'policy-lora' added" in (run_dir / "logs" / "sidecar-0.log").read_text()

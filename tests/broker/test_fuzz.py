@@ -316,7 +316,7 @@ def fuzz_config(tmp_path: Path) -> Path:
     cfg.env.group_size, cfg.trainer.groups_per_step, cfg.learner.world_size = 2, 1, 1
     cfg.trainer.max_staleness, cfg.trainer.total_steps = 1000, 10**6
     cfg.broker.max_message_bytes, cfg.broker.heartbeat_timeout_s = MAX_BYTES, 600.0
-    cfg.broker.tensorboard = cfg.broker.metrics_jsonl = False
+    cfg.broker.logger = []
     path = tmp_path / "config.yaml"
     config_mod.save(cfg, path)
     return path

@@ -1,5 +1,7 @@
 """broker/metrics.py (points, sinks), broker/stats.py's windows and per-env outcomes, and the broker's views
-(Broker.snapshot / _sample) fed with real protocol messages; about a second in all.
+(Broker.snapshot / _sample) fed with real protocol messages. Each sink writes three points to a run folder and
+they are read back with the tracker's own reader; the W&B and MLflow ones take a few seconds (imports, wandb's
+service process).
 
     .venv/bin/python -m pytest tests/broker/test_metrics.py -q -p no:cacheprovider
 """
@@ -8,16 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import re
 from pathlib import Path
 
 import pytest
-from e2e_testing import read_tensorboard
+from e2e_testing import read_mlflow, read_tensorboard, read_wandb
 
 from agentstream.config import BrokerConfig, Config
+from agentstream.wire.messages import EngineStatus, Hello, Stats
 from broker import metrics
-from broker.protocol import EngineStatus, Hello, Stats
 from broker.server import Broker
+from broker.spec import broker_spec
 from broker.stats import StatsBook, env_outcomes
 
 LAKE = "agentstream/FrozenLake-v0"
@@ -85,33 +88,108 @@ def test_flatten_names_one_key_per_series_and_nulls_non_finite_values() -> None:
 # ------------------------------------------------------------------------------------------ sinks
 
 
-def test_jsonl_and_tensorboard_sinks_hold_the_same_points(tmp_path: Path) -> None:
-    sinks = metrics.open_sinks(BrokerConfig(), tmp_path)
-    assert [type(s).__name__ for s in sinks] == ["JsonlSink", "TensorBoardSink"]
-    points = [{"t": 100.0, "env_steps_per_s": 1.5, "learner_version": 0.0, "learner_loss": None},
-              {"t": 101.0, "env_steps_per_s": 2.5, "learner_version": 1.0, "learner_loss": 0.25},
-              {"t": 103.0, "env_steps_per_s": 4.0, "learner_version": 1.0, "learner_loss": 0.125}]
-    for p in points:
+POINTS = [{"t": 100.0, "env_steps_per_s": 1.5, "learner_version": 0.0, "learner_loss": None},
+          {"t": 101.0, "env_steps_per_s": 2.5, "learner_version": 1.0, "learner_loss": 0.25},
+          {"t": 103.0, "env_steps_per_s": 4.0, "learner_version": 1.0, "learner_loss": 0.125,
+           "reward_mean": 0.75, f"reward_mean/{LAKE}": 0.5}]
+
+
+def write_points(cfg: BrokerConfig, run_dir: Path, run_name: str = "") -> list[str]:
+    """Open the sinks `cfg` names on `run_dir`, write POINTS to each, close them; their class names."""
+    sinks = metrics.open_sinks(cfg, run_dir, run_name)
+    for p in POINTS:
         for sink in sinks:
             sink.write(p)
     for sink in sinks:
         sink.close()
+    return [type(s).__name__ for s in sinks]
+
+
+@pytest.fixture
+def tracker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tracker setting of the user's reaches the test: wandb offline, MLflow in the run folder. What the
+    sinks set themselves (MLFLOW_ALLOW_FILE_STORE) is undone afterwards."""
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+def test_jsonl_and_tensorboard_sinks_hold_the_same_points(tmp_path: Path) -> None:
+    assert write_points(BrokerConfig(), tmp_path) == ["JsonlSink", "TensorBoardSink"]  # the default
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line) for line in lines] == points
+    assert [json.loads(line) for line in lines] == POINTS
     tb = read_tensorboard(tmp_path / "tensorboard")
     # Steps are whole seconds since the first point: 0, 1, 3. A None (no value yet) is left out.
     assert tb["env_steps_per_s"] == [(0, 1.5), (1, 2.5), (3, 4.0)]
     assert tb["learner_loss"] == [(1, 0.25), (3, 0.125)]
+    assert tb["reward_mean"] == [(3, 0.75)] and tb[f"reward_mean/{LAKE}"] == [(3, 0.5)]
     assert "t" not in tb
 
 
-def test_no_run_folder_no_files_and_wandb_needs_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_sink_logs_an_offline_run_in_the_run_folder(tmp_path: Path, tracker_env: None) -> None:
+    assert write_points(BrokerConfig(logger=["wandb"], project="proj"), tmp_path, "run-a") == ["WandbSink"]
+    run, history = read_wandb(tmp_path / "wandb")
+    assert (run["display_name"], run["project"]) == ("run-a", "proj")
+    # One history row per point, step = the point's index; a None is left out, and so is `t`.
+    assert history["env_steps_per_s"] == [(0, 1.5), (1, 2.5), (2, 4.0)]
+    assert history["learner_version"] == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    assert history["learner_loss"] == [(1, 0.25), (2, 0.125)]
+    assert history["reward_mean"] == [(2, 0.75)] and history[f"reward_mean/{LAKE}"] == [(2, 0.5)]
+    assert "t" not in history
+    assert list(tmp_path.iterdir()) == [tmp_path / "wandb"]
+
+
+def test_mlflow_sink_logs_a_run_in_the_run_folders_file_store(tmp_path: Path, tracker_env: None) -> None:
+    assert write_points(BrokerConfig(logger=["mlflow"], project="proj"), tmp_path, "run-a") == ["MlflowSink"]
+    run, history = read_mlflow((tmp_path / "mlruns").as_uri(), "proj")
+    assert run.info.run_name == "run-a" and run.info.status == "FINISHED"
+    assert history["env_steps_per_s"] == [(0, 1.5), (1, 2.5), (2, 4.0)]
+    assert history["learner_version"] == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    assert history["learner_loss"] == [(1, 0.25), (2, 0.125)]
+    # `/` becomes `.`: the file store could not keep both reward_mean and reward_mean/<env> (a file and a folder)
+    assert history["reward_mean"] == [(2, 0.75)] and history["reward_mean.agentstream.FrozenLake-v0"] == [(2, 0.5)]
+    assert "t" not in history
+
+
+def test_mlflow_keys_are_names_mlflow_takes() -> None:
+    assert metrics.mlflow_key(f"reward_mean/{LAKE}") == "reward_mean.agentstream.FrozenLake-v0"
+    assert metrics.mlflow_key("success_rate/env=1 (hard)") == "success_rate.env_1 _hard_"
+    assert metrics.mlflow_key("../a") == "a" and metrics.mlflow_key("/") == "_"
+
+
+def test_a_tracker_that_fails_is_reported_by_write_and_close(tmp_path: Path, tracker_env: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://host/x")  # MLflow has no store for it
+    [sink] = metrics.open_sinks(BrokerConfig(logger=["mlflow"]), tmp_path, "r")
+    sink._thread.join(60)  # opening failed on the sink's thread
+    with pytest.raises(OSError, match=r"^mlflow: .*nosuchscheme"):
+        sink.write(POINTS[0])  # the broker drops a sink whose write raises OSError
+    with pytest.raises(OSError, match=r"^mlflow: "):
+        sink.close()
+
+
+def test_an_unknown_logger_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    text = ("broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard, wandb, mlflow "
+            "(e.g. logger=[jsonl,wandb]).")
+    assert metrics.logger_errors(["jsonl", "neptune"]) == [text]
+    with pytest.raises(ValueError) as err:
+        metrics.open_sinks(BrokerConfig(logger=["jsonl", "neptune"]), tmp_path)
+    assert str(err.value) == text
+    assert list(tmp_path.iterdir()) == []  # nothing opened
+    assert metrics.logger_errors(["wandb", "jsonl", "wandb"]) == [
+        "broker.logger lists 'wandb' 2 times; list each logger once."]
+    assert metrics.logger_errors(["jsonl", "tensorboard", "wandb", "mlflow"]) == metrics.logger_errors([]) == []
+
+
+def test_no_run_folder_no_files_and_a_missing_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert metrics.open_sinks(BrokerConfig(), None) == []
-    off = BrokerConfig(metrics_jsonl=False, tensorboard=False)
-    assert metrics.open_sinks(off, tmp_path) == [] and list(tmp_path.iterdir()) == []
-    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: `import wandb` raises ImportError
-    with pytest.raises(RuntimeError, match=r"broker.wandb_project='p' is set but wandb is not installed: `pip install wandb`"):
-        metrics.open_sinks(BrokerConfig(wandb_project="p", metrics_jsonl=False, tensorboard=False), tmp_path)
+    assert metrics.open_sinks(BrokerConfig(logger=[]), tmp_path) == [] and list(tmp_path.iterdir()) == []
+    monkeypatch.setitem(metrics.LOGGERS, "wandb", "agentstream_not_installed")  # as if wandb were not installed
+    text = ("broker.logger has wandb, but the agentstream_not_installed package is not installed: run bash "
+            "scripts/setup.sh, or leave wandb out of broker.logger.")
+    assert metrics.logger_errors(["jsonl", "wandb"]) == [text]
+    with pytest.raises(ValueError, match=re.escape(text)):
+        metrics.open_sinks(BrokerConfig(logger=["wandb"]), tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ the broker's views
@@ -119,8 +197,8 @@ def test_no_run_folder_no_files_and_wandb_needs_its_package(tmp_path: Path, monk
 
 async def test_broker_views_from_real_messages(tmp_path: Path) -> None:
     cfg = Config()
-    cfg.broker.tensorboard = False
-    broker = Broker(cfg, 0, 0, run_name="r", run_dir=tmp_path)
+    cfg.broker.logger = ["jsonl"]
+    broker = Broker(broker_spec(cfg), 0, 0, run_name="r", run_dir=tmp_path)
     broker.sinks = metrics.open_sinks(cfg.broker, tmp_path)
     await broker.handle(b"actor-0", Hello(role="actor", name="actor-0", incarnation=1, pid=42))
     await broker.handle(b"engine-0", Hello(role="engine", name="engine-0", address="http://h:8000", pid=7))

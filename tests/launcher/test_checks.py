@@ -48,6 +48,7 @@ def test_launcher_overrides_reach_their_fields() -> None:
     (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
     (["learner.ppo_epochs=0"], "learner.ppo_epochs=0: must be at least 1"),
     (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
+    (["broker.logger=[jsonl,neptune]"], "broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard"),
 ])
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:
     with pytest.raises(C.ConfigError, match=re.escape(needle)):
