@@ -8,6 +8,8 @@ prompt; the chat template turns it into token ids; an engine samples response id
 and the policy-version interval that produced them; the env's parser turns the text into an action (an
 unparseable answer is an invalid action: the game does not move and the step gets the configured
 penalty); the env steps; the transition goes to the broker. Episodes never wait for one another.
+The step loop itself is `actors.episode.play`, shared with the evaluator and the warm start's demonstrations;
+what the actor needs of the run config is an `ActorSpec` (actors/spec.py), taken from it once in `main()`.
 SIGTERM: stop starting steps, send the final stats, exit.
 """
 
@@ -26,18 +28,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import numpy as np
 
-import envs
-import memory
+from actors import episode
+from actors.episode import StepRecord, Turn
+from actors.spec import ActorSpec
 from agentstream import config as config_mod
-from agentstream.config import Config
-from broker.client import AsyncClient
-from broker.protocol import GroupGrant, Hello, Stats, Transition
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.messages import GroupGrant, Hello, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation
-from engines.server import base_model_name, served_model_name
 from envs.latency import sample_latency
 
 log = logging.getLogger("actor")
@@ -45,6 +47,8 @@ log = logging.getLogger("actor")
 
 @dataclass
 class EpisodeResult:
+    """How an actor's episode ended; `total_reward` includes the invalid-action penalties."""
+
     steps: int
     total_reward: float
     success: bool
@@ -53,17 +57,18 @@ class EpisodeResult:
 class Actor:
     """Runs K episode lanes; each takes the next episode of the groups the broker granted this actor."""
 
-    def __init__(self, cfg: Config, name: str, incarnation: int, broker: AsyncClient, engines: list[EngineClient],
-                 tokenizer):
-        self.cfg, self.name, self.incarnation = cfg, name, incarnation
+    def __init__(self, spec: ActorSpec, name: str, incarnation: int, broker: AsyncClient,
+                 engines: list[EngineClient], tokenizer: Any):
+        self.spec, self.name, self.incarnation = spec, name, incarnation
         self.broker, self.engines, self.tokenizer = broker, engines, tokenizer
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
-        self.requests_in_flight = 0  # dashboard gauges: engine requests awaited now, newest policy version seen
+        self.requests_in_flight = 0  # reported as gauges: engine requests awaited now, newest policy version seen
         self.policy_version = -1
         self._engine_rr = itertools.count()  # round robin over self.engines, which may grow (follow_engines)
         self._engine_down: dict[str, float] = {}  # url -> when a request to it last failed
-        self._latency_rng = random.Random(f"{cfg.run.seed}/{name}/{incarnation}")  # env.step_latency_*
+        # Simulated step latencies draw from their own stream, seeded per actor incarnation: a rerun replays them.
+        self._latency_rng = random.Random(f"{spec.seed}/{name}/{incarnation}")
         # Episodes of granted groups not yet started: (grant, index in the group, the group's engine).
         self._pending: collections.deque[tuple[GroupGrant, int, EngineClient]] = collections.deque()
         self._open: dict[int, int] = {}  # group id -> its episodes not yet finished
@@ -71,7 +76,7 @@ class Actor:
         # At most K/G + 1 groups in play: one group ahead of the K/G that K lanes fill, so a lane whose group's
         # other episodes still run starts the next group instead of idling, while what a paused learner lets
         # pile up in the broker stays bounded (K/G + 1 groups of G episodes per actor).
-        self.max_open_groups = cfg.actors.episodes_per_actor // cfg.env.group_size + 1
+        self.max_open_groups = spec.episodes_per_actor // spec.group_size + 1
 
     async def run(self) -> None:
         """Play groups until cancelled: K = actors.episodes_per_actor lanes, one episode each at a time.
@@ -81,7 +86,7 @@ class Actor:
         requests stay in flight instead of K minus the episodes that wait for their group's slowest."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._report_loop())
-            for _ in range(self.cfg.actors.episodes_per_actor):
+            for _ in range(self.spec.episodes_per_actor):
                 tg.create_task(self._lane())
 
     async def _lane(self) -> None:
@@ -104,74 +109,69 @@ class Actor:
             if not self._pending:
                 grant = await self.broker.request_group()  # others wait on the lock: this grant may serve them
                 engine = self.engines[next(self._engine_rr) % len(self.engines)]
-                self._open[grant.group_id] = self.cfg.env.group_size
-                self._pending.extend((grant, i, engine) for i in range(self.cfg.env.group_size))
+                self._open[grant.group_id] = self.spec.group_size
+                self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
             return self._pending.popleft()
 
     async def play(self, grant: GroupGrant, traj_id: str, engine: EngineClient) -> EpisodeResult:
-        """One episode from the group's seed to done/truncated; every step goes to the broker."""
-        env_cfg = self.cfg.env
-        env = envs.make(env_cfg.name, max_steps=env_cfg.max_steps, **env_cfg.kwargs)
-        mem_cfg = self.cfg.memory
-        budget = mem_cfg.max_prompt_tokens or self.cfg.engines.max_model_len - self.cfg.sampling.max_tokens
-        mem = memory.make(mem_cfg.kind, k=mem_cfg.k, max_events=mem_cfg.max_events, tokenizer=self.tokenizer,
-                          max_prompt_tokens=budget)
-        # Java- or subprocess-backed games block: their calls go to a thread so other episodes keep going.
-        blocking = bool(getattr(env, "blocking", False))
-        obs, info = await asyncio.to_thread(env.reset, seed=grant.seed) if blocking else env.reset(seed=grant.seed)
-        mem.reset(env.instructions)
+        """One episode from the group's seed to done/truncated (`actors.episode.play`); every step goes to the
+        broker as soon as it is taken."""
+        env_spec = self.spec.episode.env
+        mem = self.spec.episode.make_memory(self.tokenizer)
+        env = self.spec.episode.make_env()
+        total = 0.0
+
+        async def generate(turn: Turn) -> Generation:
+            nonlocal engine  # the episode stays with the engine that last answered it
+            self.requests_in_flight += 1
+            try:
+                gen, engine = await self._generate(turn.prompt_ids, engine)
+            finally:
+                self.requests_in_flight -= 1
+            self.policy_version = max(self.policy_version, gen.version_hi)
+            return gen
+
+        async def send(step: StepRecord[Generation]) -> None:
+            nonlocal total
+            if env_spec.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
+                await asyncio.sleep(sample_latency(self._latency_rng, env_spec.step_latency_mean_s,
+                                                   env_spec.step_latency_sigma))
+            reward = step.reward + (0.0 if step.valid else self.spec.invalid_action_penalty)
+            await self.broker.send_transition(self._transition(grant, traj_id, step, reward))
+            self._count_step(len(step.response.response_ids), step.valid)
+            total += reward
+
         self.in_flight += 1
-        total, step = 0.0, 0
         try:
-            while True:
-                # GiGPO's step groups gather the steps taken from the same state: the anchor of `obs`, the state
-                # the action is chosen in (not of the state it leads to).
-                anchor = str(info.get("anchor", ""))
-                prompt_ids = mem.fitter.token_ids(mem.messages(obs))
-                self.requests_in_flight += 1
-                try:
-                    gen, engine = await self._generate(prompt_ids, engine)
-                finally:
-                    self.requests_in_flight -= 1
-                self.policy_version = max(self.policy_version, gen.version_hi)
-                outcome = await asyncio.to_thread(env.step, gen.text) if blocking else env.step(gen.text)
-                if env_cfg.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
-                    await asyncio.sleep(sample_latency(self._latency_rng, env_cfg.step_latency_mean_s,
-                                                       env_cfg.step_latency_sigma))
-                next_obs, reward, terminated, truncated, info = outcome
-                valid = bool(info.get("valid", True))
-                env_reward = float(reward)
-                reward = env_reward + (0.0 if valid else self.cfg.trainer.invalid_action_penalty)
-                await self.broker.send_transition(Transition(
-                    traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step,
-                    prompt_ids=np.asarray(prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
-                    logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
-                    version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=bool(terminated),
-                    truncated=bool(truncated), valid=valid, anchor=anchor,
-                    info={"success": bool(info.get("success", False))},
-                ))
-                self._count_step(len(gen.response_ids), valid)
-                total += reward
-                mem.record(obs, gen.text, reward=env_reward, info=info)
-                obs, step = next_obs, step + 1
-                if terminated or truncated:
-                    success = bool(info.get("success", False))
-                    self.counters.update(episodes=1, successes=int(success))
-                    self.counters["episode_return_sum"] += total
-                    return EpisodeResult(step, total, success)
+            outcome = await episode.play(env, mem, generate, send, seed=grant.seed)
         finally:
             self.in_flight -= 1
             self.counters.update(memory_dropped_steps=mem.dropped_steps, memory_truncated_steps=mem.truncated_steps)
             env.close()
+        self.counters.update(episodes=1, successes=int(outcome.success))
+        self.counters["episode_return_sum"] += total
+        return EpisodeResult(outcome.steps, total, outcome.success)
+
+    def _transition(self, grant: GroupGrant, traj_id: str, step: StepRecord[Generation], reward: float) -> Transition:
+        """The message to the broker of one step (reward: the env's plus the actor's invalid-action penalty)."""
+        gen = step.response
+        return Transition(
+            traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step.turn.step,
+            prompt_ids=np.asarray(step.turn.prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
+            logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
+            version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=step.terminated,
+            truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,
+            info={"success": bool(step.info.get("success", False))},
+        )
 
     async def _generate(self, prompt_ids: list[int], engine: EngineClient) -> tuple[Generation, EngineClient]:
         """Generate on `engine`; if it fails (dead, unreachable, timed out), move to another engine and retry
         (counted as engine_failovers) until engines.request_timeout_s has passed without any answer.
         Returns the generation and the engine that answered (the episode stays with it)."""
-        deadline = time.monotonic() + self.cfg.engines.request_timeout_s
+        deadline = time.monotonic() + self.spec.client.request_timeout_s
         while True:
             try:
-                return await engine.generate(prompt_ids, self.cfg.sampling), engine
+                return await engine.generate(prompt_ids, self.spec.episode.sampling), engine
             except EngineError as exc:
                 self.counters["engine_failovers"] += 1
                 self._engine_down[engine.url] = time.monotonic()
@@ -190,7 +190,7 @@ class Actor:
 
     def stats(self, final: bool = False) -> Stats:
         # This actor plays one env: its outcome counters, again under env/<name>/ (broker.stats.env_outcomes).
-        per_env = {f"env/{self.cfg.env.name}/{k}": self.counters[k] for k in
+        per_env = {f"env/{self.spec.episode.env.name}/{k}": self.counters[k] for k in
                    ("episodes", "successes", "episode_return_sum", "env_steps", "invalid_actions")}
         delivery = {k: float(v) for k, v in self.broker.counters.items()}  # resends after a broker restart
         return Stats(source=self.name, role="actor", counters={**self.counters, **per_env, **delivery},
@@ -202,7 +202,7 @@ class Actor:
     async def _report_loop(self) -> None:
         while True:
             await self.broker.send(self.stats())
-            await asyncio.sleep(self.cfg.run.log_interval_s)
+            await asyncio.sleep(self.spec.log_interval_s)
 
 
 async def engines_from_broker(broker: AsyncClient) -> list[str]:
@@ -226,23 +226,22 @@ async def follow_engines(broker: AsyncClient, actor: Actor, client: Callable[[st
                 log.info("%s: engine %s joined; now using %d engines", actor.name, url, len(actor.engines))
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str]) -> int:
     from transformers import AutoTokenizer
 
-    cfg = config_mod.load(args.config)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    broker = AsyncClient(args.broker, name=args.name, curve_keys_dir=cfg.broker.curve_keys_dir)  # security: CURVE
-    await broker.start(args.incarnation, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
-    await broker.send(Hello(role="actor", name=args.name, incarnation=args.incarnation, pid=os.getpid(),
+    tokenizer = AutoTokenizer.from_pretrained(spec.client.model_path)
+    broker = AsyncClient(broker_address, name=name, curve_keys_dir=spec.client.curve_keys_dir)
+    await broker.start(incarnation, spec.max_unacked, spec.ack_timeout_s)
+    await broker.send(Hello(role="actor", name=name, incarnation=incarnation, pid=os.getpid(),
                             want_welcome=True))  # the broker's Welcome lists the engines (and later joiners)
-    timeout = aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=spec.client.request_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        names = {"model": served_model_name(cfg.model), "base_model": base_model_name(cfg.model)}  # LoRA: the adapter
         def client(url: str) -> EngineClient:
-            return EngineClient(url, session, cfg.engines.request_timeout_s, **names)
+            return EngineClient(url, session, spec.client.request_timeout_s, model=spec.client.model_name,
+                                base_model=spec.client.base_model_name)
 
-        engines = [client(url) for url in args.engine or await engines_from_broker(broker)]
-        actor = Actor(cfg, args.name, args.incarnation, broker, engines, tokenizer)
+        engines = [client(url) for url in engine_urls or await engines_from_broker(broker)]
+        actor = Actor(spec, name, incarnation, broker, engines, tokenizer)
         follower = asyncio.create_task(follow_engines(broker, actor, client))  # engines that join later
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -252,14 +251,14 @@ async def _main(args: argparse.Namespace) -> int:
         try:
             await actor.run()
         except asyncio.CancelledError:
-            log.info("%s: stopping (signal)", args.name)
+            log.info("%s: stopping (signal)", name)
         except ExceptionGroup as group:  # an episode failed: say which error, exit non-zero (restarted)
-            log.error("%s: episode failed: %r", args.name, group.exceptions[0])
+            log.error("%s: episode failed: %r", name, group.exceptions[0])
             code = 3
         finally:
             follower.cancel()
             with contextlib.suppress(Exception):
-                await broker.drain(cfg.run.shutdown_timeout_s / 2)  # what was sent is acknowledged, or counted
+                await broker.drain(spec.shutdown_timeout_s / 2)  # what was sent is acknowledged, or counted
                 await broker.send(actor.stats(final=True))
             await broker.close()
     return code
@@ -276,8 +275,9 @@ def main() -> None:
                              "later (role=engines) are used too")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    spec = ActorSpec.from_config(config_mod.load(args.config))
     started = time.time()
-    code = asyncio.run(_main(args))
+    code = asyncio.run(_main(spec, args.name, args.incarnation, args.broker, args.engine))
     log.info("%s: exit %d after %.1fs", args.name, code, time.time() - started)
     raise SystemExit(code)
 

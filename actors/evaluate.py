@@ -12,7 +12,8 @@ reaches the training buffer: it sends the broker only Stats (role `evaluator`, g
 `RUN/validation.csv`. It exits after validating the final version.
 
 Updates may land during a validation (the learner does not wait for it); each row records the versions
-read before (`version`) and after (`version_end`).
+read before (`version`) and after (`version_end`). Episodes are played by the actors' own loop
+(`actors.episode.play`); what the evaluator needs of the run config is an `EvaluatorSpec` (actors/spec.py).
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ import csv
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
-import envs
-import memory
+from actors import episode
+from actors.episode import Turn
+from actors.spec import EpisodeSpec, EvaluatorSpec
 from agentstream import config as config_mod
-from agentstream.config import Config
-from broker.client import AsyncClient
-from broker.protocol import Hello, Stats
-from engines.client import EngineClient
-from engines.server import base_model_name, served_model_name
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.messages import Hello, Stats
+from engines.client import EngineClient, Generation
 from envs.base import VALIDATION_SEEDS
 
 log = logging.getLogger("evaluate")
@@ -89,39 +90,29 @@ def summarize(results: list[Episode], version: int, version_end: int, wall_s: fl
     )
 
 
-async def play_episode(cfg: Config, engine: EngineClient, tokenizer, seed: int) -> Episode:
-    """One episode from `seed`, exactly as an actor plays it (same env, memory, chat template), unsent."""
-    env = envs.make(cfg.env.name, max_steps=cfg.env.max_steps, **cfg.env.kwargs)
-    m = cfg.memory
-    mem = memory.make(m.kind, k=m.k, max_events=m.max_events, tokenizer=tokenizer,
-                      max_prompt_tokens=m.max_prompt_tokens or cfg.engines.max_model_len - cfg.sampling.max_tokens)
-    sampling = replace(cfg.sampling, temperature=cfg.validation.temperature)
-    blocking = bool(getattr(env, "blocking", False))  # Java/subprocess games: their calls go to a thread
+async def play_episode(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, seed: int) -> Episode:
+    """One episode from `seed` through the actors' own loop (`actors.episode.play`: same env, memory and chat
+    template), sampled with `spec.sampling`, sent nowhere."""
+    mem = spec.make_memory(tokenizer)
+    env = spec.make_env()
+
+    async def generate(turn: Turn) -> Generation:
+        return await engine.generate(turn.prompt_ids, spec.sampling)
+
     try:
-        obs, info = await asyncio.to_thread(env.reset, seed=seed) if blocking else env.reset(seed=seed)
-        mem.reset(env.instructions)
-        total, steps, invalid = 0.0, 0, 0
-        while True:
-            gen = await engine.generate(mem.fitter.token_ids(mem.messages(obs)), sampling)
-            next_obs, reward, terminated, truncated, info = (
-                await asyncio.to_thread(env.step, gen.text) if blocking else env.step(gen.text))
-            total, steps = total + float(reward), steps + 1
-            invalid += 0 if info.get("valid", True) else 1
-            mem.record(obs, gen.text, reward=float(reward), info=info)
-            obs = next_obs
-            if terminated or truncated:
-                return Episode(bool(info.get("success", False)), total, steps, invalid)
+        outcome = await episode.play(env, mem, generate, seed=seed)
     finally:
         env.close()
+    return Episode(outcome.success, outcome.env_return, outcome.steps, outcome.invalid)
 
 
-async def validate_once(cfg: Config, engine: EngineClient, tokenizer, t0: float) -> Validation:
+async def validate_once(spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, t0: float) -> Validation:
     """Play every validation seed once, concurrently; one `Validation` row."""
     version = await engine.version()
-    seeds = [VALIDATION_SEEDS[i] for i in range(cfg.validation.episodes)]
-    results = await asyncio.gather(*(play_episode(cfg, engine, tokenizer, s) for s in seeds))
+    seeds = [VALIDATION_SEEDS[i] for i in range(spec.episodes)]
+    results = await asyncio.gather(*(play_episode(spec.episode, engine, tokenizer, s) for s in seeds))
     version_end = await engine.version()
-    trajectories = version * cfg.trainer.groups_per_step * cfg.env.group_size
+    trajectories = version * spec.trajectories_per_version
     return summarize(list(results), version, version_end, time.time() - t0, trajectories)
 
 
@@ -149,17 +140,17 @@ def stats(name: str, row: Validation | None, count: int, final: bool = False) ->
     return Stats(source=name, role="evaluator", counters={"validations": count}, gauges=gauges, final=final)
 
 
-async def evaluate_loop(cfg: Config, engine: EngineClient, tokenizer, broker: AsyncClient, name: str,
-                        out: Path, t0: float) -> None:
+async def evaluate_loop(spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, broker: AsyncClient,
+                        name: str, out: Path, t0: float) -> None:
     """Validate whenever `is_due`, until the final version is validated."""
     last: int | None = None
     row: Validation | None = None
     count = 0
-    total, every = cfg.trainer.total_steps, cfg.validation.every
+    total, every = spec.total_steps, spec.every
     while last is None or last < total:
         version = await engine.version()
         if is_due(version, last, every, total):
-            row = await validate_once(cfg, engine, tokenizer, t0)
+            row = await validate_once(spec, engine, tokenizer, t0)
             append_row(out / CSV_NAME, row)
             last, count = row.version, count + 1
             log.info("validation at version %d: success %.3f return %.3f invalid %.3f (%.1fs)", row.version,
@@ -169,20 +160,19 @@ async def evaluate_loop(cfg: Config, engine: EngineClient, tokenizer, broker: As
     await broker.send(stats(name, row, count, final=True))
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(spec: EvaluatorSpec, name: str, broker_address: str, engine_url: str, out: Path, t0: float) -> int:
     from transformers import AutoTokenizer
 
-    cfg = config_mod.load(args.config)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    broker = AsyncClient(args.broker, name=args.name, curve_keys_dir=cfg.broker.curve_keys_dir)  # security: CURVE
+    tokenizer = AutoTokenizer.from_pretrained(spec.client.model_path)
+    broker = AsyncClient(broker_address, name=name, curve_keys_dir=spec.client.curve_keys_dir)
     await broker.start()
-    await broker.send(Hello(role="evaluator", name=args.name, pid=os.getpid()))
-    timeout = aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)
+    await broker.send(Hello(role="evaluator", name=name, pid=os.getpid()))
+    timeout = aiohttp.ClientTimeout(total=spec.client.request_timeout_s)
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-            engine = EngineClient(args.engine, session, cfg.engines.request_timeout_s,
-                                  model=served_model_name(cfg.model), base_model=base_model_name(cfg.model))
-            await evaluate_loop(cfg, engine, tokenizer, broker, args.name, Path(args.out), args.t0)
+            engine = EngineClient(engine_url, session, spec.client.request_timeout_s, model=spec.client.model_name,
+                                  base_model=spec.client.base_model_name)
+            await evaluate_loop(spec, engine, tokenizer, broker, name, out, t0)
     finally:
         await broker.close()
     return 0
@@ -197,9 +187,10 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="run folder (validation.csv goes there)")
     parser.add_argument("--t0", type=float, default=None, help="run start (unix time); default: now")
     args = parser.parse_args()
-    args.t0 = time.time() if args.t0 is None else args.t0
+    t0 = time.time() if args.t0 is None else args.t0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    raise SystemExit(asyncio.run(_main(args)))
+    spec = EvaluatorSpec.from_config(config_mod.load(args.config))
+    raise SystemExit(asyncio.run(_main(spec, args.name, args.broker, args.engine, Path(args.out), t0)))
 
 
 if __name__ == "__main__":

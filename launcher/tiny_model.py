@@ -40,36 +40,44 @@ def corpus_envs() -> list[str]:
             env_cls = getattr(importlib.import_module(module), cls)
         except ImportError:
             continue
-        if not getattr(env_cls, "blocking", False):
+        if not env_cls.blocking:
             names.append(name)
     return names
 
 
-def env_corpus(episodes_per_env: int = 40, seed: int = 0) -> list[str]:
-    """Prompts and answers from random play of the `corpus_envs`, rendered with the chat template."""
+def env_corpus(episodes_per_env: int = 40, seed: int = 0, steps_per_episode: int = 6) -> list[str]:
+    """Prompts and answers from random play of the `corpus_envs` through the actors' episode loop (random
+    admissible actions, `last_k` memory), each prompt with its answer rendered with the chat template."""
+    import asyncio
+
     import envs
     import memory
+    from actors import episode
+    from actors.episode import Answer, StepRecord, Turn
     from jinja2 import Template
 
     template = Template(CHAT_TEMPLATE)
     rng = random.Random(seed)
     texts: list[str] = []
-    for name in corpus_envs():
-        env = envs.make(name)
-        mem = memory.make("last_k", k=2)
-        for ep in range(episodes_per_env):
-            obs, info = env.reset(seed=seed + ep)
-            mem.reset(env.instructions)
-            for _ in range(6):
-                actions = info.get("admissible_actions") or ["noop"]
-                answer = f"<action>{rng.choice(actions)}</action>"
-                msgs = mem.messages(obs) + [{"role": "assistant", "content": answer}]
-                texts.append(template.render(messages=msgs, add_generation_prompt=False))
-                mem.record(obs, answer)
-                obs, _, terminated, truncated, info = env.step(answer)
-                if terminated or truncated:
-                    break
-        env.close()
+
+    def draw(turn: Turn) -> Answer:
+        return Answer(f"<action>{rng.choice(list(turn.info.get('admissible_actions') or ['noop']))}</action>")
+
+    def render(step: StepRecord[Answer]) -> None:
+        msgs = step.turn.messages + [{"role": "assistant", "content": step.response.text}]
+        texts.append(template.render(messages=msgs, add_generation_prompt=False))
+
+    async def play_all() -> None:
+        for name in corpus_envs():
+            env = envs.make(name)
+            try:
+                mem = memory.make("last_k", k=2)  # no tokenizer: the tokenizer is what this text trains
+                for ep in range(episodes_per_env):
+                    await episode.play(env, mem, draw, render, seed=seed + ep, step_limit=steps_per_episode)
+            finally:
+                env.close()
+
+    asyncio.run(play_all())
     return texts
 
 
@@ -133,7 +141,7 @@ def make_tiny_model(
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id).save_pretrained(out)
-    (out / "agentstream_tiny.json").write_text(json.dumps({"made_by": "agentstream.tiny_model", "seed": seed}))
+    (out / "agentstream_tiny.json").write_text(json.dumps({"made_by": "launcher.tiny_model", "seed": seed}))
     return out
 
 

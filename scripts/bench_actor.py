@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from agentstream import config as config_mod
 from agentstream.config import Config
-from agentstream.procs import free_port, start, stop
+from agentstream.wire.addresses import free_port
+from launcher.procs import start, stop
 from scripts.bench_async import vllm_server
 
 
@@ -147,7 +148,7 @@ def main() -> None:
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from agentstream.config import TINY_MODEL_DIR
-    from agentstream.tiny_model import ensure_tiny_model
+    from launcher.tiny_model import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
     folder = Path(tempfile.mkdtemp(prefix="bench-actor-"))

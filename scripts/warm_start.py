@@ -3,13 +3,15 @@
     .venv/bin/python scripts/warm_start.py                     # .cache/tiny-model -> .cache/tiny-model-warm
     .venv/bin/python scripts/warm_start.py --map-size 5 --frozen-prob 0.9 --max-steps 16 --steps 150
 
-What it teaches (learner/sft.py): prompts are real FrozenLake observations from random play, built by the
-real memory module and the model's chat template; every answer is `<action>A</action>` with A drawn
-uniformly from the four moves, whatever the observation. So the model learns to write one valid action and
+What it teaches (actors/demos.py makes the demonstrations, learner/sft.py fits them): prompts are real
+FrozenLake observations from random play through the actors' episode loop, built by the real memory module
+and the model's chat template; every answer is `<action>A</action>` with A drawn uniformly from the four
+moves, whatever the observation. So the model learns to write one valid action and
 stop; it learns nothing about where to go (the best fit to uniformly random answers is a uniform choice).
 
 Idempotent: the output folder records a hash of every input (these arguments, the base model's files, the
-code of learner/sft.py, envs/ and memory/); a second call with the same inputs does nothing. `--force` redoes it.
+code of learner/sft.py, actors/demos.py, actors/episode.py, envs/ and memory/); a second call with the same
+inputs does nothing. `--force` redoes it.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ STAMP = "agentstream_warm_start.json"
 
 
 def input_key(args: argparse.Namespace, base: Path) -> str:
-    """sha256 over the arguments that shape the result, the base model's files, the SFT code and the code of
-    the envs and memory (which make the prompts)."""
+    """sha256 over the arguments that shape the result, the base model's files, the SFT code, the code that
+    plays the demonstrations, and the code of the envs and memory (which make the prompts)."""
     h = hashlib.sha256()
     # Paths are not inputs (the base model's bytes are): the same model under another checkout hashes the same.
     shaping = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "force", "base")}
@@ -43,7 +45,8 @@ def input_key(args: argparse.Namespace, base: Path) -> str:
         if f.is_file():
             h.update(f.name.encode())
             h.update(f.read_bytes())
-    h.update((REPO_ROOT / "learner" / "sft.py").read_bytes())
+    for code in ("learner/sft.py", "actors/demos.py", "actors/episode.py"):
+        h.update((REPO_ROOT / code).read_bytes())
     for src in sorted([*(REPO_ROOT / "envs").rglob("*.py"), *(REPO_ROOT / "memory").rglob("*.py")]):
         h.update(src.read_bytes())  # the prompts are the envs' observations, built by the memory module
     h.update(Path(__file__).read_bytes())
@@ -98,8 +101,9 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentstream.tiny_model import ensure_tiny_model
-    from learner.sft import FormatSpec, SftOptions, format_demos, train_sft
+    from launcher.tiny_model import ensure_tiny_model
+    from actors.demos import FormatSpec, format_demos
+    from learner.sft import SftOptions, train_sft
 
     base, out = Path(args.base), Path(args.out)
     if base.resolve() == TINY_MODEL_DIR.resolve():

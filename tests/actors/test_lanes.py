@@ -9,8 +9,9 @@ import random
 from types import SimpleNamespace
 
 from actors.actor import Actor
+from actors.spec import ActorSpec
 from agentstream.config import Config
-from broker.protocol import GroupGrant
+from agentstream.wire.messages import GroupGrant
 
 
 class Broker:
@@ -30,7 +31,8 @@ class Broker:
 def make_actor(k: int, g: int, broker: Broker) -> Actor:
     cfg = Config()
     cfg.actors.episodes_per_actor, cfg.env.group_size = k, g
-    return Actor(cfg, "actor-0", 0, broker, [SimpleNamespace(url="http://e:1")], tokenizer=None)  # type: ignore[arg-type]
+    engines = [SimpleNamespace(url="http://e:1")]
+    return Actor(ActorSpec.from_config(cfg), "actor-0", 0, broker, engines, tokenizer=None)  # type: ignore[arg-type]
 
 
 async def play_lanes(actor: Actor, length: dict[str, float], timeout: float = 5.0) -> list[tuple[str, str, float]]:
@@ -46,7 +48,7 @@ async def play_lanes(actor: Actor, length: dict[str, float], timeout: float = 5.
         events.append(("end", traj_id, loop.time()))
 
     actor.play = play  # type: ignore[method-assign]
-    lanes = [asyncio.create_task(actor._lane()) for _ in range(actor.cfg.actors.episodes_per_actor)]
+    lanes = [asyncio.create_task(actor._lane()) for _ in range(actor.spec.episodes_per_actor)]
     try:
         async with asyncio.timeout(timeout):
             while len([e for e in events if e[0] == "end"]) < len(length):

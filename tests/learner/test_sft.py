@@ -1,49 +1,29 @@
-"""The format warm start (learner/sft.py): demonstrations, masking, loss, and that fitting them works. ~20 s."""
+"""The format warm start's fitting (learner/sft.py): masking, the loss, and that fitting an answer works.
+Making the demonstrations is tested in tests/actors/test_demos.py. ~5 s."""
 
 from __future__ import annotations
 
 import math
-import random
-from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 
-from envs.base import Action
-from envs.frozenlake import parse_action
-from learner.sft import (
-    IGNORE,
-    Demo,
-    FormatSpec,
-    SftOptions,
-    answer_loss,
-    collate,
-    format_demos,
-    train_sft,
-)
-
-SPEC = FormatSpec("agentstream/FrozenLake-v0", {"map_size": 5, "frozen_prob": 0.9}, max_steps=6)
+from learner.sft import IGNORE, SftOptions, answer_loss, collate, train_sft
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@dataclass(frozen=True)
+class Pair:
+    """A demonstration as train_sft takes it: any record with prompt_ids and response_ids."""
 
-    from agentstream.tiny_model import make_tiny_model
-
-    import envs
-
-    # The tokenizer learns FrozenLake's text only (seconds; the real tiny model's corpus covers every env).
-    env = envs.make(SPEC.env, **SPEC.env_kwargs)
-    texts = [env.instructions] + [env.reset(seed=s)[0] for s in range(30)]
-    texts += [f"<|im_start|>assistant\n<action>{a}</action><|im_end|>" for a in ("left", "down", "right", "up")]
-    path = make_tiny_model(tmp_path_factory.mktemp("sft") / "tiny", texts=texts)
-    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    prompt_ids: list[int]
+    response_ids: list[int]
 
 
 def test_collate_masks_everything_but_the_answer() -> None:
     # Two demos: prompt [1,2,3] answer [4,5]; prompt [6] answer [7]. Width 5, pad 0.
-    ids, labels, mask = collate([Demo([1, 2, 3], [4, 5]), Demo([6], [7])], pad_id=0)
+    ids, labels, mask = collate([Pair([1, 2, 3], [4, 5]), Pair([6], [7])], pad_id=0)
     assert ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 0, 0, 0]]
     assert labels.tolist() == [[IGNORE, IGNORE, IGNORE, 4, 5], [IGNORE, 7, IGNORE, IGNORE, IGNORE]]
     assert mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
@@ -64,37 +44,18 @@ def test_answer_loss_refuses_a_batch_without_answers() -> None:
         answer_loss(torch.zeros(1, 3, 2), torch.full((1, 3), IGNORE))
 
 
-def test_demos_are_valid_uniform_moves_on_real_prompts(tiny) -> None:
-    tok, _ = tiny
-    demos = format_demos(SPEC, tok, episodes=60, seed=3)
-    moves = Counter()
-    for d in demos:
-        answer = tok.decode(d.response_ids, skip_special_tokens=True)
-        parsed = parse_action(answer)
-        assert isinstance(parsed, Action), answer
-        moves[parsed.value] += 1
-        assert d.response_ids[-1] == tok.eos_token_id
-        assert tok.decode(d.prompt_ids).endswith("<|im_start|>assistant\n")  # the actor's generation prompt
-    # Uniform over 4 moves: each share within 0.25 +- 0.08 (n is a few hundred, std ~0.02-0.03).
-    assert len(demos) >= 150
-    for m in range(4):
-        assert abs(moves[m] / len(demos) - 0.25) < 0.08, moves
+def test_fitting_one_answer_to_many_prompts(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-
-def test_fitting_the_demos_makes_sampled_answers_parse(tiny) -> None:
-    tok, model = tiny
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)
-    demos = format_demos(SPEC, tok, episodes=40, seed=0)
-    history = train_sft(model, demos, SftOptions(steps=60, batch_size=16, lr=2e-3, warmup=5), tok.pad_token_id,
+    answer = tok.encode("<action>left</action>", add_special_tokens=False) + [tok.eos_token_id]
+    demos = [Pair(tok.encode(f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n"), answer)
+             for i in range(40)]
+    history = train_sft(model, demos, SftOptions(steps=40, batch_size=8, lr=2e-3, warmup=5), tok.pad_token_id,
                         log_every=0)
-    # The answer is 4 moves x ~7 tokens; a model that only learned the format has loss ~ln(4)/7 ~ 0.2 per
-    # token, far below the ~6.2 (ln 512) of the random start.
-    assert history[0]["loss"] > 4.0 and history[-1]["loss"] < 1.0
-    rng = random.Random(0)
-    valid = 0
-    for d in rng.sample(demos, 20):
-        ids = torch.tensor([d.prompt_ids])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=16,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        valid += isinstance(parse_action(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)), Action)
-    assert valid >= 15, f"only {valid}/20 sampled answers parse after the warm start"
+    # The random start spreads its mass over the 300-token vocabulary: ~ln 300 = 5.7 per answer token. The
+    # answer never changes with the prompt, so a fitted model predicts it almost surely: loss near 0.
+    assert history[0]["loss"] > 4.0 and history[-1]["loss"] < 0.5
+    assert history[-1]["token_accuracy"] == 1.0

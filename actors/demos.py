@@ -1,0 +1,91 @@
+"""Demonstrations of the ACTION FORMAT for the supervised warm start (learner/sft.py fits them).
+
+A randomly initialised tiny model almost never writes a parseable action, so RL has nothing to learn from
+(every step is invalid, every advantage zero). These demonstrations teach the format only:
+
+- prompts are exactly what an actor sends: random play through the actors' own loop (`actors.episode.play`),
+  the real memory module and the model's chat template;
+- each answer is `<action>A</action>` + the end-of-turn token, with A drawn UNIFORMLY from the env's
+  admissible actions, independent of the observation. The env steps on that same action, so the prompts
+  cover the states (and history lines) random play reaches, and a model that fits the answers learns
+  nothing about the solution (its best fit is a uniform choice).
+
+    demos = format_demos(FormatSpec("agentstream/FrozenLake-v0", {"map_size": 5}, 16, "last_k", 2), tok, 200)
+
+`scripts/warm_start.py` is the command that makes them, fits them and writes a model directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import envs
+import memory
+from actors import episode
+from actors.episode import Answer, StepRecord, Turn
+from envs.base import TRAIN_SEEDS
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """Which env and memory the demonstration prompts come from (the same ones the RL run uses)."""
+
+    env: str
+    """Registered env id."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The env's constructor arguments."""
+    max_steps: int = 8
+    """Episode step limit during random play."""
+    memory: str = "last_k"
+    """Memory module that builds each prompt."""
+    k: int = 2
+    """Memory k (recent steps shown)."""
+    max_prompt_tokens: int = 0
+    """Prompt token budget (0: none)."""
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One demonstration: the prompt ids an actor would send and the answer ids the model should write."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0) -> list[Demo]:
+    """Random play of `episodes` training-seed episodes; one Demo per step (see the module docstring)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token: the answer needs an end-of-turn token to stop on")
+    rng = random.Random(seed)
+    demos: list[Demo] = []
+
+    def answer(turn: Turn) -> Answer:
+        actions = turn.info.get("admissible_actions")
+        if not actions:
+            raise ValueError(f"{spec.env} lists no info['admissible_actions']; the format warm start needs them")
+        text = f"<action>{rng.choice(list(actions))}</action>"
+        return Answer(text, tokenizer.encode(text, add_special_tokens=False) + [eos])
+
+    def keep(step: StepRecord[Answer]) -> None:
+        assert step.turn.prompt_ids is not None  # the memory has the tokenizer
+        demos.append(Demo(step.turn.prompt_ids, step.response.response_ids))
+
+    async def play_all() -> None:
+        env = envs.make(spec.env, max_steps=spec.max_steps, **spec.env_kwargs)
+        try:
+            for _ in range(episodes):
+                mem = memory.make(spec.memory, k=spec.k, tokenizer=tokenizer,
+                                  max_prompt_tokens=spec.max_prompt_tokens or None)
+                await episode.play(env, mem, answer, keep, seed=TRAIN_SEEDS[rng.randrange(10**8)])
+        finally:
+            env.close()
+
+    asyncio.run(play_all())
+    return demos
+
+
+__all__ = ["Demo", "FormatSpec", "format_demos"]

@@ -1,0 +1,125 @@
+"""What the actor and the evaluator processes need of the run config, taken from it once in their `main()`.
+
+    spec = ActorSpec.from_config(config.load("RUN/config.yaml"))
+    env, mem = spec.episode.make_env(), spec.episode.make_memory(tokenizer)
+
+Everything below `main()` receives one of these frozen specs, never the whole `Config`: what a process
+depends on is written here, and a test builds one without a run folder. The sub-configs are copied, so
+changing the `Config` afterwards changes no spec.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+import envs
+import memory
+from agentstream.config import Config, EnvConfig, MemoryConfig, SamplingConfig
+from engines.server import base_model_name, served_model_name
+from envs.base import TextEnv
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """How one episode is played: which env, which memory within which prompt budget, how to sample."""
+
+    env: EnvConfig
+    memory: MemoryConfig
+    max_prompt_tokens: int
+    """The prompt budget: `memory.max_prompt_tokens`, else what the engine's context leaves after the answer."""
+    sampling: SamplingConfig
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> EpisodeSpec:
+        budget = cfg.memory.max_prompt_tokens or cfg.engines.max_model_len - cfg.sampling.max_tokens
+        return cls(copy.deepcopy(cfg.env), copy.deepcopy(cfg.memory), budget, copy.deepcopy(cfg.sampling))
+
+    def make_env(self) -> TextEnv:
+        """A new env (the caller closes it)."""
+        return envs.make(self.env.name, max_steps=self.env.max_steps, **self.env.kwargs)
+
+    def make_memory(self, tokenizer: Any) -> memory.Memory:
+        """A new memory that tokenizes with the model's `tokenizer` (prompt ids, the budget)."""
+        m = self.memory
+        return memory.make(m.kind, k=m.k, max_events=m.max_events, tokenizer=tokenizer,
+                           max_prompt_tokens=self.max_prompt_tokens)
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """How a process tokenizes and reaches the broker and the engines."""
+
+    model_path: str
+    """The policy's directory: its tokenizer makes the prompt ids."""
+    model_name: str
+    """The model name engine requests ask for (the adapter's when training LoRA)."""
+    base_model_name: str | None
+    """With LoRA, the name asked for while an engine serves version 0 (no adapter yet); else None."""
+    curve_keys_dir: str
+    """Key folder for the broker connection's CURVE encryption and authentication ("": plain TCP, loopback only)."""
+    request_timeout_s: float
+    """How long an engine request may take, failovers included."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ClientSpec:
+        return cls(cfg.model.path, served_model_name(cfg.model), base_model_name(cfg.model),
+                   cfg.broker.curve_keys_dir, cfg.engines.request_timeout_s)
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """Everything an actor process uses."""
+
+    episode: EpisodeSpec
+    client: ClientSpec
+    episodes_per_actor: int
+    """K: episodes played at once."""
+    group_size: int
+    """G: episodes per group (same seed)."""
+    invalid_action_penalty: float
+    """Added to the env reward of a step whose answer did not parse."""
+    seed: int
+    """The run's seed (the simulated step latency draws from it)."""
+    log_interval_s: float
+    """Seconds between two Stats reports."""
+    max_unacked: int
+    """Transitions kept until the broker acknowledges them; at this many, sending waits (back-pressure)."""
+    ack_timeout_s: float
+    """No acknowledgement this long: resend everything unacknowledged (the broker may have restarted)."""
+    shutdown_timeout_s: float
+    """How long a process gets to exit after SIGTERM; a stopping actor drains for half of it."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ActorSpec:
+        return cls(EpisodeSpec.from_config(cfg), ClientSpec.from_config(cfg), cfg.actors.episodes_per_actor,
+                   cfg.env.group_size, cfg.trainer.invalid_action_penalty, cfg.run.seed, cfg.run.log_interval_s,
+                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s)
+
+
+@dataclass(frozen=True)
+class EvaluatorSpec:
+    """Everything the evaluator process uses."""
+
+    episode: EpisodeSpec
+    """As the actors play, but sampled at `validation.temperature`."""
+    client: ClientSpec
+    episodes: int
+    """Validation episodes, one per validation seed."""
+    every: int
+    """Validate every this many policy versions (and at version 0 and the final one)."""
+    total_steps: int
+    """The final policy version."""
+    trajectories_per_version: int
+    """Training trajectories behind one policy version: groups per step x group size."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> EvaluatorSpec:
+        episode = EpisodeSpec.from_config(cfg)
+        episode = replace(episode, sampling=replace(episode.sampling, temperature=cfg.validation.temperature))
+        return cls(episode, ClientSpec.from_config(cfg), cfg.validation.episodes, cfg.validation.every,
+                   cfg.trainer.total_steps, cfg.trainer.groups_per_step * cfg.env.group_size)
+
+
+__all__ = ["ActorSpec", "ClientSpec", "EpisodeSpec", "EvaluatorSpec"]

@@ -1,0 +1,215 @@
+"""The one episode loop (actors/episode.py), and that the actor and the evaluator both play through it: a
+three-cell corridor, a scripted answerer, and a tokenizer whose ids are the prompt's bytes, so every
+expected value below is worked out by hand. <1 s."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import actors.episode
+from actors.actor import Actor
+from actors.episode import Answer, StepRecord, Turn, play
+from actors.evaluate import Episode, play_episode
+from actors.spec import ActorSpec
+from agentstream.config import Config
+from agentstream.wire.messages import GroupGrant, Transition
+from engines.client import Generation
+
+RIGHT, LEFT = "<action>right</action>", "<action>left</action>"
+
+
+class Corridor:
+    """Cells 0..3, the goal at 3; the episode starts at cell `seed`. RIGHT moves one cell (reward 1 and the
+    end at the goal); any other answer is invalid: no move, reward 0. Records the thread of each call."""
+
+    instructions = "Walk right."
+
+    def __init__(self, max_steps: int = 8, blocking: bool = False):
+        self.max_steps, self.blocking = max_steps, blocking
+        self.threads: list[int] = []
+        self.closed = False
+
+    def _state(self) -> tuple[str, dict[str, Any]]:
+        return f"at {self.pos}", {"anchor": f"cell{self.pos}", "admissible_actions": ["right"]}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
+        self.threads.append(threading.get_ident())
+        self.pos, self.steps = int(seed or 0), 0
+        return self._state()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.threads.append(threading.get_ident())
+        self.steps += 1
+        valid = action == RIGHT
+        self.pos += valid
+        obs, info = self._state()
+        done = self.pos == 3
+        info.update(valid=valid, success=done)
+        return obs, float(done), done, self.steps >= self.max_steps and not done, info
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ByteTokenizer:
+    """Chat template: the messages' contents joined by '|'; token ids: that text's UTF-8 bytes."""
+
+    eos_token_id = 0
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> list[int]:
+        return list("|".join(m["content"] for m in conversation).encode())
+
+
+# Start at cell 1 (seed 1); the answers: LEFT (invalid, stays at 1), RIGHT (to 2), RIGHT (to 3, the goal).
+# last_k with k = 1 shows the newest step; the memory numbers steps from 1 ("Now (step n)").
+SEED, SCRIPT = 1, [LEFT, RIGHT, RIGHT]
+PROMPTS = [
+    "Walk right.|Now (step 1):\nat 1",
+    f"Walk right.|Recent steps:\nStep 1:\nat 1\nYou answered: {LEFT}\n\nNow (step 2):\nat 1",
+    f"Walk right.|Recent steps:\nStep 2:\nat 1\nYou answered: {RIGHT}\n\nNow (step 3):\nat 2",
+]
+ANCHORS = ["cell1", "cell1", "cell2"]  # of the state acted in, not of the state reached
+REWARDS = [0.0, 0.0, 1.0]
+DONE = [False, False, True]
+VALID = [False, True, True]
+
+
+def memory_k1() -> Any:
+    import memory
+
+    return memory.make("last_k", k=1, tokenizer=ByteTokenizer(), max_prompt_tokens=10_000)
+
+
+def scripted(answers: list[str]):
+    it = iter(answers)
+
+    def generate(turn: Turn) -> Answer:
+        return Answer(next(it))
+
+    return generate
+
+
+async def test_on_step_sees_each_step_as_worked_out_by_hand() -> None:
+    records: list[StepRecord[Answer]] = []
+    env = Corridor()
+    outcome = await play(env, memory_k1(), scripted(SCRIPT), records.append, seed=SEED)
+    assert [r.turn.step for r in records] == [0, 1, 2]
+    assert [r.turn.prompt_ids for r in records] == [list(p.encode()) for p in PROMPTS]
+    assert [r.turn.anchor for r in records] == ANCHORS
+    assert [r.turn.observation for r in records] == ["at 1", "at 1", "at 2"]
+    assert [r.response.text for r in records] == SCRIPT
+    assert [r.reward for r in records] == REWARDS
+    assert [r.terminated for r in records] == DONE and not any(r.truncated for r in records)
+    assert [r.valid for r in records] == VALID
+    # 3 steps, env return 0 + 0 + 1 = 1, one invalid answer, the goal reached.
+    assert (outcome.steps, outcome.env_return, outcome.invalid) == (3, 1.0, 1)
+    assert outcome.success and outcome.ended
+    assert not env.closed  # the caller owns the env
+
+
+async def test_step_limit_and_truncation_end_the_episode() -> None:
+    # Always LEFT: the env truncates at its max_steps = 2; a step_limit of 1 stops before the env does.
+    env = Corridor(max_steps=2)
+    records: list[StepRecord[Answer]] = []
+    outcome = await play(env, memory_k1(), scripted([LEFT] * 5), records.append, seed=0)
+    assert [(r.terminated, r.truncated) for r in records] == [(False, False), (False, True)]
+    assert (outcome.steps, outcome.invalid, outcome.success, outcome.ended) == (2, 2, False, True)
+    outcome = await play(env, memory_k1(), scripted([LEFT] * 5), seed=0, step_limit=1)
+    assert (outcome.steps, outcome.ended) == (1, False)
+
+
+async def test_a_blocking_env_runs_in_another_thread_and_the_callbacks_on_the_loop() -> None:
+    env = Corridor(blocking=True)
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+
+    async def generate(turn: Turn) -> Answer:
+        seen.append(threading.get_ident())
+        return Answer(RIGHT)
+
+    async def on_step(record: StepRecord[Answer]) -> None:
+        seen.append(threading.get_ident())
+
+    outcome = await play(env, memory_k1(), generate, on_step, seed=SEED)
+    assert outcome.steps == 2  # cell 1 -> 2 -> 3
+    assert len(env.threads) == 3 and loop_thread not in env.threads  # reset and two steps, all in a thread
+    assert seen == [loop_thread] * 4
+    env = Corridor(blocking=False)
+    await play(env, memory_k1(), scripted([RIGHT, RIGHT]), seed=SEED)
+    assert env.threads == [loop_thread] * 3
+
+
+class Engine:
+    """Answers SCRIPT in order, as an engine would: response ids are the text's bytes, version 5."""
+
+    url = "http://e:1"
+
+    def __init__(self) -> None:
+        self.answers, self.prompts = iter(SCRIPT), []
+
+    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        text = next(self.answers)
+        ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)
+        return Generation(ids, np.zeros(len(ids), np.float32), text, "stop", version_lo=5, version_hi=5)
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.sent: list[Transition] = []
+
+    async def send_transition(self, t: Transition) -> None:
+        self.sent.append(t)
+
+
+@pytest.fixture
+def spec(monkeypatch: pytest.MonkeyPatch) -> tuple[ActorSpec, list[str]]:
+    """An ActorSpec whose env is the Corridor and memory last_k k = 1; the list logs each loop's callers."""
+    cfg = Config()
+    cfg.memory.k, cfg.memory.max_prompt_tokens, cfg.trainer.invalid_action_penalty = 1, 10_000, -0.25
+    monkeypatch.setattr("actors.spec.envs.make", lambda name, **kwargs: Corridor(**kwargs))
+    calls: list[str] = []
+    real_play = actors.episode.play
+
+    async def logged_play(*args: Any, **kwargs: Any):
+        calls.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        return await real_play(*args, **kwargs)
+
+    monkeypatch.setattr(actors.episode, "play", logged_play)
+    return ActorSpec.from_config(cfg), calls
+
+
+async def test_the_actor_plays_through_the_loop(spec: tuple[ActorSpec, list[str]]) -> None:
+    actor_spec, calls = spec
+    broker, engine = Broker(), Engine()
+    actor = Actor(actor_spec, "actor-0", 0, broker, [engine], ByteTokenizer())  # type: ignore[arg-type]
+    result = await asyncio.create_task(actor.play(GroupGrant(group_id=7, seed=SEED, min_version=6), "t", engine),
+                                       name="actor")
+    assert calls == ["actor"]
+    sent = broker.sent
+    assert [t.step for t in sent] == [0, 1, 2]
+    assert [t.prompt_ids.tolist() for t in sent] == [list(p.encode()) for p in PROMPTS] == engine.prompts
+    assert [t.anchor for t in sent] == ANCHORS
+    # The actor adds the invalid-action penalty (-0.25) to the env reward of the invalid first step.
+    assert [t.reward for t in sent] == [-0.25, 0.0, 1.0]
+    assert [t.done for t in sent] == DONE and [t.valid for t in sent] == VALID
+    assert [(t.version_lo, t.version_hi) for t in sent] == [(6, 6)] * 3  # raised to the grant's min_version 6
+    assert [bytes(t.response_ids.astype(np.uint8)).decode() for t in sent] == SCRIPT
+    assert (result.steps, result.total_reward, result.success) == (3, 0.75, True)  # -0.25 + 0 + 1
+    assert actor.counters["invalid_actions"] == 1 and actor.counters["episodes"] == 1
+    assert actor.in_flight == 0 and actor.policy_version == 5
+
+
+async def test_the_evaluator_plays_through_the_loop(spec: tuple[ActorSpec, list[str]]) -> None:
+    actor_spec, calls = spec
+    engine = Engine()
+    episode = play_episode(actor_spec.episode, engine, ByteTokenizer(), SEED)  # type: ignore[arg-type]
+    result = await asyncio.create_task(episode, name="evaluator")
+    assert calls == ["evaluator"]
+    assert engine.prompts == [list(p.encode()) for p in PROMPTS]  # exactly the actor's prompts
+    assert result == Episode(success=True, env_return=1.0, steps=3, invalid=1)  # env reward only: no penalty
