@@ -3,7 +3,7 @@
 Pure bookkeeping, no sockets: `broker.server` feeds it messages and sends what it returns. Invariant, at
 every moment:  ingested == trained + buffered + dropped  (each in transitions).
 
-Admission (contract 4, the rule AReaL uses): the j-th live group admitted (0-based) is meant for global
+Admission (the rule AReaL uses): the j-th live group admitted (0-based) is meant for global
 step j // groups_per_step; it may start only while that step is within `max_staleness` of the learner's
 version, i.e.  live_admitted < (version + max_staleness + 1) * groups_per_step, and only once every engine
 serves at least version  step - max_staleness, so its tokens cannot be staler than the bound when trained.

@@ -1,4 +1,4 @@
-"""Stats from every process, under stable names (contract 5): totals, rates and the registry of peers.
+"""Stats from every process, under stable names: totals, rates and the registry of peers.
 
 Each process sends `Stats` with its counters (totals since it started) and gauges. A restarted process
 comes back under a new incarnation with counters from zero, so totals are kept per (source, incarnation)

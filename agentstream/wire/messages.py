@@ -95,7 +95,7 @@ class GroupGrant:
 
 @dataclass(frozen=True)
 class Transition:
-    """One env step of one trajectory (contract 1)."""
+    """One env step of one trajectory. The actor -> broker contract."""
 
     traj_id: str
     group_id: int
@@ -215,7 +215,7 @@ class BatchRequest:
 
 @dataclass(frozen=True)
 class Batch:
-    """One rank's share of a global batch: whole groups, columnar (contract 3).
+    """One rank's share of a global batch: whole groups, columnar.
 
     Per transition i: its group (0..n_groups-1 within this share), trajectory (0..n_trajs-1), step index,
     reward, flags and version interval; token arrays are concatenated, split by the length arrays.
