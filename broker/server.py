@@ -414,19 +414,6 @@ class Broker:
             if grant is not None:  # None: the request of an actor incarnation that was replaced
                 await self._send(ident, grant)
 
-    async def _batch_request(self, ident: bytes, req: BatchRequest) -> None:
-        if req.world_size != self.buffer.world_size or not 0 <= req.rank < req.world_size:
-            reason = (f"rank {req.rank} of world {req.world_size} does not match the broker's "
-                      f"learner.world_size={self.buffer.world_size}")
-            await self._send(ident, Reject(reason=reason, step=req.step))
-            return
-        b = self.buffer
-        if req.step > b.next_step and b.next_step == 0 and not b.formed:
-            self.state.resume(req.step)  # a fresh broker and a learner resuming from its checkpoint
-        self._batch_waiters = [(i, r) for i, r in self._batch_waiters if (r.step, r.rank) != (req.step, req.rank)]
-        self._batch_waiters.append((ident, req))  # a resent request replaces the one it repeats
-        await self._serve_batches()
-
     async def _serve_batches(self) -> None:
         waiting, self._batch_waiters = self._batch_waiters, []
         for ident, req in sorted(waiting, key=lambda w: w[1].step):
