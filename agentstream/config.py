@@ -331,7 +331,8 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     """KL(pi || pi_ref) coefficient (0: off, and no reference policy is built)."""
     kl_estimator: str = "k3"
-    """KL estimator: k1, k2 or k3 (low-variance, Schulman 2020)."""
+    """KL estimator, as verl's kl_penalty: k1 (kl), k2 (mse), k3 (low_var_kl, clamped to [-10, 10]) or abs;
+    a trailing `+` (k3+, k1+, abs+) keeps the value and takes k2's gradient."""
     kl_in_reward: bool = False
     """True: subtract kl_coef * KL(behaviour || ref) of each step from its reward before advantages; False: KL term in the loss."""
     reference: str = "none"

@@ -117,17 +117,43 @@ POLICY_LOSSES.update(ppo_clip=ppo_clip, gspo=gspo)
 
 
 # --------------------------------------------------------------------------------------- KL
+def _k3(logp: Tensor, ref: Tensor) -> Tensor:
+    """r - 1 - log r with log r = ref - logp: unbiased, low variance, >= 0. As verl's `low_var_kl`: log r is
+    clamped to [-20, 20] (exp never overflows) and the estimate to [-10, 10] (a token whose estimate is past 10
+    adds 10 and no gradient)."""
+    log_r = (ref - logp).clamp(-20, 20)  # [B, T]
+    return (torch.exp(log_r) - 1 - log_r).clamp(-10, 10)
+
+
+def _k2(logp: Tensor, ref: Tensor) -> Tensor:
+    return 0.5 * (logp - ref) ** 2
+
+
+def _straight_through(forward: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    """`forward`'s value with k2's gradient (verl's `k1+`, `k3+`): k1's and k3's expected values are the KL,
+    but their expected gradients are not its gradient, while k2's is."""
+    def estimate(logp: Tensor, ref: Tensor) -> Tensor:
+        backward = _k2(logp, ref)  # [B, T]
+        return backward - backward.detach() + forward(logp, ref).detach()
+    return estimate
+
+
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    # Schulman 2020, "Approximating KL divergence", with x ~ pi_theta and log r = ref_logp - logp:
+    # Schulman 2020, "Approximating KL divergence", with x ~ pi_theta and log r = ref_logp - logp; the names and
+    # values are verl's `kl_penalty` (core_algos.py), aliases included.
     "k1": lambda logp, ref: logp - ref,  # -log r: unbiased, high variance, can be negative
-    "k2": lambda logp, ref: 0.5 * (logp - ref) ** 2,  # (log r)^2 / 2: biased, low variance
-    # r - 1 - log r: unbiased, low variance, >= 0 (log r clamped to +-20 as in verl, so exp never overflows)
-    "k3": lambda logp, ref: torch.exp((ref - logp).clamp(-20, 20)) - 1 - (ref - logp).clamp(-20, 20),
+    "abs": lambda logp, ref: (logp - ref).abs(),  # |log r|
+    "k2": _k2,  # (log r)^2 / 2: biased, low variance; its gradient is the KL's in expectation
+    "k3": _k3,
 }
+KL_ESTIMATORS.update(kl=KL_ESTIMATORS["k1"], mse=_k2, low_var_kl=_k3)
+KL_ESTIMATORS.update({f"{name}+": _straight_through(fn) for name, fn in list(KL_ESTIMATORS.items())
+                      if fn is not _k2})  # k2+ would be k2 itself: verl has none
 
 
 def kl_estimate(name: str, logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) [B, T] with estimator `name` (k1, k2, k3)."""
+    """Per-token estimate of KL(pi_theta || pi_ref) [B, T] with estimator `name` (k1, k2, k3, abs, their verl
+    aliases kl, mse, low_var_kl, and `+` variants: the value of the estimator, the gradient of k2)."""
     try:
         fn = KL_ESTIMATORS[name]
     except KeyError:
@@ -239,7 +265,7 @@ def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -
                 l_t -= o["entropy_coef"] * float(inp.entropy[b, t])  # type: ignore[index,operator]
             if o["kl_coef"]:
                 x = float(inp.ref_logp[b, t]) - float(inp.logp[b, t])  # type: ignore[index]
-                k = {"k1": -x, "k2": 0.5 * x * x, "k3": math.exp(x) - 1 - x}[str(o["kl_estimator"])]
+                k = _kl_value_reference(str(o["kl_estimator"]), x)
                 l_t += o["kl_coef"] * k  # type: ignore[operator]
             terms.append(l_t if keeps[b][t] else 0.0)
         all_terms += terms
@@ -249,3 +275,13 @@ def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -
     if o["agg"] == "token-mean":
         return sum(all_terms) / float(o["token_denom"] or max(len(all_terms), 1))  # type: ignore[arg-type]
     return sum(seq_values) / float(o["seq_denom"] or max(n_seqs, 1))  # type: ignore[arg-type]
+
+
+def _kl_value_reference(name: str, log_r: float) -> float:
+    """One token's KL estimate (its value: a `+` variant's is its base's) with python floats."""
+    base = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(name.removesuffix("+"), name.removesuffix("+"))
+    if base == "k3":
+        x = min(max(log_r, -20.0), 20.0)
+        return min(max(math.exp(x) - 1 - x, -10.0), 10.0)
+    return {"k1": -log_r, "abs": abs(log_r), "k2": 0.5 * log_r * log_r}[base]
+

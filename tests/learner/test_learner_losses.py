@@ -8,7 +8,16 @@ import math
 import pytest
 import torch
 
-from learner.losses import PolicyLossInput, aggregate, gspo, kl_estimate, policy_objective, policy_objective_reference, ppo_clip
+from learner.losses import (
+    KL_ESTIMATORS,
+    PolicyLossInput,
+    aggregate,
+    gspo,
+    kl_estimate,
+    policy_objective,
+    policy_objective_reference,
+    ppo_clip,
+)
 from learner.offpolicy import get_off_policy
 
 LN = math.log
@@ -77,8 +86,63 @@ def test_kl_estimators_by_hand():
     assert float(kl_estimate("k1", logp, ref)) == pytest.approx(0.693147, abs=1e-6)
     assert float(kl_estimate("k2", logp, ref)) == pytest.approx(0.240227, abs=1e-6)
     assert float(kl_estimate("k3", logp, ref)) == pytest.approx(0.193147, abs=1e-6)
-    with pytest.raises(KeyError, match="known: k1, k2, k3"):
+    with pytest.raises(KeyError, match="known: abs, abs\\+, k1, k1\\+, k2, k3, k3\\+, kl, kl\\+, low_var_kl"):
         kl_estimate("k4", logp, ref)
+
+
+def verl_kl(name: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """verl's `kl_penalty` (verl/trainer/ppo/core_algos.py), written out here in float64: the forward value of
+    the named estimator, and for a name ending in `+` the straight-through k2 gradient."""
+    base = name.removesuffix("+")
+    if base in ("kl", "k1"):
+        forward = logp - ref
+    elif base == "abs":
+        forward = (logp - ref).abs()
+    elif base in ("mse", "k2"):
+        forward = 0.5 * (logp - ref).square()
+    else:  # low_var_kl, k3
+        kl = torch.clamp(ref - logp, min=-20, max=20)
+        forward = torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+    if not name.endswith("+"):
+        return forward
+    backward = 0.5 * (logp - ref).square()
+    return backward - backward.detach() + forward.detach()
+
+
+def test_a_huge_ratio_gives_verls_clamped_k3_and_no_gradient():
+    # log r = ref - logp = 25 -> clamped to 20: e^20 - 1 - 20 = 4.85e8, then clamped to 10 (verl's low_var_kl);
+    # at the clamp the estimate does not depend on logp: gradient 0. log r = -ln 2 stays 0.193147 (above).
+    logp = torch.tensor([-30.0, LN(0.5)], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-5.0, LN(0.25)], dtype=torch.float64)
+    k = kl_estimate("k3", logp, ref)
+    assert k.tolist() == pytest.approx([10.0, 0.193147], abs=1e-6)
+    k.sum().backward()
+    # d/dlogp (r - 1 - log r) = -r + 1 with r = 0.5: 0.5 for the second token
+    assert logp.grad.tolist() == pytest.approx([0.0, 0.5], abs=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(KL_ESTIMATORS))
+def test_every_kl_estimator_is_verls_on_random_and_extreme_inputs(name):
+    gen = torch.Generator().manual_seed(7)
+    logp = torch.randn(4, 9, generator=gen, dtype=torch.float64) * 3 - 2  # [B, T]
+    ref = torch.randn(4, 9, generator=gen, dtype=torch.float64) * 3 - 2
+    logp[0, :3], ref[0, :3] = torch.tensor([-40.0, -1e-3, -25.0]), torch.tensor([-1e-3, -40.0, -25.0])  # extremes
+    ours_in, verl_in = logp.clone().requires_grad_(), logp.clone().requires_grad_()
+    ours, theirs = kl_estimate(name, ours_in, ref), verl_kl(name, verl_in, ref)
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
+    (ours * torch.linspace(0.5, 2, 9, dtype=torch.float64)).sum().backward()
+    (theirs * torch.linspace(0.5, 2, 9, dtype=torch.float64)).sum().backward()
+    assert torch.allclose(ours_in.grad, verl_in.grad, atol=1e-6, rtol=0)
+
+
+def test_straight_through_variants_take_k2s_gradient():
+    # k3+ at log r = -ln 2: value k3 = 0.193147; gradient of k2 = (logp - ref) = ln 2 = 0.693147
+    logp = torch.tensor([LN(0.5)], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([LN(0.25)], dtype=torch.float64)
+    k = kl_estimate("k3+", logp, ref)
+    k.backward()
+    assert float(k.detach()) == pytest.approx(0.193147, abs=1e-6)
+    assert float(logp.grad) == pytest.approx(0.693147, abs=1e-6)
 
 
 def test_masked_is_counts_tokens_and_sequences():
