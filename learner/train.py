@@ -33,7 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from agentstream.config import AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, load
+from agentstream.config import (
+    AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, load,
+)
 from agentstream.wire.client import SyncClient
 from agentstream.wire.messages import Batch, BatchRequest, Hello, Reject, Stats, VersionUpdate
 from learner.checkpoint import (
