@@ -284,6 +284,52 @@ class TrainerConfig:
     """Reward added to a step whose text did not parse into an action."""
 
 
+JUDGE_TEMPLATE = """You judge how well an agent did a task.
+
+Task:
+{task}
+
+What the agent saw and did:
+{transcript}
+
+Where it ended:
+{final_observation}
+
+Rate the agent's work from 0 (failed) to 1 (perfect). End your answer with the score, e.g. `Score: 0.5`."""
+"""The default `judges.template` (placeholders: see `JudgesConfig.template`)."""
+
+
+@dataclass
+class JudgesConfig:
+    """LLM judges: vLLM servers of a judge model that score each finished episode; the score is part of its reward."""
+
+    count: int = 0
+    """Judge servers this launch starts (named judge-<i>, apart from the generation engines); 0: no judge."""
+    model: str = ""
+    """The judge's Hugging Face model directory, served with its own weights (never updated); empty: model.path's
+    initial weights, frozen."""
+    template: str = JUDGE_TEMPLATE
+    """The judge's prompt (one user message through the judge's chat template); placeholders {task}, {transcript},
+    {final_observation}, {env_return}, {steps}, {success}; {{ and }} are literal braces."""
+    score_pattern: str = r"(-?\d+(?:\.\d+)?)"
+    """Regex over the judge's answer: group 1 of its LAST match is the score (default: the last number)."""
+    default_score: float = 0.0
+    """The score of an answer without a (finite) match, a judge error or a timeout; each counted apart."""
+    combine: str = "add"
+    """How the score s joins the episode's last env reward r: add (r + weight*s), replace (weight*s) or multiply
+    (r * weight*s)."""
+    weight: float = 1.0
+    """The judge score's weight in `combine`."""
+    max_tokens: int = 64
+    """Longest judge answer in tokens (the transcript's oldest steps are left out to fit engines.max_model_len)."""
+    temperature: float = 0.0
+    """Judge sampling temperature (0: greedy)."""
+    timeout_s: float = 60.0
+    """A judge request without an answer after this long gives default_score (counted as a judge error)."""
+    max_restarts: int = 2
+    """A dead judge server is restarted this many times in total; meanwhile its requests give default_score."""
+
+
 @dataclass
 class ValidationConfig:
     """Validation during training (actors/evaluate.py): held-out seeds, played apart from the training data."""
@@ -308,6 +354,8 @@ class AlgorithmConfig:
     """Advantage estimator (see `learner.advantages.ADVANTAGES`); `gae` trains a critic."""
     norm_by_std: bool = True
     """GRPO/GiGPO: divide by the group's std (mean_std_norm); False: subtract the mean only (Dr. GRPO, mean_norm)."""
+    group_of_one: str = "zero"
+    """A group of one trajectory: zero (advantage 0) or score (verl's: GRPO s/(1+eps), RLOO s, RF++-baseline s - 0)."""
     gamma: float = 1.0
     """Discount of per-step returns (gigpo, reinforce_pp, reinforce_pp_baseline, gae)."""
     lam: float = 0.95
@@ -323,7 +371,7 @@ class AlgorithmConfig:
     dual_clip: float = 0.0
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at -c*A; 0 turns it off."""
     loss_agg: str = "token-mean"
-    """Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
+    """Loss aggregation: token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
     norm_length: int = 1024
     """seq-mean-token-sum-norm (Dr. GRPO) divides each sequence's token sum by this constant (>= sampling.max_tokens)."""
     entropy_coef: float = 0.0
@@ -345,13 +393,20 @@ class AlgorithmConfig:
     """C: TIS truncates pi_prox / pi_behav at C; MIS drops tokens (sequences) whose ratio leaves [1/C, C]."""
     whiten_advantages: bool = False
     """Whiten the batch's advantages over its response tokens (zero mean, unit variance) before the policy loss,
-    as verl's PPO does to GAE; the critic's returns use them unwhitened."""
+    as verl's PPO does to GAE; the critic's returns use them unwhitened. REINFORCE++ (-baseline) always whitens."""
     critic_lr: float = 1e-5
     """AdamW learning rate of the critic (advantage=gae)."""
     value_clip: float = 0.2
     """Clipped value loss: the new value stays within +-value_clip of the old one."""
+    value_loss_agg: str = "token-mean"
+    """Critic loss over steps, as verl's: token-mean (a step weighted by its response tokens), seq-mean-token-sum
+    or seq-mean-token-mean (a mean over steps)."""
     dynamic_sampling: bool = False
     """DAPO: the broker drops groups whose G returns are all equal (no signal), counts them, and admits more."""
+    dpo_beta: float = 0.1
+    """online_dpo: beta of the DPO loss -log sigmoid(beta * (chosen's - rejected's log-ratio to the reference))."""
+    ref_update_every: int = 0
+    """Copy the policy into the frozen reference every this many versions (SPIN's opponent); 0 = never."""
 
 
 @dataclass
@@ -371,6 +426,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    judges: JudgesConfig = field(default_factory=JudgesConfig)
 
 
 class ConfigError(ValueError):

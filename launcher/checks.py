@@ -4,9 +4,11 @@ the registries of the envs, memories and the learner's algorithms, which the con
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+from actors.judge import COMBINE_RULES, pattern_errors, template_errors
 from agentstream.config import (
     TINY_MODEL_DIR,
     AlgorithmConfig,
@@ -18,8 +20,8 @@ from agentstream.config import (
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.metrics import logger_errors
 from envs.registry import known_envs
-from learner.advantages import ADVANTAGES
-from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS
+from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY
 from memory import known_memories
 
@@ -57,8 +59,9 @@ def config_errors(cfg: Config) -> list[str]:
     errors = _episode_errors(cfg) + _model_errors(cfg) + _scale_errors(cfg) + _engine_errors(cfg) + _learner_errors(cfg)
     errors += logger_errors(cfg.broker.logger)
     errors += _lora_and_checkpoint_errors(cfg)
-    errors += algorithm_errors(cfg.algorithm)
+    errors += algorithm_errors(cfg.algorithm) + reference_errors(cfg)
     errors += _validation_errors(cfg.validation)
+    errors += judges_errors(cfg)
     errors += _role_errors(cfg)
     errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
     return errors
@@ -182,6 +185,31 @@ def _learner_errors(cfg: Config) -> list[str]:
                       f"e.g. 1024 for a large vocabulary).")
     return errors
 
+def judges_errors(cfg: Config) -> list[str]:
+    """What is wrong with `judges.*` (empty: nothing, or no judge), each saying what to change."""
+    j = cfg.judges
+    if j.count < 0:
+        return [f"judges.count={j.count}: must be >= 0 (0 = no LLM judge)."]
+    if j.count == 0:
+        return []
+    errors = template_errors(j.template) + pattern_errors(j.score_pattern)
+    if j.model and Path(j.model).resolve() != TINY_MODEL_DIR.resolve() and not (Path(j.model) / "config.json").is_file():
+        errors.append(f"judges.model={j.model!r} is not a Hugging Face model directory (no config.json): point it at a "
+                      f"local model directory, or leave it empty to judge with model.path's initial weights.")
+    if j.combine not in COMBINE_RULES:
+        errors.append(f"judges.combine={j.combine!r} is unknown; use one of {', '.join(COMBINE_RULES)} "
+                      f"(add: env + weight*score, replace: weight*score, multiply: env * weight*score).")
+    if not all(math.isfinite(v) for v in (j.default_score, j.weight)):
+        errors.append(f"judges.default_score={j.default_score}, judges.weight={j.weight}: both must be finite numbers.")
+    if not 1 <= j.max_tokens < cfg.engines.max_model_len:
+        errors.append(f"judges.max_tokens={j.max_tokens}: must be at least 1 and leave room for the prompt within "
+                      f"engines.max_model_len={cfg.engines.max_model_len} (the judges' context).")
+    if j.temperature < 0 or j.timeout_s <= 0 or j.max_restarts < 0:
+        errors.append(f"judges.temperature={j.temperature} (>= 0; 0 = greedy), judges.timeout_s={j.timeout_s} (> 0), "
+                      f"judges.max_restarts={j.max_restarts} (>= 0): one of them is out of range.")
+    return errors
+
+
 ROLES = ("all", "actors", "engines", "learner")
 """What one launch starts: the whole run, or more actors / engines / learner ranks for a running one."""
 
@@ -253,6 +281,7 @@ def algorithm_errors(a: AlgorithmConfig) -> list[str]:
         ("loss_agg", a.loss_agg, LOSS_AGGREGATIONS), ("kl_estimator", a.kl_estimator, KL_ESTIMATORS),
         ("off_policy", a.off_policy, OFF_POLICY), ("is_level", a.is_level, LEVELS),
         ("reference", a.reference, ("none", "frozen_copy")),
+        ("value_loss_agg", a.value_loss_agg, VALUE_LOSS_AGGREGATIONS), ("group_of_one", a.group_of_one, GROUP_OF_ONE),
     ]:
         if value not in known:
             errors.append(f"algorithm.{name}={value!r} is unknown; known: {', '.join(sorted(known))}.")
@@ -271,6 +300,27 @@ def algorithm_errors(a: AlgorithmConfig) -> list[str]:
                         ("value_clip", a.value_clip)]:
         if value < 0:
             errors.append(f"algorithm.{name}={value}: must be >= 0.")
+    return errors
+
+
+def reference_errors(cfg: Config) -> list[str]:
+    """Online DPO and SPIN: a reference to compare with, the pair mean carried by the advantages."""
+    a, errors = cfg.algorithm, []
+    if a.dpo_beta <= 0:
+        errors.append(f"algorithm.dpo_beta={a.dpo_beta}: must be > 0 (e.g. 0.1).")
+    if a.ref_update_every < 0:
+        errors.append(f"algorithm.ref_update_every={a.ref_update_every}: must be >= 0 (0 = never refresh the reference).")
+    if a.advantage not in NEEDS_LOGPROBS:
+        return errors
+    if a.reference != "frozen_copy" and not cfg.model.lora_rank:
+        errors.append(f"algorithm.advantage={a.advantage} compares the policy with a reference: set "
+                      f"algorithm.reference=frozen_copy (or train LoRA, whose base model is the reference).")
+    if a.ref_update_every > 0 and a.reference != "frozen_copy":
+        errors.append(f"algorithm.ref_update_every={a.ref_update_every} refreshes a frozen copy: set "
+                      f"algorithm.reference=frozen_copy, or ref_update_every=0.")
+    if a.loss_agg != "token-sum":
+        errors.append(f"algorithm.advantage={a.advantage} carries DPO's mean over pairs in its advantages: set "
+                      f"algorithm.loss_agg=token-sum (got {a.loss_agg!r}; `algorithm=online_dpo` sets it).")
     return errors
 
 

@@ -5,7 +5,9 @@
 Every estimator takes the same `AdvantageInput` and keyword options and returns `(advantages [N], stats)`;
 the caller passes all options, each estimator takes the ones it declares. Where an estimator defines
 returns (the critic's target), `returns_of(name, inp, adv)` gives them. Every fast estimator has a slow,
-obvious `*_reference` beside it (python loops); tests check that they agree on random inputs.
+obvious `*_reference` beside it (python loops); tests check that they agree on random inputs, and
+tests/learner/test_learner_advantages.py holds each against verl's `core_algos.py` formula (docs/algorithms.md,
+"The same numbers as verl").
 
 Shapes: N = transitions (env steps) of a batch, J = trajectories, K = groups (or step groups),
 L = the longest trajectory (steps).
@@ -21,6 +23,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from learner.preference import dpo_advantages, preference_pairs
+
 
 @dataclass(frozen=True)
 class AdvantageInput:
@@ -34,10 +38,13 @@ class AdvantageInput:
     dones: Tensor  # [N] bool, last step of its trajectory (done or truncated)
     anchors: list[str] | None = None  # [N] the env's anchor observation of the step (GiGPO); "" = none
     values: Tensor | None = None  # [N] float, the critic's value of the step's state (GAE)
+    tokens: Tensor | None = None  # [N] int, response tokens of the step (token-weighted whitening); None = 1 each
+    logp: Tensor | None = None  # [N] float, log pi of the step's response (its tokens' sum; online DPO)
+    ref_logp: Tensor | None = None  # [N] float, log pi_ref of the step's response (online DPO)
 
     def __post_init__(self) -> None:
         n = self.rewards.shape
-        for name in ("traj_index", "group_index", "step_index", "dones", "values"):
+        for name in ("traj_index", "group_index", "step_index", "dones", "values", "tokens", "logp", "ref_logp"):
             t = getattr(self, name)
             if t is not None and (len(n) != 1 or t.shape != n):
                 raise ValueError(
@@ -54,13 +61,22 @@ class AdvantageFn(Protocol):
 
 
 ADVANTAGES: dict[str, AdvantageFn] = {}
-# estimators whose input needs `values` (a critic), and those that need `anchors`
+# estimators whose input needs `values` (a critic), those that need `anchors`, and those that need the policy's
+# and a reference's log-probs of each step (`logp`, `ref_logp`: online DPO)
 NEEDS_VALUES: set[str] = set()
 NEEDS_ANCHORS: set[str] = set()
+NEEDS_LOGPROBS: set[str] = set()
+# estimators that whiten their output over the batch's tokens (option `whiten`): a learner spread over ranks
+# passes whiten=False and whitens over the global batch itself (`whitening_sums` summed over ranks, `whiten`)
+WHITENS: set[str] = set()
+GROUP_OF_ONE = ("zero", "score")
+"""Option `group_of_one`: what a group of one trajectory (nothing to compare with) gets. zero: advantage 0;
+score: verl's (its group mean is 0 and std 1, so it keeps its score: GRPO s/(1+eps) or s, RLOO s)."""
 
 
 def register_advantage(
-    name: str, *, needs_values: bool = False, needs_anchors: bool = False
+    name: str, *, needs_values: bool = False, needs_anchors: bool = False, whitens: bool = False,
+    needs_logprobs: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register an estimator under `name`. Its options are keyword-only arguments."""
 
@@ -72,6 +88,10 @@ def register_advantage(
             NEEDS_VALUES.add(name)
         if needs_anchors:
             NEEDS_ANCHORS.add(name)
+        if whitens:
+            WHITENS.add(name)
+        if needs_logprobs:
+            NEEDS_LOGPROBS.add(name)
         return fn
 
     return wrap
@@ -102,6 +122,9 @@ def compute_advantages(name: str, inp: AdvantageInput, **options: float | bool) 
         raise ValueError(f"advantage estimator {name!r} needs per-step values (a critic); AdvantageInput.values is None")
     if name in NEEDS_ANCHORS and inp.anchors is None:
         raise ValueError(f"advantage estimator {name!r} needs per-step anchor observations; AdvantageInput.anchors is None")
+    if name in NEEDS_LOGPROBS and (inp.logp is None or inp.ref_logp is None):
+        raise ValueError(f"advantage estimator {name!r} needs each step's log-probs under the policy and a reference; "
+                         f"AdvantageInput.logp or ref_logp is None")
     mine = _options_of(fn)
     return fn(inp, **{k: v for k, v in options.items() if k in mine})
 
@@ -116,34 +139,53 @@ def returns_of(name: str, inp: AdvantageInput, advantages: Tensor, *, gamma: flo
 
 
 # --------------------------------------------------------------------------------------- whitening
-def whitening_sums(adv: Tensor, weights: Tensor) -> tuple[float, float, float]:
-    """(sum w, sum w A, sum w A^2) of advantages [N] weighted by `weights` [N] (each step's response tokens):
-    what `whiten` needs, summed over every learner rank first (a global batch is spread over the ranks)."""
-    w, a = weights.double(), adv.double()
+def whitening_sums(adv: Tensor, weights: Tensor, centre: float = 0.0) -> tuple[float, float, float]:
+    """(sum w, sum w (A - c), sum w (A - c)^2) of advantages [N] weighted by `weights` [N] (each step's response
+    tokens), c = `centre`: what `whiten` needs, summed over every learner rank first (a global batch is spread
+    over the ranks). Sums around the batch's mean (a first pass's sum w A / sum w) keep the variance exact when
+    the mean is large; around 0 it cancels (|mean| 1e6, spread 1: the variance would be off by ~1e-4)."""
+    w, a = weights.double(), adv.double() - centre
     return float(w.sum()), float((w * a).sum()), float((w * a * a).sum())
 
 
-def whiten(adv: Tensor, n: float, total: float, total_sq: float, eps: float = 1e-8) -> Tensor:
-    """Whitened advantages [N] (verl's `masked_whiten` over response tokens, as its PPO applies to GAE):
+_MEAN_EPS = 1e-8  # verl's masked_mean divides by (count + 1e-8)
 
-        mu = sum w A / sum w        var = (sum w A^2 / sum w - mu^2) * n / (n - 1)     (unbiased)
-        A' = (A - mu) / sqrt(var + eps)
 
-    n, total, total_sq: `whitening_sums` over the whole batch. Fewer than two tokens: returned unchanged."""
+def whiten(adv: Tensor, n: float, total: float, total_sq: float, eps: float = 1e-8, centre: float = 0.0) -> Tensor:
+    """Whitened advantages [N] (verl's `masked_whiten` over response tokens, as its PPO applies to GAE and
+    REINFORCE++ to its returns; verl/utils/torch_functional.py), n = sum w:
+
+        mu = sum w A / (n + 1e-8)        var = sum w (A - mu)^2 / (n + 1e-8) * n / (n - 1)      (unbiased)
+        A' = (A - mu) / sqrt(var + eps)                                                     eps = 1e-8 as verl
+
+    (the 1e-8 beside n is verl's masked_mean's: it moves mu by mu 1e-8 / n, which shows with a large mean).
+    n, total, total_sq: `whitening_sums` over the whole batch, taken around `centre` (the same c): with
+    d = mu - c, sum w (A - mu)^2 = sum w (A-c)^2 - 2 d sum w (A-c) + n d^2. Fewer than two tokens: returned
+    unchanged (verl raises)."""
     if n < 2:
         return adv
-    mu = total / n
-    var = max(total_sq / n - mu * mu, 0.0) * n / (n - 1)
-    return ((adv.double() - mu) / math.sqrt(var + eps)).to(adv.dtype)
+    d = (total - _MEAN_EPS * centre) / (n + _MEAN_EPS)  # mu - c
+    var = max(total_sq - 2 * d * total + n * d * d, 0.0) / (n + _MEAN_EPS) * n / (n - 1)
+    return ((adv.double() - centre - d) / math.sqrt(var + eps)).to(adv.dtype)
+
+
+def whiten_batch(adv: Tensor, tokens: Tensor | None = None) -> Tensor:
+    """`whiten` over this batch alone [N]: every step counts once per response token (`tokens` [N]; None = one
+    each). Two passes: the mean, then the sums around it."""
+    w = torch.ones_like(adv, dtype=torch.float64) if tokens is None else tokens
+    n, total, _ = whitening_sums(adv, w)
+    centre = total / n if n > 0 else 0.0
+    return whiten(adv, *whitening_sums(adv, w, centre), centre=centre)
 
 
 def whiten_reference(adv: list[float], tokens: list[int], eps: float = 1e-8) -> list[float]:
-    """Slow, obvious whitening: every token is one sample of its step's advantage."""
+    """Slow, obvious whitening: every token is one sample of its step's advantage (verl's 1e-8 beside the count)."""
     samples = [a for a, k in zip(adv, tokens) for _ in range(k)]
-    if len(samples) < 2:
+    n = len(samples)
+    if n < 2:
         return list(adv)
-    mu = sum(samples) / len(samples)
-    var = sum((x - mu) ** 2 for x in samples) / (len(samples) - 1)
+    mu = sum(samples) / (n + _MEAN_EPS)
+    var = sum((x - mu) ** 2 for x in samples) / (n + _MEAN_EPS) * n / (n - 1)
     return [(a - mu) / math.sqrt(var + eps) for a in adv]
 
 
@@ -154,7 +196,7 @@ def _compact(index: Tensor) -> tuple[Tensor, int]:
     return inverse, int(uniq.numel())
 
 
-def _traj_groups(inp: AdvantageInput) -> tuple[Tensor, int, Tensor, int]:
+def trajectory_groups(inp: AdvantageInput) -> tuple[Tensor, int, Tensor, int]:
     """(trajectory of each step [N], J, group of each trajectory [J], K), all dense ids."""
     traj, n_traj = _compact(inp.traj_index)  # [N]
     group_of_step, _ = _compact(inp.group_index)  # [N]
@@ -166,20 +208,33 @@ def _traj_groups(inp: AdvantageInput) -> tuple[Tensor, int, Tensor, int]:
     return traj, n_traj, group, n_groups
 
 
-def normalise_in_groups(x: Tensor, group: Tensor, n_groups: int, *, norm_by_std: bool, eps: float) -> tuple[Tensor, Tensor]:
+def check_group_of_one(value: str) -> None:
+    if value not in GROUP_OF_ONE:
+        raise ValueError(f"group_of_one={value!r} is unknown; use one of {', '.join(GROUP_OF_ONE)}")
+
+
+def normalise_in_groups(
+    x: Tensor, group: Tensor, n_groups: int, *, norm_by_std: bool, eps: float, group_of_one: str = "zero",
+) -> tuple[Tensor, Tensor]:
     """(x - mean_g(x)) [/ (std_g(x) + eps)] for x [M] float64 in dense groups [M] -> (normalised [M], std [K]).
 
-    std is unbiased (as torch.std). A group whose values are all equal (a group of one included) gives
-    no comparison: exactly 0, not rounding noise of the mean divided by a tiny std.
+    std is unbiased (as torch.std). A group whose values are all equal gives no comparison: exactly 0, not
+    rounding noise of the mean divided by a tiny std. A group of one gives 0 (group_of_one="zero"), or with
+    "score" verl's mean 0 and std 1: x / (1 + eps), x without norm_by_std. The std returned is the group's own.
     """
+    check_group_of_one(group_of_one)
     count = torch.bincount(group, minlength=n_groups).to(torch.float64)  # [K]
     mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, x) / count.clamp(min=1)  # [K]
     lo = torch.zeros(n_groups, dtype=torch.float64).scatter_reduce_(0, group, x, "amin", include_self=False)
     hi = torch.zeros(n_groups, dtype=torch.float64).scatter_reduce_(0, group, x, "amax", include_self=False)
     centred = torch.where((lo == hi)[group], 0.0, x - mean[group])  # [M]
     var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, centred**2) / (count - 1).clamp(min=1)
-    std = var.sqrt()  # [K]
-    out = centred / (std[group] + eps) if norm_by_std else centred  # [M]
+    std = scale = var.sqrt()  # [K]
+    if group_of_one == "score":
+        alone = count == 1  # [K]
+        centred = torch.where(alone[group], x, centred)
+        scale = torch.where(alone, 1.0, std)
+    out = centred / (scale[group] + eps) if norm_by_std else centred  # [M]
     return torch.where(centred == 0, 0.0, out), std  # 0 / (0 + eps=0) would be nan
 
 
@@ -231,8 +286,10 @@ def _discounted_reference(inp: AdvantageInput, gamma: float) -> list[float]:
     return g
 
 
-def _norm_reference(xs: list[float], norm_by_std: bool, eps: float) -> list[float]:
-    """Reference group normalisation: equal values (one value included) -> 0."""
+def _norm_reference(xs: list[float], norm_by_std: bool, eps: float, group_of_one: str = "zero") -> list[float]:
+    """Reference group normalisation: equal values -> 0; one value -> 0 or (group_of_one="score") x / (1 + eps)."""
+    if len(xs) == 1 and group_of_one == "score":
+        return [xs[0] / (1 + eps) if norm_by_std else xs[0]]
     if min(xs) == max(xs):
         return [0.0] * len(xs)
     mean = sum(xs) / len(xs)
@@ -246,18 +303,21 @@ def _stats(adv: Tensor, **extra: float) -> dict[str, float]:
 
 # --------------------------------------------------------------------------------------- GRPO
 @register_advantage("grpo")
-def grpo(inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
+def grpo(
+    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero",
+) -> tuple[Tensor, dict[str, float]]:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, eq. 3), multi-turn as in verl-agent.
 
     R_j = sum of trajectory j's step rewards; within its group g (G trajectories):
         A_j = (R_j - mean_g(R)) / (std_g(R) + eps)     norm_by_std=True  (std: unbiased, as torch.std)
         A_j =  R_j - mean_g(R)                         norm_by_std=False (Dr. GRPO, Liu et al. 2025, sec. 3.1)
-    Every step of trajectory j gets A_j. A group whose returns are all equal (a group of one included)
-    gives no comparison: A = 0 exactly.
+    Every step of trajectory j gets A_j. A group whose returns are all equal gives no comparison: A = 0
+    exactly. A group of one: A = 0, or with group_of_one="score" verl's R_j / (1 + eps) (R_j without norm_by_std).
     """
-    traj, n_traj, group, n_groups = _traj_groups(inp)
+    traj, n_traj, group, n_groups = trajectory_groups(inp)
     returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
-    adv_traj, std = normalise_in_groups(returns, group, n_groups, norm_by_std=norm_by_std, eps=eps)  # [J], [K]
+    adv_traj, std = normalise_in_groups(returns, group, n_groups, norm_by_std=norm_by_std, eps=eps,
+                                        group_of_one=group_of_one)  # [J], [K]
     adv = adv_traj[traj].to(inp.rewards.dtype)  # [N]
     return adv, _stats(
         adv,
@@ -267,7 +327,9 @@ def grpo(inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6) ->
     )
 
 
-def grpo_reference(inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+def grpo_reference(
+    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero",
+) -> Tensor:
     """Slow, obvious GRPO: dictionaries and loops. Returns advantages [N]."""
     returns: dict[int, float] = {}
     group_of: dict[int, int] = {}
@@ -280,7 +342,7 @@ def grpo_reference(inp: AdvantageInput, *, norm_by_std: bool = True, eps: float 
         members.setdefault(g, []).append(t)
     adv_of: dict[int, float] = {}
     for trajs in members.values():
-        adv_of.update(zip(trajs, _norm_reference([returns[t] for t in trajs], norm_by_std, eps)))
+        adv_of.update(zip(trajs, _norm_reference([returns[t] for t in trajs], norm_by_std, eps, group_of_one)))
     return torch.tensor([adv_of[int(t)] for t in inp.traj_index], dtype=inp.rewards.dtype)
 
 
@@ -300,6 +362,7 @@ def _step_groups(inp: AdvantageInput, group_of_step: Tensor) -> tuple[Tensor, in
 @register_advantage("gigpo", needs_anchors=True)
 def gigpo(
     inp: AdvantageInput, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6,
+    group_of_one: str = "zero",
 ) -> tuple[Tensor, dict[str, float]]:
     """GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
     arXiv 2505.10978, sec. 4; verl-agent `core_gigpo.py`):
@@ -312,10 +375,13 @@ def gigpo(
 
     norm(x) = (x - mean) / (std + eps) with norm_by_std (`mean_std_norm`), x - mean without (`mean_norm`);
     std unbiased; equal values give exactly 0. Anchors [N] come from `inp.anchors` ("" = no anchor).
+    An episode group of one: as GRPO's `group_of_one` (verl-agent normalises it as verl's GRPO: "score");
+    a step group of one always gets 0 (verl-agent: its mean is its own value).
     """
-    traj, n_traj, group, n_groups = _traj_groups(inp)
+    traj, n_traj, group, n_groups = trajectory_groups(inp)
     returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
-    a_ep, ep_std = normalise_in_groups(returns, group, n_groups, norm_by_std=norm_by_std, eps=eps)  # [J]
+    a_ep, ep_std = normalise_in_groups(returns, group, n_groups, norm_by_std=norm_by_std, eps=eps,
+                                       group_of_one=group_of_one)  # [J]
     sgroup, n_sg = _step_groups(inp, group[traj])  # [N]
     g = discounted_returns(inp, gamma)  # [N]
     a_step, _ = normalise_in_groups(g, sgroup, n_sg, norm_by_std=norm_by_std, eps=eps)  # [N]
@@ -334,11 +400,12 @@ def gigpo(
 
 def gigpo_reference(
     inp: AdvantageInput, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6,
+    group_of_one: str = "zero",
 ) -> Tensor:
     """Slow, obvious GiGPO: dictionaries and loops. Returns advantages [N]."""
     assert inp.anchors is not None
     n = inp.rewards.numel()
-    a_ep = grpo_reference(inp, norm_by_std=norm_by_std, eps=eps).tolist()
+    a_ep = grpo_reference(inp, norm_by_std=norm_by_std, eps=eps, group_of_one=group_of_one).tolist()
     g = _discounted_reference(inp, gamma)
     members: dict[object, list[int]] = {}
     for i in range(n):
@@ -353,24 +420,26 @@ def gigpo_reference(
 
 # --------------------------------------------------------------------------------------- RLOO
 @register_advantage("rloo")
-def rloo(inp: AdvantageInput) -> tuple[Tensor, dict[str, float]]:
+def rloo(inp: AdvantageInput, *, group_of_one: str = "zero") -> tuple[Tensor, dict[str, float]]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics", eq. 5):
 
         A_j = R_j - 1/(G-1) sum_{i != j} R_i = G/(G-1) (R_j - mean_g(R))
 
-    R_j = trajectory j's summed reward, G its group's size; every step of j gets A_j; a group of one gets 0.
+    R_j = trajectory j's summed reward, G its group's size; every step of j gets A_j. A group of one gets 0
+    (as verl's `rloo_vectorized`), or R_j with group_of_one="score" (as verl's `rloo`).
     """
-    traj, n_traj, group, n_groups = _traj_groups(inp)
+    check_group_of_one(group_of_one)
+    traj, n_traj, group, n_groups = trajectory_groups(inp)
     returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
     count = torch.bincount(group, minlength=n_groups).to(torch.float64)  # [K]
     total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, returns)  # [K]
     others = (total[group] - returns) / (count[group] - 1).clamp(min=1)  # [J]
-    adv_traj = torch.where(count[group] > 1, returns - others, 0.0)  # [J]
+    adv_traj = torch.where(count[group] > 1, returns - others, returns if group_of_one == "score" else 0.0)  # [J]
     adv = adv_traj[traj].to(inp.rewards.dtype)  # [N]
     return adv, _stats(adv, return_mean=float(returns.mean()) if n_traj else 0.0)
 
 
-def rloo_reference(inp: AdvantageInput) -> Tensor:
+def rloo_reference(inp: AdvantageInput, *, group_of_one: str = "zero") -> Tensor:
     """Slow, obvious RLOO. Returns advantages [N]."""
     returns: dict[int, float] = {}
     group_of: dict[int, int] = {}
@@ -381,58 +450,58 @@ def rloo_reference(inp: AdvantageInput) -> Tensor:
     adv_of = {}
     for t, g in group_of.items():
         others = [returns[u] for u, h in group_of.items() if h == g and u != t]
-        adv_of[t] = returns[t] - sum(others) / len(others) if others else 0.0
+        alone = returns[t] if group_of_one == "score" else 0.0
+        adv_of[t] = returns[t] - sum(others) / len(others) if others else alone
     return torch.tensor([adv_of[int(t)] for t in inp.traj_index], dtype=inp.rewards.dtype)
 
 
 # --------------------------------------------------------------------------------------- REINFORCE++
-def _batch_norm(x: Tensor, eps: float) -> Tensor:
-    """(x - mean) / (std + eps) over the whole batch [N] (std unbiased); fewer than 2 values or equal
-    values -> 0."""
-    if x.numel() < 2 or bool((x == x[0]).all()):
-        return torch.zeros_like(x)
-    return (x - x.mean()) / (x.std() + eps)
+@register_advantage("reinforce_pp", whitens=True)
+def reinforce_pp(inp: AdvantageInput, *, gamma: float = 1.0, whiten: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262, sec. 3): per-step discounted return, whitened over the
+    batch's response tokens as verl's `compute_reinforce_plus_plus_outcome_advantage` (`masked_whiten`):
 
+        G_t = sum_{k >= t} gamma^(k - t) r_k           over a trajectory's env steps; a step's tokens share G_t
+        A_t = (G_t - mu) / sqrt(var + 1e-8)            mu, var: mean and unbiased variance over tokens
 
-@register_advantage("reinforce_pp")
-def reinforce_pp(inp: AdvantageInput, *, gamma: float = 1.0, eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
-    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262, sec. 3): per-step discounted return, normalised
-    over the batch (here: this rank's share):
-
-        G_t = sum_{k >= t} gamma^(k - t) r_k;   A_t = (G_t - mean_batch(G)) / (std_batch(G) + eps)
+    Every step counts once per response token (`inp.tokens`; None: once). whiten=False returns G_t: a learner
+    spread over ranks whitens over the global batch itself (see `WHITENS`), so that each rank's share alone
+    does not set the mean.
     """
     g = discounted_returns(inp, gamma)  # [N]
-    adv = _batch_norm(g, eps).to(inp.rewards.dtype)  # [N]
+    adv = (whiten_batch(g, inp.tokens) if whiten else g).to(inp.rewards.dtype)  # [N]
     return adv, _stats(adv, return_mean=float(g.mean()) if g.numel() else 0.0)
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", whitens=True)
 def reinforce_pp_baseline(
-    inp: AdvantageInput, *, gamma: float = 1.0, eps: float = 1e-6,
+    inp: AdvantageInput, *, gamma: float = 1.0, group_of_one: str = "zero", whiten: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
-    """REINFORCE++ with a group baseline (Hu et al. 2025, "REINFORCE++-baseline"; OpenRLHF):
+    """REINFORCE++ with a group baseline (Hu et al. 2025, "REINFORCE++-baseline"; OpenRLHF; verl's
+    `compute_reinforce_plus_plus_baseline_outcome_advantage`):
 
         A'_{j,t} = G_{j,t} - mean_{i in group of j}(R_i)      R_i = sum of trajectory i's rewards
-        A_{j,t}  = (A'_{j,t} - mean_batch(A')) / (std_batch(A') + eps)
+        A_{j,t}  = (A'_{j,t} - mu) / sqrt(var + 1e-8)         over the batch's response tokens, as `reinforce_pp`
+
+    A group of one: its mean is its own return (group_of_one="zero": A' = G - R_j, 0 for a one-step trajectory
+    at gamma = 1), or verl's 0 ("score": A' = G). whiten=False returns A' (see `reinforce_pp`).
     """
-    traj, n_traj, group, n_groups = _traj_groups(inp)
+    check_group_of_one(group_of_one)
+    traj, n_traj, group, n_groups = trajectory_groups(inp)
     returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
     count = torch.bincount(group, minlength=n_groups).to(torch.float64)  # [K]
     mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, group, returns) / count  # [K]
+    if group_of_one == "score":
+        mean = torch.where(count == 1, 0.0, mean)
     centred = discounted_returns(inp, gamma) - mean[group][traj]  # [N]
-    adv = _batch_norm(centred, eps).to(inp.rewards.dtype)  # [N]
+    adv = (whiten_batch(centred, inp.tokens) if whiten else centred).to(inp.rewards.dtype)  # [N]
     return adv, _stats(adv, return_mean=float(returns.mean()) if n_traj else 0.0)
 
 
-def _batch_norm_reference(xs: list[float], eps: float) -> list[float]:
-    if len(xs) < 2 or min(xs) == max(xs):
-        return [0.0] * len(xs)
-    mean = sum(xs) / len(xs)
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    return [(x - mean) / (std + eps) for x in xs]
-
-
-def reinforce_pp_reference(inp: AdvantageInput, *, gamma: float = 1.0, eps: float = 1e-6, baseline: bool = False) -> Tensor:
+def reinforce_pp_reference(
+    inp: AdvantageInput, *, gamma: float = 1.0, baseline: bool = False, group_of_one: str = "zero",
+    whiten: bool = True,
+) -> Tensor:
     """Slow, obvious REINFORCE++ (baseline=True: REINFORCE++-baseline). Returns advantages [N]."""
     g = _discounted_reference(inp, gamma)
     if baseline:
@@ -445,8 +514,9 @@ def reinforce_pp_reference(inp: AdvantageInput, *, gamma: float = 1.0, eps: floa
         for i in range(len(g)):
             grp = group_of[int(inp.traj_index[i])]
             rs = [r for t, r in returns.items() if group_of[t] == grp]
-            g[i] -= sum(rs) / len(rs)
-    return torch.tensor(_batch_norm_reference(g, eps), dtype=inp.rewards.dtype)
+            g[i] -= 0.0 if len(rs) == 1 and group_of_one == "score" else sum(rs) / len(rs)
+    tokens = [1] * len(g) if inp.tokens is None else [int(k) for k in inp.tokens]
+    return torch.tensor(whiten_reference(g, tokens) if whiten else g, dtype=inp.rewards.dtype)
 
 
 # --------------------------------------------------------------------------------------- GAE
@@ -458,7 +528,10 @@ def gae(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[
         A_t = delta_t + gamma lam A_{t+1}            returns_t = A_t + V_t (the critic's target)
 
     Steps ordered by step_index within each trajectory; values [N] from `inp.values`. A truncated
-    trajectory is not bootstrapped (its last step is treated as terminal).
+    trajectory is not bootstrapped (its last step is treated as terminal). verl's `compute_gae_advantage_return`
+    runs the same recursion over a row's unmasked positions (here: a trajectory's steps; gaps in step_index are
+    its masked holes) and then whitens A over the batch's tokens: here `algorithm.whiten_advantages` does that,
+    over the global batch (the `ppo` preset sets it).
     """
     assert inp.values is not None
     r, valid, row, col = _steps_matrix(inp, inp.rewards)  # [J, L]
@@ -486,3 +559,27 @@ def gae_reference(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95)
             running = float(inp.rewards[i]) + gamma * next_v - v + gamma * lam * running
             out[i], next_v = running, v
     return torch.tensor(out, dtype=inp.rewards.dtype)
+
+
+
+# --------------------------------------------------------------------------------------- online DPO
+@register_advantage("online_dpo", needs_logprobs=True)
+def online_dpo(inp: AdvantageInput, *, beta: float = 0.1, pair_count: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+    """Online DPO / SPIN (`learner.preference`): in each group the highest- and lowest-return trajectories are a
+    (chosen, rejected) pair; each trajectory's log-probs are its steps' sums (`inp.logp`, `inp.ref_logp`); every
+    step of pair p's chosen (rejected) trajectory gets +(-) beta sigmoid(-z_p) / P, the gradient of DPO's mean
+    loss through the policy-gradient surrogate. `pair_count`: P of the global batch (0: this input's pairs)."""
+    assert inp.logp is not None and inp.ref_logp is not None
+    traj, n_traj, group, n_groups = trajectory_groups(inp)
+    per_traj = lambda x: torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, x.to(torch.float64))  # noqa: E731
+    adv_traj, stats = dpo_advantages(per_traj(inp.rewards), per_traj(inp.logp), per_traj(inp.ref_logp), group,
+                                     n_groups, beta=beta, pair_count=pair_count)  # [J]
+    adv = adv_traj[traj].to(inp.rewards.dtype)  # [N]
+    return adv, _stats(adv, **stats)
+
+
+def count_pairs(inp: AdvantageInput) -> int:
+    """How many (chosen, rejected) pairs online DPO forms from `inp`: groups of two or more whose returns differ."""
+    traj, n_traj, group, n_groups = trajectory_groups(inp)
+    returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
+    return int(preference_pairs(returns, group, n_groups).chosen.numel())

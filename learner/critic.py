@@ -21,41 +21,57 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from learner.batching import Sequences
+from learner.losses import value_loss_weights
 from learner.model import DTYPES, decoder_layers
 
 
 def clipped_value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, value_clip: float,
-    denom: Tensor | float | None = None,
+    tokens: Tensor | None = None, agg: str = "token-mean", denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO's clipped value loss (Schulman et al. 2017 / OpenAI baselines ppo2; verl `compute_value_loss`):
+    """PPO's clipped value loss (Schulman et al. 2017 / OpenAI baselines ppo2), as verl's `compute_value_loss`:
 
-        V_clip = V_old + clip(V - V_old, -value_clip, value_clip)
-        loss = sum_i mask_i 0.5 max((V_i - R_i)^2, (V_clip_i - R_i)^2) / denom    denom = sum(mask) unless given
+        V_clip = clip(V, V_old - value_clip, V_old + value_clip)          (verl's clip_by_value: V itself inside)
+        l_i = max((V_i - R_i)^2, (V_clip_i - R_i)^2)
+        loss = 0.5 sum_i mask_i w_i l_i / denom                            denom = sum_i mask_i d_i unless given
 
-    values, old_values, returns, mask: [B]. Stats over masked entries.
+    (w_i, d_i) from step i's response tokens n_i by `agg` (`learner.losses.VALUE_LOSS_AGGREGATIONS`): token-mean
+    (n_i, n_i), seq-mean-token-sum (n_i, 1), seq-mean-token-mean (1, 1); a step without tokens counts in neither.
+    One value per step stands for each of its tokens, so token-mean is verl's loss over those tokens.
+    values, old_values, returns, mask, tokens: [B] (tokens None: one each). Stats over masked tokens, as
+    verl's: value_clip_frac counts a token where the clipped loss is strictly larger.
     """
     m = mask.bool()
-    v_clip = old_values + (values - old_values).clamp(-value_clip, value_clip)  # [B]
+    n_tok = torch.ones_like(values, dtype=torch.float64) if tokens is None else tokens.to(values.device).double()
+    weight, part = value_loss_weights(agg, torch.where(m, n_tok, 0.0))  # [B] each
+    v_clip = torch.clamp(values, old_values - value_clip, old_values + value_clip)  # [B]
     unclipped, clipped = (values - returns) ** 2, (v_clip - returns) ** 2  # [B]
-    per = 0.5 * torch.maximum(unclipped, clipped)  # [B]
-    n = m.sum()
-    loss = torch.where(m, per, 0.0).sum() / (n.clamp(min=1) if denom is None else denom)
+    per = torch.maximum(unclipped, clipped)  # [B]
+    d = part.sum().clamp(min=1).to(per.dtype) if denom is None else denom
+    loss = 0.5 * (weight.to(per.dtype) * torch.where(m, per, 0.0)).sum() / d
     with torch.no_grad():
-        nf = n.clamp(min=1).double()
-        stats = {"values": float(n), "value_clip_frac": float((clipped > unclipped)[m].double().sum() / nf),
-                 "value_mean": float(values.detach()[m].double().sum() / nf),
-                 "return_mean": float(returns[m].double().sum() / nf)}
+        w = torch.where(m, n_tok, 0.0)  # [B] tokens of the masked steps
+        nf = w.sum().clamp(min=1)
+        stats = {"values": float(m.sum()), "value_tokens": float(w.sum()),
+                 "value_clip_frac": float((w * (clipped > unclipped).double()).sum() / nf),
+                 "value_mean": float((w * torch.where(m, values.detach(), 0.0).double()).sum() / nf),
+                 "return_mean": float((w * torch.where(m, returns, 0.0).double()).sum() / nf)}
     return loss, stats
 
 
-def clipped_value_loss_reference(values: list[float], old: list[float], returns: list[float], value_clip: float) -> float:
-    """Slow, obvious clipped value loss (every entry counts)."""
-    total = 0.0
-    for v, o, r in zip(values, old, returns):
-        vc = o + min(max(v - o, -value_clip), value_clip)
-        total += 0.5 * max((v - r) ** 2, (vc - r) ** 2)
-    return total / max(len(values), 1)
+def clipped_value_loss_reference(values: list[float], old: list[float], returns: list[float], value_clip: float,
+                                 tokens: list[int] | None = None, agg: str = "token-mean") -> float:
+    """Slow, obvious clipped value loss: every entry counts, step i as tokens[i] tokens (None: one each)."""
+    tokens = [1] * len(values) if tokens is None else tokens
+    total = count = 0.0
+    for v, o, r, n in zip(values, old, returns, tokens):
+        vc = min(max(v, o - value_clip), o + value_clip)
+        loss = 0.5 * max((v - r) ** 2, (vc - r) ** 2)
+        weight, part = {"token-mean": (n, n), "seq-mean-token-sum": (n, n > 0),
+                        "seq-mean-token-mean": (n > 0, n > 0)}[agg]
+        total += weight * loss
+        count += part
+    return total / max(count, 1)
 
 
 class ValueModel(nn.Module):
@@ -127,10 +143,12 @@ class Critic:
     micro_batch_tokens: int
     max_grad_norm: float
     value_clip: float
+    value_loss_agg: str = "token-mean"  # learner.losses.VALUE_LOSS_AGGREGATIONS
 
     @classmethod
     def load(cls, path: str, dtype: str, device: torch.device, world_size: int, *, lr: float, weight_decay: float,
-             max_grad_norm: float, micro_batch_tokens: int, value_clip: float) -> "Critic":
+             max_grad_norm: float, micro_batch_tokens: int, value_clip: float,
+             value_loss_agg: str = "token-mean") -> "Critic":
         """Backbone from `path` (fp32 master weights), each decoder layer then the root `fully_shard`-ed."""
         from transformers import AutoModel
         from transformers.utils import logging as hf_logging
@@ -145,7 +163,7 @@ class Critic:
         fully_shard(model, mesh=mesh, mp_policy=mp)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-        return cls(model, opt, micro_batch_tokens, max_grad_norm, value_clip)
+        return cls(model, opt, micro_batch_tokens, max_grad_norm, value_clip, value_loss_agg)
 
     def _forward(self, pb: PromptBatch, device: torch.device) -> Tensor:
         return self.model(pb.input_ids.to(device), pb.attention_mask.to(device), pb.last.to(device))  # [B]
@@ -162,28 +180,32 @@ class Critic:
 
     def update(self, seqs: Sequences, returns: Tensor, old_values: Tensor, device: torch.device,
                world_size: int) -> dict[str, float]:
-        """One optimizer step of the clipped value loss, a mean over all ranks' transitions. Returns this
-        rank's stats (loss already divided by W, as the policy's)."""
-        n_local = torch.tensor([float(seqs.num_transitions)], dtype=torch.float64, device=device)
-        dist.all_reduce(n_local)
-        denom = max(float(n_local.item()), 1.0) / world_size
+        """One optimizer step of the clipped value loss, aggregated by `value_loss_agg` over all ranks'
+        transitions (token-mean: each weighted by its response tokens). Returns this rank's stats (loss already
+        divided by W, as the policy's)."""
+        tokens = seqs.response_lens.to(torch.float64)  # [N]
+        _, part = value_loss_weights(self.value_loss_agg, tokens)  # [N]
+        d_global = torch.tensor([float(part.sum())], dtype=torch.float64, device=device)
+        dist.all_reduce(d_global)
+        denom = max(float(d_global.item()), 1.0) / world_size  # FSDP's average over ranks gives the global mean
         batches = _pad_count(prompt_batches(seqs, self.micro_batch_tokens), device)
-        total, sums = 0.0, {"values": 0.0, "value_clip_frac": 0.0}
+        total, sums = 0.0, {"value_tokens": 0.0, "value_clip_frac": 0.0}
         for i, pb in enumerate(batches):
             self.model.set_requires_gradient_sync(i == len(batches) - 1)
             v = self._forward(pb, device)  # [B]
             real = pb.index >= 0
             idx = pb.index.clamp(min=0)
             loss, stats = clipped_value_loss(v, old_values[idx].to(device), returns[idx].to(device).float(),
-                                             real.to(device), value_clip=self.value_clip, denom=denom)
+                                             real.to(device), value_clip=self.value_clip, tokens=tokens[idx],
+                                             agg=self.value_loss_agg, denom=denom)
             loss.backward()
             total += float(loss.detach()) / world_size
-            sums["values"] += stats["values"]
-            sums["value_clip_frac"] += stats["value_clip_frac"] * stats["values"]
+            sums["value_tokens"] += stats["value_tokens"]
+            sums["value_clip_frac"] += stats["value_clip_frac"] * stats["value_tokens"]
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        n = max(sums["values"], 1.0)
+        n = max(sums["value_tokens"], 1.0)
         return {"value_loss": total * world_size, "value_clip_frac": sums["value_clip_frac"] / n,
                 "grad_norm": float(norm), "value_mean": float(old_values.double().mean()) if old_values.numel() else 0.0}

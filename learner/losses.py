@@ -6,9 +6,11 @@
 Registries, one signature each:
   - POLICY_LOSSES: `(inp, *, clip_low, clip_high, dual_clip) -> (per-token terms [B, T], stats)`
   - KL_ESTIMATORS: `(logp, ref_logp) -> per-token KL estimate [B, T]`
-  - LOSS_AGGREGATIONS: how per-token terms become one scalar (token-mean, seq-mean-...)
+  - LOSS_AGGREGATIONS: how per-token terms become one scalar (token-mean, token-sum, seq-mean-...)
+  - VALUE_LOSS_AGGREGATIONS: how the critic's per-step value losses become one (verl's critic loss_agg_mode)
   - off-policy corrections live in `learner.offpolicy`.
 `policy_objective_reference` is the slow, obvious version of the whole objective (python floats).
+tests/learner/test_learner_losses.py holds each against verl's `core_algos.py` formula.
 
 Shapes: B = sequences (one response per row), T = tokens per row.
 """
@@ -22,7 +24,10 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from learner.offpolicy import _MAX_LOG_RATIO, get_off_policy, off_policy_reference
+from learner.offpolicy import get_off_policy, off_policy_reference
+
+PPO_LOG_RATIO_CLAMP = 20.0  # verl's compute_policy_loss_vanilla: log r clamped to [-20, 20] before exp
+GSPO_LOG_RATIO_MAX = 10.0  # verl's compute_policy_loss_gspo: the sequence's log ratio clamped at 10
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,14 @@ def ppo_clip(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_cl
     """PPO-clip (Schulman et al. 2017, eq. 7) with separate bounds (DAPO clip-higher, Yu et al. 2025,
     eq. 10) and optional dual-clip c (0 = off):
 
-        r_t = exp(logp_t - prox_logp_t)
+        r_t = exp(clamp(logp_t - prox_logp_t, -20, 20))
         l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high));   A_t < 0: l_t = min(l_t, -c A_t)
+
+    As verl's `compute_policy_loss_vanilla` (its clamp of log r included), whose dual-clip is always on
+    (clip_ratio_c = 3 by default): dual_clip=3 gives its numbers.
     """
     m = inp.mask.bool()
-    ratio = torch.exp((inp.logp - inp.prox_logp).clamp(max=_MAX_LOG_RATIO))  # [B, T]
+    ratio = torch.exp((inp.logp - inp.prox_logp).clamp(-PPO_LOG_RATIO_CLAMP, PPO_LOG_RATIO_CLAMP))  # [B, T]
     return _clipped_surrogate(ratio, inp.token_advantages(), m, clip_low, clip_high, dual_clip)
 
 
@@ -103,13 +111,14 @@ def gspo(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: 
         s_{b,t} = sg[s_b] * pi(y_t) / sg[pi(y_t)]   (value s_b; gradient of s_b spread over the tokens)
 
     so that with `seq-mean-token-mean` aggregation the gradient is exactly GSPO's. Clip bounds are
-    sequence-level (the paper uses 3e-4 / 4e-4).
+    sequence-level (the paper uses 3e-4 / 4e-4). As verl's `compute_policy_loss_gspo`: log s_{b,t} clamped at
+    10; verl has no dual-clip for GSPO (dual_clip=0 gives its numbers) and always aggregates seq-mean-token-mean.
     """
     m = inp.mask.bool()
     n = m.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
     log_s = (torch.where(m, inp.logp - inp.prox_logp, 0.0).sum(-1, keepdim=True) / n).detach()  # [B, 1]
     log_ratio = log_s + inp.logp - inp.logp.detach()  # [B, T]
-    ratio = torch.exp(log_ratio.clamp(max=_MAX_LOG_RATIO))  # [B, T]
+    ratio = torch.exp(log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))  # [B, T]
     return _clipped_surrogate(ratio, inp.token_advantages(), m, clip_low, clip_high, dual_clip)
 
 
@@ -162,9 +171,10 @@ def kl_estimate(name: str, logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------- aggregation
-# name -> (per-sequence value from (token sum [B], token count [B], norm_length), or None for a token mean)
+# name -> (per-sequence value from (token sum [B], token count [B], norm_length), or None for a token-level mode)
 LOSS_AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int], Tensor] | None] = {
     "token-mean": None,  # sum_{b,t} l / (tokens)
+    "token-sum": None,  # sum_{b,t} l (verl PR #7197: the global batch's sum)
     "seq-mean-token-sum": lambda s, n, L: s,  # sum_b (sum_t l) / (sequences)
     "seq-mean-token-mean": lambda s, n, L: s / n.clamp(min=1),  # sum_b (mean_t l) / (sequences)
     "seq-mean-token-sum-norm": lambda s, n, L: s / L,  # Dr. GRPO: sum_b (sum_t l / L) / (sequences)
@@ -175,15 +185,18 @@ def aggregate(
     terms: Tensor, mask: Tensor, mode: str, *, norm_length: int = 1,
     token_denom: Tensor | float | None = None, seq_denom: Tensor | float | None = None,
 ) -> Tensor:
-    """One scalar from per-token terms [B, T] (masked tokens only):
+    """One scalar from per-token terms [B, T] (masked tokens only), as verl's `agg_loss`:
 
         token-mean               sum_{b,t} l_bt / D_tok
+        token-sum                sum_{b,t} l_bt / D_tok                     (D_tok = 1 unless given)
         seq-mean-token-sum       sum_b (sum_t l_bt) / D_seq
         seq-mean-token-mean      sum_b (sum_t l_bt / n_b) / D_seq
         seq-mean-token-sum-norm  sum_b (sum_t l_bt / norm_length) / D_seq   (Dr. GRPO, Liu et al. 2025, sec. 3.1)
 
     D_tok (D_seq) = this call's masked tokens (sequences with a masked token) unless given: a caller
-    normalising over micro-batches and ranks passes the global count.
+    normalising over micro-batches and ranks passes `loss_denominators`. verl's seq-mean-token-sum-norm has no
+    D_seq (sum_b sum_t l_bt / norm_length): a factor D_seq apart, kept for the Dr. GRPO paper's 1/G
+    (docs/algorithms.md).
     """
     if mode not in LOSS_AGGREGATIONS:
         raise KeyError(f"unknown loss aggregation {mode!r}; known: {', '.join(LOSS_AGGREGATIONS)}")
@@ -192,8 +205,41 @@ def aggregate(
     n = m.sum(-1)  # [B]
     per_seq = LOSS_AGGREGATIONS[mode]
     if per_seq is None:
-        return tok_sum.sum() / (n.sum().clamp(min=1) if token_denom is None else token_denom)
+        if token_denom is None:
+            token_denom = n.sum().clamp(min=1) if mode == "token-mean" else 1.0
+        return tok_sum.sum() / token_denom
     return per_seq(tok_sum, n, norm_length).sum() / ((n > 0).sum().clamp(min=1) if seq_denom is None else seq_denom)
+
+
+def loss_denominators(mode: str, tokens: float, sequences: float, world_size: int) -> tuple[float, float]:
+    """(token_denom, seq_denom) for `aggregate` on each of `world_size` ranks, from the global batch's masked
+    tokens and sequences: FSDP averages the ranks' gradients (divides by W), so each rank divides its sum by
+    (global count) / W and the averaged gradient is that of sum(all terms) / (global count); token-sum's count
+    is 1 (each rank's sum times W: the averaged gradient is the global sum's, as verl's dp_size factor)."""
+    if mode not in LOSS_AGGREGATIONS:
+        raise KeyError(f"unknown loss aggregation {mode!r}; known: {', '.join(LOSS_AGGREGATIONS)}")
+    token_count = 1.0 if mode == "token-sum" else max(tokens, 1.0)
+    return token_count / world_size, max(sequences, 1.0) / world_size
+
+
+# name -> (weight of each step's value loss in the sum, its part of the denominator), from its response tokens
+# n [B]. The critic has one value per step, standing for every response token of it (verl: one per token).
+VALUE_LOSS_AGGREGATIONS: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = {
+    "token-mean": lambda n: (n, n),  # sum_i n_i l_i / sum_i n_i      (verl's default)
+    "seq-mean-token-sum": lambda n: (n, (n > 0).to(n.dtype)),  # sum_i n_i l_i / steps
+    "seq-mean-token-mean": lambda n: ((n > 0).to(n.dtype), (n > 0).to(n.dtype)),  # sum_i l_i / steps
+}
+
+
+def value_loss_weights(mode: str, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """(weight [B], denominator part [B]) of each step with `tokens` [B] response tokens under critic loss
+    aggregation `mode`; a step without a response token counts in neither (verl: a fully masked sequence)."""
+    try:
+        fn = VALUE_LOSS_AGGREGATIONS[mode]
+    except KeyError:
+        known = ", ".join(VALUE_LOSS_AGGREGATIONS)
+        raise KeyError(f"unknown value loss aggregation {mode!r}; known: {known}") from None
+    return fn(tokens.to(torch.float64))
 
 
 # --------------------------------------------------------------------------------------- the objective
@@ -256,7 +302,9 @@ def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -
         terms = []
         for t in toks:
             a = float(adv[b, t])
-            r = math.exp(mean_log if o["loss"] == "gspo" else float(inp.logp[b, t]) - float(inp.prox_logp[b, t]))
+            log_r = float(inp.logp[b, t]) - float(inp.prox_logp[b, t])
+            r = math.exp(min(mean_log, GSPO_LOG_RATIO_MAX) if o["loss"] == "gspo"
+                         else min(max(log_r, -PPO_LOG_RATIO_CLAMP), PPO_LOG_RATIO_CLAMP))
             l_t = max(-a * r, -a * min(max(r, 1 - o["clip_low"]), 1 + o["clip_high"]))  # type: ignore[operator]
             if o["dual_clip"] and a < 0:
                 l_t = min(l_t, -a * o["dual_clip"])  # type: ignore[operator]
@@ -271,9 +319,11 @@ def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -
         all_terms += terms
         seq_values.append({"seq-mean-token-sum": sum(terms), "seq-mean-token-mean": sum(terms) / len(terms),
                            "seq-mean-token-sum-norm": sum(terms) / o["norm_length"],  # type: ignore[operator]
-                           "token-mean": 0.0}[str(o["agg"])])
+                           "token-mean": 0.0, "token-sum": 0.0}[str(o["agg"])])
     if o["agg"] == "token-mean":
         return sum(all_terms) / float(o["token_denom"] or max(len(all_terms), 1))  # type: ignore[arg-type]
+    if o["agg"] == "token-sum":
+        return sum(all_terms) / float(1.0 if o["token_denom"] is None else o["token_denom"])  # type: ignore[arg-type]
     return sum(seq_values) / float(o["seq_denom"] or max(n_seqs, 1))  # type: ignore[arg-type]
 
 

@@ -13,10 +13,11 @@ on all ranks. With one update, pi_prox is the policy itself (ratio 1) and that p
 
 Loss normalisation: the policy loss is a mean over the GLOBAL batch (all ranks): over tokens for
 `token-mean`, over sequences for `seq-mean-*`. FSDP averages gradients over ranks (divides by W), so each
-rank's micro-batch loss is sum(its terms) / (M / W), M = all ranks' tokens (or sequences); then the
-averaged gradient is exactly that of sum(all terms) / M, whatever each rank's share. Every rank runs
-max-over-ranks micro-batches; a rank with fewer pads with zero-weight ones, because each forward/backward
-(and each no-grad forward of a sharded reference or critic) is a set of FSDP collectives.
+rank's micro-batch loss is sum(its terms) / (M / W), M = all ranks' tokens (or sequences; 1 for `token-sum`,
+the global sum: `learner.losses.loss_denominators`); then the averaged gradient is exactly that of
+sum(all terms) / M, whatever each rank's share. Every rank runs max-over-ranks micro-batches; a rank with fewer
+pads with zero-weight ones, because each forward/backward (and each no-grad forward of a sharded reference or
+critic) is a set of FSDP collectives.
 
 Shapes: N = transitions of this rank's share, R = its response tokens, Q = response tokens of one
 micro-batch, S = sequences in it, T = the longest response in it.
@@ -32,12 +33,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from agentstream.wire.messages import Batch
-from learner.advantages import NEEDS_VALUES, AdvantageInput, compute_advantages, returns_of, whiten, whitening_sums
+from learner.advantages import (
+    NEEDS_LOGPROBS, NEEDS_VALUES, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of, whiten,
+    whitening_sums,
+)
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
-from learner.losses import PolicyLossInput, kl_estimate, policy_objective
+from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
 from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs
 
 if TYPE_CHECKING:
@@ -74,7 +79,9 @@ class StepOptions:
 
     def advantage_options(self) -> dict[str, float | bool]:
         a = self.algo
-        return {"norm_by_std": a.norm_by_std, "gamma": a.gamma, "lam": a.lam, "step_weight": a.step_weight}
+        return {"norm_by_std": a.norm_by_std, "gamma": a.gamma, "lam": a.lam, "step_weight": a.step_weight,
+                "group_of_one": a.group_of_one, "whiten": False,
+                "beta": a.dpo_beta}
 
     def objective_options(self) -> dict[str, float | str]:
         a = self.algo
@@ -103,15 +110,17 @@ class StepModels:
 def make_step_models(model_cfg: ModelConfig, algo: AlgorithmConfig, learner: LearnerConfig, device: torch.device,
                      world_size: int) -> StepModels:
     """Build what `algo` needs: the critic when its advantage estimator needs values, the frozen reference
-    copy when KL is on and algorithm.reference=frozen_copy. A collective (FSDP2 sharding)."""
+    copy when KL is on or the estimator compares with a reference (online DPO), and algorithm.reference=frozen_copy.
+    A collective (FSDP2 sharding)."""
     from learner.critic import Critic
 
     critic = reference = None
     if algo.advantage in NEEDS_VALUES:
         critic = Critic.load(model_cfg.path, model_cfg.dtype, device, world_size, lr=algo.critic_lr,
                              weight_decay=learner.weight_decay, max_grad_norm=learner.max_grad_norm,
-                             micro_batch_tokens=learner.micro_batch_tokens, value_clip=algo.value_clip)
-    if algo.kl_coef > 0 and algo.reference == "frozen_copy":
+                             micro_batch_tokens=learner.micro_batch_tokens, value_clip=algo.value_clip,
+                             value_loss_agg=algo.value_loss_agg)
+    if (algo.kl_coef > 0 or algo.advantage in NEEDS_LOGPROBS) and algo.reference == "frozen_copy":
         reference = load_frozen_reference(model_cfg.path, model_cfg.dtype, device, world_size)
     return StepModels(critic=critic, reference=reference)
 
@@ -122,6 +131,20 @@ def load_frozen_reference(path: str, dtype: str, device: torch.device, world_siz
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def refresh_reference(model: nn.Module, reference: nn.Module) -> None:
+    """Copy the policy's weights into the frozen reference (SPIN: the opponent becomes the current model). Both are
+    sharded alike (`load_policy` on the same ranks), so each rank copies its own shards; nothing is gathered."""
+    for m in (model, reference):  # the root keeps its weights gathered after a forward: back to the shards
+        for sub in m.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
+    with torch.no_grad():
+        for (name, ref), (other, new) in zip(reference.named_parameters(), model.named_parameters(), strict=True):
+            if name != other:
+                raise RuntimeError(f"the reference's {name} faces the policy's {other}: not the same architecture")
+            ref.copy_(new)
 
 
 def reference_logprobs(model: nn.Module, mb: MicroBatch, frozen: nn.Module | None = None,
@@ -138,7 +161,8 @@ def reference_logprobs(model: nn.Module, mb: MicroBatch, frozen: nn.Module | Non
                        "without either there is no reference policy; or set algorithm.kl_coef=0")
 
 
-def advantage_input(batch: Batch, rewards: Tensor | None = None, values: Tensor | None = None) -> AdvantageInput:
+def advantage_input(batch: Batch, rewards: Tensor | None = None, values: Tensor | None = None,
+                    logp: Tensor | None = None, ref_logp: Tensor | None = None) -> AdvantageInput:
     """The batch's per-transition columns as an estimator's input (`rewards` replaces the batch's)."""
     return AdvantageInput(
         rewards=torch.from_numpy(np.array(batch.rewards, dtype=np.float32)) if rewards is None else rewards,
@@ -146,8 +170,9 @@ def advantage_input(batch: Batch, rewards: Tensor | None = None, values: Tensor 
         group_index=torch.from_numpy(np.array(batch.group_index, dtype=np.int64)),
         step_index=torch.from_numpy(np.array(batch.step_index, dtype=np.int64)),
         dones=torch.from_numpy(np.array(batch.dones, dtype=np.bool_)),
+        tokens=torch.from_numpy(np.array(batch.response_lens, dtype=np.int64)),
         anchors=[str(a) for a in batch.anchors] if len(batch.anchors) == len(batch.rewards) else None,
-        values=values,
+        values=values, logp=logp, ref_logp=ref_logp,
     )
 
 
@@ -157,6 +182,16 @@ def all_reduce_dict(values: dict[str, float], op: dist.ReduceOp, device: torch.d
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))
+
+
+def whiten_global(adv: Tensor, tokens: Tensor, device: torch.device) -> Tensor:
+    """`learner.advantages.whiten` [N] over the global batch's response tokens (verl's masked_whiten): the mean
+    from the sums of every rank, then the sums again around it (exact with a large mean). Two collectives."""
+    first = all_reduce_dict(dict(zip(("n", "s", "ss"), whitening_sums(adv, tokens))), dist.ReduceOp.SUM, device)
+    centre = first["s"] / first["n"] if first["n"] > 0 else 0.0
+    around = whitening_sums(adv, tokens, centre)
+    sums = all_reduce_dict(dict(zip(("n", "s", "ss"), around)), dist.ReduceOp.SUM, device)
+    return whiten(adv, sums["n"], sums["s"], sums["ss"], centre=centre)
 
 
 def checked_sequences(batch: Batch, vocab: int) -> Sequences:
@@ -203,18 +238,31 @@ def proximal_logprobs(model: nn.Module, mbs: list[MicroBatch], chunk_tokens: int
         return [token_logprobs(model, mb, chunk_tokens)[0] for mb in mbs]
 
 
+def per_transition(seqs: Sequences, mbs: list[MicroBatch], per_token: list[Tensor]) -> Tensor:
+    """Sum each micro-batch's per-token values [Q] over the response tokens of each transition -> [N] float64."""
+    tok_seq = transition_of_tokens(seqs)  # [R]
+    out = torch.zeros(seqs.num_transitions, dtype=torch.float64)  # [N]
+    for mb, x in zip(mbs, per_token):
+        if bool(mb.mask.any()):
+            out.index_add_(0, tok_seq[mb.token_index], torch.where(mb.mask, x.cpu(), 0.0).double())
+    return out
+
+
 def reward_kl(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, estimator: str,
               chunk_tokens: int = 0) -> Tensor:
     """KL(behaviour || reference) of each transition [N]: the sum over its response tokens of the
     per-token estimate at the sampled tokens (log pi_behav vs log pi_ref). One no-grad pass; a collective."""
-    tok_seq = transition_of_tokens(seqs)  # [R]
-    kl = torch.zeros(seqs.num_transitions, dtype=torch.float64)  # [N]
-    for mb in mbs:
-        ref = reference_logprobs(model, mb, models.reference, chunk_tokens).cpu()  # [Q]
-        if bool(mb.mask.any()):
-            k = kl_estimate(estimator, mb.behav_logp, ref)  # [Q]
-            kl.index_add_(0, tok_seq[mb.token_index], torch.where(mb.mask, k, 0.0).double())
-    return kl.float()
+    refs = [reference_logprobs(model, mb, models.reference, chunk_tokens).cpu() for mb in mbs]  # [Q] each
+    return per_transition(seqs, mbs, [kl_estimate(estimator, mb.behav_logp, ref) for mb, ref in zip(mbs, refs)]).float()
+
+
+def sequence_logprobs(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels,
+                      chunk_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    """(log pi, log pi_ref) of each transition's response [N]: sums over its tokens, no gradient (online DPO's
+    sequence log-probs). One no-grad pass of the policy and one of the reference; a collective."""
+    policy = proximal_logprobs(model, mbs, chunk_tokens)
+    refs = [reference_logprobs(model, mb, models.reference, chunk_tokens) for mb in mbs]
+    return per_transition(seqs, mbs, policy).float(), per_transition(seqs, mbs, refs).float()
 
 
 def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, opts: StepOptions,
@@ -280,24 +328,28 @@ def train_step(
     models = models or StepModels()
     seqs = checked_sequences(batch, int(model.config.vocab_size))
     local: dict[str, float] = {}
-    rewards = values = None
-    if opts.kl_in_reward:
+    rewards = values = logp = ref_logp = None
+    name, options = opts.algo.advantage, opts.advantage_options()
+    if opts.kl_in_reward or name in NEEDS_LOGPROBS:  # no-grad passes before the advantages
         zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing)
-        kl = reward_kl(model, _pad_to_max(zero, device)[0], seqs, models, opts.algo.kl_estimator,
-                       opts.logprob_chunk_tokens)  # [N]
+        zero = _pad_to_max(zero, device)[0]
+    if opts.kl_in_reward:
+        kl = reward_kl(model, zero, seqs, models, opts.algo.kl_estimator, opts.logprob_chunk_tokens)  # [N]
         rewards = torch.from_numpy(np.array(batch.rewards, dtype=np.float32)) - opts.algo.kl_coef * kl
         local["reward_kl_sum"] = float(kl.double().sum())
-    if opts.algo.advantage in NEEDS_VALUES:
+    if name in NEEDS_VALUES:
         if models.critic is None:
-            raise RuntimeError(f"algorithm.advantage={opts.algo.advantage} needs a critic; build it with make_step_models")
+            raise RuntimeError(f"algorithm.advantage={name} needs a critic; build it with make_step_models")
         values = models.critic.values(seqs, device)  # [N]
-    inp = advantage_input(batch, rewards, values)
-    adv, adv_stats = compute_advantages(opts.algo.advantage, inp, **opts.advantage_options())  # [N]
+    if name in NEEDS_LOGPROBS:  # online DPO: sequence log-probs of the policy and the reference
+        logp, ref_logp = sequence_logprobs(model, zero, seqs, models, opts.logprob_chunk_tokens)  # [N] each
+    inp = advantage_input(batch, rewards, values, logp, ref_logp)
+    if name in NEEDS_LOGPROBS:  # DPO's loss is a mean over the global batch's pairs
+        options["pair_count"] = all_reduce_dict({"p": count_pairs(inp)}, dist.ReduceOp.SUM, device)["p"]
+    adv, adv_stats = compute_advantages(name, inp, **options)  # [N]
     policy_adv = adv
-    if opts.algo.whiten_advantages:  # over the global batch's response tokens: sums from every rank
-        sums = all_reduce_dict(dict(zip(("n", "s", "ss"), whitening_sums(adv, seqs.response_lens))), dist.ReduceOp.SUM,
-                               device)
-        policy_adv = whiten(adv, sums["n"], sums["s"], sums["ss"])  # [N]
+    if opts.algo.whiten_advantages or opts.algo.advantage in WHITENS:  # estimators that whiten got whiten=False
+        policy_adv = whiten_global(adv, seqs.response_lens, device)  # [N]
     mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing)
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
@@ -335,12 +387,13 @@ def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: li
                      seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
                      prox: list[Tensor] | None) -> dict[str, float]:
     """One optimizer step on `mbs` (this rank's part of a mini-batch, holding `n_seqs` sequences; every rank
-    passes as many micro-batches): the loss is a mean over the mini-batch's tokens (or sequences) on all ranks.
+    passes as many micro-batches): the loss is a mean over the mini-batch's tokens or sequences on all ranks
+    (token-sum: their sum).
     Returns local stat sums and the grad norm."""
     totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs), "sequences": n_seqs}, dist.ReduceOp.SUM,
                              device)
-    sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=max(totals["tokens"], 1.0) / world_size,
-                             seq_denom=max(totals["sequences"], 1.0) / world_size, prox=prox)
+    token_denom, seq_denom = loss_denominators(opts.algo.loss_agg, totals["tokens"], totals["sequences"], world_size)
+    sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=token_denom, seq_denom=seq_denom, prox=prox)
     sums["loss"] /= world_size  # each rank's loss was scaled by W (see module docstring)
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], opts.max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
@@ -363,7 +416,8 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
     if "reward_kl_sum" in sums:
         out["reward_kl_mean"] = sums["reward_kl_sum"] / n
-    # advantage and critic stats: the mean over ranks of each rank's value
-    out.update({k: v / world_size for k, v in sums.items() if k.startswith(("adv_", "critic_"))})
+    # advantage and critic stats: the mean over ranks of each rank's value; counts (`*_count`): their sum
+    out.update({k: v if k.endswith("_count") else v / world_size for k, v in sums.items()
+                if k.startswith(("adv_", "critic_"))})
     return out
 

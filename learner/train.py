@@ -56,7 +56,7 @@ from learner.model import (
     lora_spec,
     trainable_parameters,
 )
-from learner.step import StepModels, StepOptions, make_step_models, train_step
+from learner.step import StepModels, StepOptions, make_step_models, refresh_reference, train_step
 
 log = logging.getLogger("learner")
 
@@ -118,6 +118,7 @@ class RankState:
     counters: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
     last_update: VersionUpdate | None = None  # rank 0: resent with batch requests (a restarted broker's version)
+    reference_version: int = 0  # the policy version the frozen reference holds (SPIN refreshes it)
 
     def record(self, metrics: dict[str, float], version: int, wait_s: float, step_s: float) -> None:
         for name, key in [("steps", None), ("tokens", "local_tokens"), ("micro_batches", "micro_batches"),
@@ -282,6 +283,11 @@ def resume(r: Rank, root: Path, extras: Extras) -> int:
         resume_from, publish_initial = "", True
     folder = resolve_resume(resume_from, root)
     version = 0 if folder is None else load_checkpoint(folder, r.model, r.optimizer, extras)
+    if version > 0 and r.spec.algorithm.ref_update_every > 0 and r.step_models.reference is not None:
+        # The reference is not checkpointed: a refreshed one restarts as the resumed policy (SPIN's opponent is
+        # the latest iteration's model), the initial weights otherwise.
+        refresh_reference(r.model, r.step_models.reference)
+        r.state.reference_version = version
     if r.spec.weights_bind and (version > 0 or publish_initial):
         publish_weights(r.model, r.publisher, version)
     if (version > 0 or r.spec.restarted) and r.rank == 0:
@@ -309,6 +315,7 @@ def run_one_step(r: Rank, k: int) -> None:
     metrics = train_step(r.model, r.optimizer, batch, r.opts, version=k, world_size=r.world, device=r.device,
                          models=r.step_models)
     version = k + 1
+    metrics.update(maybe_refresh_reference(r, version))
     publish_s = publish_weights(r.model, r.publisher, version) if r.spec.weights_bind else 0.0
     step_s = time.perf_counter() - t0
     state.record(metrics, version, wait_s, step_s)
@@ -326,6 +333,20 @@ def run_one_step(r: Rank, k: int) -> None:
         log.info("version %d  loss %.4f  grad_norm %.3f  tokens %d  %.2fs (waited %.2fs)", version,
                  metrics["loss"], metrics["grad_norm"], metrics["tokens"], step_s, wait_s)
     r.client.send(state.stats())
+
+
+def maybe_refresh_reference(r: Rank, version: int) -> dict[str, float]:
+    """Every `algorithm.ref_update_every` versions the frozen reference becomes the policy (SPIN); returns the
+    reference's version and the refreshes so far as metrics (none without a refreshed reference)."""
+    every, reference = r.spec.algorithm.ref_update_every, r.step_models.reference
+    if every <= 0 or reference is None:
+        return {}
+    if version % every == 0:
+        refresh_reference(r.model, reference)
+        r.state.reference_version = version
+        r.state.counters["reference_refreshes"] = r.state.counters.get("reference_refreshes", 0.0) + 1
+    return {"reference_version": float(r.state.reference_version),
+            "reference_refreshes": r.state.counters.get("reference_refreshes", 0.0)}
 
 
 def wait_for_engines(publisher: Publisher, version: int, n_engines: int, timeout_s: float) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from agentstream import config as C
-from launcher.checks import algorithm_errors
+from launcher.checks import algorithm_errors, reference_errors
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 C.register_schemas()
@@ -23,7 +23,7 @@ def compose_algorithm(overrides: list[str]) -> C.Config:
 @pytest.mark.parametrize("path", sorted((CONF / "algorithm").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_algorithm_preset_composes_and_validates(path: Path) -> None:
     cfg = compose_algorithm([f"algorithm={path.stem}"])
-    assert algorithm_errors(cfg.algorithm) == []
+    assert algorithm_errors(cfg.algorithm) == [] and reference_errors(cfg) == []
 
 
 def test_presets_reach_their_fields() -> None:
@@ -31,6 +31,21 @@ def test_presets_reach_their_fields() -> None:
     cfg = compose_algorithm(["algorithm=gigpo", "algorithm.step_weight=0.5"])
     assert (cfg.algorithm.advantage, cfg.algorithm.gamma, cfg.algorithm.step_weight) == ("gigpo", 0.95, 0.5)
     assert compose_algorithm(["algorithm=ppo"]).algorithm.advantage == "gae"
+    spin = compose_algorithm(["algorithm=spin"]).algorithm  # online_dpo's fields, then its own
+    assert (spin.advantage, spin.loss_agg, spin.reference, spin.ref_update_every) == (
+        "online_dpo", "token-sum", "frozen_copy", 4)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["algorithm=online_dpo", "algorithm.reference=none"], "set algorithm.reference=frozen_copy (or train LoRA"),
+    (["algorithm=online_dpo", "algorithm.loss_agg=token-mean"], "set algorithm.loss_agg=token-sum (got 'token-mean'"),
+    (["algorithm=online_dpo", "algorithm.dpo_beta=0"], "algorithm.dpo_beta=0.0: must be > 0"),
+    (["algorithm=spin", "algorithm.reference=none", "model.lora_rank=8"], "refreshes a frozen copy"),
+    (["algorithm.ref_update_every=-1"], "algorithm.ref_update_every=-1: must be >= 0"),
+])
+def test_online_dpo_needs_a_reference_and_a_token_sum(overrides, needle) -> None:
+    errors = reference_errors(compose_algorithm(overrides))
+    assert any(needle in e for e in errors), errors
 
 
 @pytest.mark.parametrize("overrides, needle", [

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pytest
 import torch
+import torch.multiprocessing as mp
 import zmq
 from torch import Tensor
 
+from agentstream.wire.addresses import free_port
 from agentstream.wire.messages import Batch, BatchRequest, Message, decode, encode
 from learner.advantages import compute_advantages
 from learner.batching import MicroBatch, make_micro_batches
@@ -117,6 +121,18 @@ class FilePublisher:
 
     def close(self) -> None:
         (self.dir / "closed").write_text("1")
+
+
+def run_ranks(world: int, argv: list[str], timeout_s: float = 90.0) -> None:
+    """Run the learner's main() on `world` spawned ranks (see spawn_rank); fail the test past `timeout_s`."""
+    ctx = mp.start_processes(spawn_rank, args=(world, free_port(), argv), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"learner ranks still running after {timeout_s}s")
 
 
 def spawn_rank(rank: int, world: int, master_port: int, argv: list[str]) -> None:

@@ -7,12 +7,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
-import torch.distributed as dist
 from learner_testing import make_batch
 
-from agentstream.wire.addresses import free_port
 from learner.batching import Sequences, make_micro_batches
 from learner.model import (
     LoraSpec,
@@ -25,19 +22,6 @@ from learner.model import (
 )
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(free_port())).items():
-            mp.setenv(k, v)
-        dist.init_process_group("gloo")
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def full(p: torch.Tensor) -> torch.Tensor:

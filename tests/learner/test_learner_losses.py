@@ -1,4 +1,5 @@
-"""Policy losses, off-policy corrections, KL estimators, aggregation: by hand, and fast == reference."""
+"""Policy losses, off-policy corrections, KL estimators, aggregation: by hand, fast == reference, and each
+against verl's formula (verl/trainer/ppo/core_algos.py) written out here in float64."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import torch
 
 from learner.losses import (
     KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
     PolicyLossInput,
     aggregate,
     gspo,
     kl_estimate,
+    loss_denominators,
     policy_objective,
     policy_objective_reference,
     ppo_clip,
 )
+from learner.model import _logprob_and_entropy
 from learner.offpolicy import get_off_policy
 
 LN = math.log
@@ -64,19 +68,26 @@ def test_gspo_sequence_ratio_by_hand():
 
 def test_aggregation_modes_by_hand():
     # terms [[1, 2, 3], [4, x, x]] (x masked):
-    #   token-mean (1+2+3+4)/4 = 2.5; seq-mean-token-sum (6 + 4)/2 = 5; seq-mean-token-mean (2 + 4)/2 = 3;
-    #   seq-mean-token-sum-norm with L = 4: (6/4 + 4/4)/2 = 1.25; with global denominators 8 tokens / 5 seqs:
-    #   token-mean 10/8 = 1.25, seq-mean-token-sum 10/5 = 2.
+    #   token-mean (1+2+3+4)/4 = 2.5; token-sum 10; seq-mean-token-sum (6 + 4)/2 = 5; seq-mean-token-mean
+    #   (2 + 4)/2 = 3; seq-mean-token-sum-norm with L = 4: (6/4 + 4/4)/2 = 1.25; with global denominators
+    #   8 tokens / 5 seqs: token-mean 10/8 = 1.25, seq-mean-token-sum 10/5 = 2; token-sum on one of W = 2 ranks
+    #   (token_denom 1/2): 20, whose average with the other rank's is the global sum.
     terms = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), 9.0]])
     mask = torch.tensor([[True, True, True], [True, False, False]])
     assert float(aggregate(terms, mask, "token-mean")) == pytest.approx(2.5)
+    assert float(aggregate(terms, mask, "token-sum")) == pytest.approx(10.0)
     assert float(aggregate(terms, mask, "seq-mean-token-sum")) == pytest.approx(5.0)
     assert float(aggregate(terms, mask, "seq-mean-token-mean")) == pytest.approx(3.0)
     assert float(aggregate(terms, mask, "seq-mean-token-sum-norm", norm_length=4)) == pytest.approx(1.25)
     assert float(aggregate(terms, mask, "token-mean", token_denom=8.0)) == pytest.approx(1.25)
     assert float(aggregate(terms, mask, "seq-mean-token-sum", seq_denom=5.0)) == pytest.approx(2.0)
-    with pytest.raises(KeyError, match="known: token-mean"):
-        aggregate(terms, mask, "token-sum")
+    assert float(aggregate(terms, mask, "token-sum", token_denom=0.5)) == pytest.approx(20.0)
+    # the step's denominators for 8 tokens and 5 sequences over W = 2 ranks: (8/2, 5/2); token-sum (1/2, 5/2)
+    assert loss_denominators("token-mean", 8.0, 5.0, 2) == (4.0, 2.5)
+    assert loss_denominators("token-sum", 8.0, 5.0, 2) == (0.5, 2.5)
+    assert loss_denominators("seq-mean-token-mean", 0.0, 0.0, 2) == (0.5, 0.5)  # an empty batch: never 0
+    with pytest.raises(KeyError, match="known: token-mean, token-sum"):
+        aggregate(terms, mask, "sum")
 
 
 def test_kl_estimators_by_hand():
@@ -188,12 +199,14 @@ def test_objective_entropy_and_kl_terms_by_hand():
 def test_objective_matches_reference_on_random_inputs():
     g = torch.Generator().manual_seed(7)
     combos = itertools.product(["ppo_clip", "gspo"], ["tis", "mis", "decoupled", "none"], ["token", "sequence"],
-                               ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+                               list(LOSS_AGGREGATIONS))
     for loss_name, off, level, agg in combos:
         b, t = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 7, (1,), generator=g))
         prox = -torch.rand(b, t, generator=g) * 4
+        shift = torch.randn(b, t, generator=g) * 0.3
+        shift[0, 0] = [25.0, -25.0, 12.0, 0.0][b % 4]  # past the clamps (ppo_clip: +-20, gspo: 10)
         inp = PolicyLossInput(
-            logp=prox + torch.randn(b, t, generator=g) * 0.3, prox_logp=prox,
+            logp=prox + shift, prox_logp=prox,
             behav_logp=prox + torch.randn(b, t, generator=g) * 0.5,
             advantages=torch.randn(b, generator=g) if t % 2 else torch.randn(b, t, generator=g),
             mask=torch.rand(b, t, generator=g) > 0.25, ref_logp=prox + torch.randn(b, t, generator=g) * 0.3,
@@ -204,3 +217,200 @@ def test_objective_matches_reference_on_random_inputs():
                   kl_estimator=["k1", "k2", "k3"][b % 3])
         fast, _ = policy_objective(inp, **kw)
         assert float(fast) == pytest.approx(policy_objective_reference(inp, **kw), rel=1e-4, abs=1e-5), kw
+
+
+# --------------------------------------------------------------------------------------- verl, written out
+def verl_agg_loss(loss_mat, mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
+                  loss_scale_factor=None):
+    """agg_loss, with token-sum as verl PR #7197 adds it (the masked local sum times dp_size). E.g. terms
+    [[1, 2, 3], [4, x, x]]: token-mean 10/4, token-sum 10, seq-mean-token-sum (6 + 4)/2, seq-mean-token-mean
+    (2 + 4)/2, seq-mean-token-sum-norm (6 + 4) / loss_scale_factor (no division by the sequences)."""
+    m = mask.double()
+    masked = torch.where(mask.bool(), loss_mat, 0.0) * m
+    seq_mask = (m.sum(-1) > 0).double()
+    gbs = seq_mask.sum() if global_batch_size is None else global_batch_size
+    if mode == "token-mean":
+        return masked.sum() / (m.sum() if batch_num_tokens is None else batch_num_tokens) * dp_size
+    if mode == "token-sum":
+        return masked.sum() * dp_size
+    if mode == "seq-mean-token-sum":
+        return (masked.sum(-1) * seq_mask).sum() / gbs * dp_size
+    if mode == "seq-mean-token-mean":
+        return (masked.sum(-1) / (m.sum(-1) + 1e-8) * seq_mask).sum() / gbs * dp_size
+    assert mode == "seq-mean-token-sum-norm"
+    return masked.sum() / (loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+
+
+def verl_vanilla(old_logp, logp, adv, mask, clip_low, clip_high, clip_ratio_c, mode, **agg):
+    """compute_policy_loss_vanilla: log r clamped to [-20, 20]; dual-clip always on (clip_ratio_c > 1).
+    E.g. r = 5, A = -1, clip 0.2: max(5, 1.2) = 5 -> min(3, 5) = 3 with c = 3."""
+    log_r = torch.clamp(logp - old_logp, min=-20.0, max=20.0)
+    ratio = torch.exp(log_r)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip1 = torch.maximum(pg1, pg2)
+    pg3 = -adv * clip_ratio_c
+    pg = torch.where(adv < 0, torch.min(pg3, clip1), clip1)
+    m = mask.double()
+    clipfrac = ((pg2 > pg1).double() * m).sum() / (m.sum() + 1e-8)
+    lower = ((clip1 > pg3).double() * (adv < 0).double() * m).sum() / (m.sum() + 1e-8)
+    return verl_agg_loss(pg, mask, mode, **agg), clipfrac, lower
+
+
+def verl_gspo(old_logp, logp, adv, mask, clip_low, clip_high, **agg):
+    """compute_policy_loss_gspo: s = exp(mean log ratio) as a token ratio sg[s] pi/sg[pi], log clamped at 10, no
+    dual-clip, always seq-mean-token-mean. E.g. log ratios [ln 2, 0]: s = sqrt 2; clip_high 0.28 -> -1.28 A."""
+    nak = logp - old_logp
+    lengths = mask.double().sum(-1).clamp(min=1)
+    seq = (nak * mask).sum(-1) / lengths
+    log_s = torch.clamp(logp - logp.detach() + seq.detach()[:, None], max=10.0)
+    s = torch.exp(log_s)
+    pg = torch.maximum(-adv * s, -adv * torch.clamp(s, 1 - clip_low, 1 + clip_high))
+    return verl_agg_loss(pg, mask, "seq-mean-token-mean", **agg)
+
+
+def verl_entropy_from_logits(logits):
+    """verl/utils/torch_functional.py entropy_from_logits: logsumexp(z) - sum softmax(z) z. E.g. z = [0, 0]:
+    ln 2 - 0 = 0.693147."""
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
+
+
+def test_verl_references_by_hand():
+    terms = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), 9.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    assert [float(verl_agg_loss(terms, mask, m)) for m in ("token-mean", "token-sum", "seq-mean-token-sum")] == \
+        pytest.approx([2.5, 10.0, 5.0])
+    assert float(verl_agg_loss(terms, mask, "seq-mean-token-mean")) == pytest.approx(3.0)
+    assert float(verl_agg_loss(terms, mask, "seq-mean-token-sum-norm", loss_scale_factor=4)) == pytest.approx(2.5)
+    one = torch.tensor([[0.0]], dtype=torch.float64)
+    loss, _, lower = verl_vanilla(one, one + LN(5), -torch.ones(1, 1, dtype=torch.float64), torch.ones(1, 1),
+                                  0.2, 0.2, 3.0, "token-mean")
+    assert (float(loss), float(lower)) == pytest.approx((3.0, 1.0))
+    two = torch.tensor([[LN(2), 0.0]], dtype=torch.float64)
+    assert float(verl_gspo(torch.zeros(1, 2, dtype=torch.float64), two, torch.ones(1, 2, dtype=torch.float64),
+                           torch.ones(1, 2), 0.2, 0.28)) == pytest.approx(-1.28)
+    assert float(verl_entropy_from_logits(torch.zeros(2, dtype=torch.float64))) == pytest.approx(LN(2))
+
+
+def random_policy_batch(g: torch.Generator, b: int = 7, t: int = 6):
+    """Rows [B, T] float64: old log-probs, new log-probs (some log ratios past +-20 and 10), advantages (zeros,
+    both signs, large: 1e6 on a log ratio of -25), a mask with holes and an empty row, entropies, reference
+    log-probs."""
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 4
+    logp = old + torch.randn(b, t, generator=g, dtype=torch.float64) * 0.4
+    logp[0, :3] = old[0, :3] + torch.tensor([25.0, -25.0, 15.0], dtype=torch.float64)
+    logp[1, :] = old[1, :] + 12.0  # a sequence whose mean log ratio is past GSPO's clamp (10)
+    adv = torch.randn(b, t, generator=g, dtype=torch.float64) * 2
+    adv[2] = 0.0
+    adv[3, :2] = torch.tensor([1e4, -1e4], dtype=torch.float64)
+    adv[0, 1] = 1e6  # at log ratio -25: verl's clamp gives -1e6 e^-20 = -2.1e-3, e^-25 would give -1.4e-5
+    mask = torch.rand(b, t, generator=g) > 0.3
+    mask[0, :3] = mask[1, :] = True
+    mask[4] = False  # an empty response
+    ent = torch.rand(b, t, generator=g, dtype=torch.float64) * 3
+    ref = old + torch.randn(b, t, generator=g, dtype=torch.float64)
+    return old, logp, adv, mask, ent, ref
+
+
+RANKS = [[0, 3, 5], [1, 4], [2, 6]]  # W = 3 ranks' rows (rank 1 holds the empty response)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_ppo_clip_dual_clip_entropy_and_kl_are_verls_on_every_rank(mode):
+    # Per rank: verl's ppo_loss (workers/utils/losses.py) with global batch info = pg - c_H agg(H) + c_KL agg(KL);
+    # ours: one aggregate of the per-token sum with the step's denominators. Values, gradients and clip fractions.
+    g = torch.Generator().manual_seed(17)
+    for _ in range(5):
+        old, logp, adv, mask, ent, ref = random_policy_batch(g)
+        tokens, seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        agg = dict(dp_size=3, batch_num_tokens=tokens, global_batch_size=seqs)
+        token_denom, seq_denom = loss_denominators(mode, tokens, seqs, 3)
+        for rows in RANKS:
+            x_ours, x_verl = logp[rows].clone().requires_grad_(), logp[rows].clone().requires_grad_()
+            for clip_high, c in [(0.2, 3.0), (0.28, 10.0)]:  # vanilla PPO, and clip-higher with a loose dual-clip
+                inp = PolicyLossInput(logp=x_ours, prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows],
+                                      mask=mask[rows], ref_logp=ref[rows], entropy=ent[rows])
+                ours, stats = policy_objective(inp, loss="ppo_clip", clip_low=0.2, clip_high=clip_high, dual_clip=c,
+                                               off_policy="none", agg=mode, entropy_coef=0.01, kl_coef=0.1,
+                                               kl_estimator="low_var_kl", token_denom=token_denom, seq_denom=seq_denom)
+                pg, clipfrac, lower = verl_vanilla(old[rows], x_verl, adv[rows], mask[rows], 0.2, clip_high, c, mode,
+                                                   **agg)
+                verl = (pg - 0.01 * verl_agg_loss(ent[rows], mask[rows], mode, **agg)
+                        + 0.1 * verl_agg_loss(verl_kl("low_var_kl", x_verl, ref[rows]), mask[rows], mode, **agg))
+                assert float(ours.detach()) == pytest.approx(float(verl.detach()), rel=1e-6, abs=1e-6)
+                if mask[rows].any():
+                    assert (stats["ppo_clip_frac"], stats["dual_clip_frac"]) == pytest.approx(
+                        (float(clipfrac), float(lower)), abs=1e-6)
+                ours.backward()
+                verl.backward()
+                assert torch.allclose(x_ours.grad, x_verl.grad, rtol=1e-6, atol=1e-6)
+                if rows[0] == 0:  # row 0's first token has log ratio 25: clamped, no gradient (a gradient of -A e^25)
+                    assert float(x_ours.grad[0, 0]) == 0.0
+                x_ours.grad = x_verl.grad = None
+
+
+def test_gspo_is_verls_on_every_rank():
+    g = torch.Generator().manual_seed(19)
+    for _ in range(5):
+        old, logp, adv, mask, _, _ = random_policy_batch(g)
+        adv = adv[:, :1].expand_as(adv)  # a sequence-level advantage, as GRPO's
+        tokens, seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        agg = dict(dp_size=3, batch_num_tokens=tokens, global_batch_size=seqs)
+        _, seq_denom = loss_denominators("seq-mean-token-mean", tokens, seqs, 3)
+        for rows in RANKS:
+            x_ours, x_verl = logp[rows].clone().requires_grad_(), logp[rows].clone().requires_grad_()
+            inp = PolicyLossInput(logp=x_ours, prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows],
+                                  mask=mask[rows])
+            ours, _ = policy_objective(inp, loss="gspo", clip_low=3e-4, clip_high=4e-4, dual_clip=0.0,
+                                       off_policy="none", agg="seq-mean-token-mean", seq_denom=seq_denom)
+            verl = verl_gspo(old[rows], x_verl, adv[rows], mask[rows], 3e-4, 4e-4, **agg)
+            assert float(ours.detach()) == pytest.approx(float(verl.detach()), rel=1e-6, abs=1e-6)
+            ours.backward()
+            verl.backward()
+            assert torch.allclose(x_ours.grad, x_verl.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_seq_mean_token_sum_norm_is_verls_times_the_sequences():
+    # verl: sum of every sequence's token sum / loss_scale_factor; here also / (global sequences), the Dr. GRPO
+    # paper's 1/G: a constant factor apart (each rank's loss times D_seq = seqs / W is verl's with dp_size W).
+    g = torch.Generator().manual_seed(23)
+    old, logp, adv, mask, _, _ = random_policy_batch(g)
+    seqs = float((mask.sum(-1) > 0).sum())
+    _, seq_denom = loss_denominators("seq-mean-token-sum-norm", float(mask.sum()), seqs, 3)
+    for rows in RANKS:
+        inp = PolicyLossInput(logp=logp[rows], prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows],
+                              mask=mask[rows])
+        ours, _ = policy_objective(inp, off_policy="none", agg="seq-mean-token-sum-norm", norm_length=16,
+                                   dual_clip=3.0, seq_denom=seq_denom)
+        verl, _, _ = verl_vanilla(old[rows], logp[rows], adv[rows], mask[rows], 0.2, 0.28, 3.0,
+                                  "seq-mean-token-sum-norm", loss_scale_factor=16)
+        assert float(ours) * seq_denom == pytest.approx(float(verl), rel=1e-9, abs=1e-9)
+
+
+def test_token_sum_averages_to_the_global_sum():
+    # three ranks' token-sum losses with token_denom 1/3 average to the sum of every masked token's term
+    g = torch.Generator().manual_seed(29)
+    old, logp, adv, mask, _, _ = random_policy_batch(g)
+    token_denom, _ = loss_denominators("token-sum", float(mask.sum()), 0.0, 3)
+    losses = [float(policy_objective(PolicyLossInput(logp[r], old[r], old[r], adv[r], mask[r]), off_policy="none",
+                                     agg="token-sum", token_denom=token_denom)[0]) for r in RANKS]
+    terms, _ = ppo_clip(PolicyLossInput(logp, old, old, adv, mask), clip_low=0.2, clip_high=0.28, dual_clip=0.0)
+    assert sum(losses) / 3 == pytest.approx(float(terms[mask].sum()), rel=1e-9)
+    inp = PolicyLossInput(logp, old, old, adv, mask)
+    assert float(policy_objective(inp, off_policy="none", agg="token-sum")[0]) == pytest.approx(
+        policy_objective_reference(inp, off_policy="none", agg="token-sum"), rel=1e-9)
+
+
+def test_entropy_is_verls_entropy_from_logits():
+    # the learner's entropy (learner.model) against verl's formula in float64. The learner computes in float32
+    # (as verl's chunked path): float32 rounding near ln 64 = 4.16 leaves up to ~2e-6, hence 1e-5 here.
+    g = torch.Generator().manual_seed(31)
+    logits = torch.randn(40, 64, generator=g) * torch.tensor([0.1, 1.0, 5.0, 30.0]).repeat(10)[:, None]  # [C, V]
+    logits[0, :] = 0.0  # uniform: ln 64
+    logits[1, 0] = 1e4  # one token takes it all: 0
+    targets = torch.randint(0, 64, (40,), generator=g)
+    _, ours = _logprob_and_entropy(logits, targets, entropy=True)
+    verl = verl_entropy_from_logits(logits.double())
+    assert torch.allclose(ours.double(), verl, atol=1e-5, rtol=0)
+    assert float(ours[0]) == pytest.approx(math.log(64), abs=1e-5) and float(ours[1]) == pytest.approx(0.0, abs=1e-6)

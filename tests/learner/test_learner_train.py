@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
-from learner_testing import FakeBroker, FilePublisher, make_batch, ppo_clip_tis, prepare, spawn_rank
+from learner_testing import FakeBroker, FilePublisher, make_batch, ppo_clip_tis, prepare, run_ranks
 from safetensors.torch import load_file
 
 from agentstream.config import Config, save
@@ -53,17 +52,6 @@ def batches(vocab: int) -> dict[tuple[int, int], Batch]:
             rng = np.random.default_rng(100 * step + rank)
             out[step, rank] = make_batch(step, rank, rng, n_groups=n_groups, vocab=vocab, learner_version=step)
     return out
-
-
-def run_ranks(world: int, argv: list[str], timeout_s: float = 90.0) -> None:
-    ctx = mp.start_processes(spawn_rank, args=(world, free_port(), argv), nprocs=world, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"learner ranks still running after {timeout_s}s")
 
 
 def reference_first_step(cfg: Config, model_dir: Path, shares: list[Batch]) -> tuple[float, float, dict]:
