@@ -1,13 +1,15 @@
 """An actor process: K episodes at once on one asyncio loop, G per group, streaming every step.
 
     python -m actors.actor --config RUN/config.yaml --name actor-0 --incarnation 0 \
-        --broker tcp://127.0.0.1:5555 --engine http://127.0.0.1:8000 [--engine ...]
+        --broker tcp://127.0.0.1:5555 --engine http://127.0.0.1:8000 [--engine ...] [--judge URL ...]
 
 Per step (the data flow env -> memory -> engine -> actor -> broker): the memory module builds the chat
 prompt; the chat template turns it into token ids; an engine samples response ids with their log-probs
 and the policy-version interval that produced them; the env's parser turns the text into an action (an
 unparseable answer is an invalid action: the game does not move and the step gets the configured
 penalty); the env steps; the transition goes to the broker. Episodes never wait for one another.
+With LLM judges (judges.count > 0, `--judge URL`), an episode's last transition waits for the judge's verdict
+on the whole episode, whose score joins that step's reward (actors/judge.py); the other episodes play on.
 The step loop itself is `actors.episode.play`, shared with the evaluator and the warm start's demonstrations;
 what the actor needs of the run config is an `ActorSpec` (actors/spec.py), taken from it once in `main()`.
 SIGTERM: stop starting steps, send the final stats, exit.
@@ -35,6 +37,7 @@ import numpy as np
 
 from actors import episode
 from actors.episode import StepRecord, Turn
+from actors.judge import EpisodeRecord, Judge, JudgedStep, Verdict, combine, verdict_counters
 from actors.spec import ActorSpec
 from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
@@ -58,9 +61,10 @@ class Actor:
     """Runs K episode lanes; each takes the next episode of the groups the broker granted this actor."""
 
     def __init__(self, spec: ActorSpec, name: str, incarnation: int, broker: AsyncClient,
-                 engines: list[EngineClient], tokenizer: Any):
+                 engines: list[EngineClient], tokenizer: Any, judge: Judge | None = None):
         self.spec, self.name, self.incarnation = spec, name, incarnation
         self.broker, self.engines, self.tokenizer = broker, engines, tokenizer
+        self.judge = judge  # scores finished episodes (spec.judge); None: no judge
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
         self.requests_in_flight = 0  # reported as gauges: engine requests awaited now, newest policy version seen
@@ -120,6 +124,8 @@ class Actor:
         mem = self.spec.episode.make_memory(self.tokenizer)
         env = self.spec.episode.make_env()
         total = 0.0
+        judged: list[JudgedStep] = []  # the episode so far, as the judge will see it
+        verdict: Verdict | None = None
 
         async def generate(turn: Turn) -> Generation:
             nonlocal engine  # the episode stays with the engine that last answered it
@@ -132,12 +138,24 @@ class Actor:
             return gen
 
         async def send(step: StepRecord[Generation]) -> None:
-            nonlocal total
+            nonlocal total, verdict
             if env_spec.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
                 await asyncio.sleep(sample_latency(self._latency_rng, env_spec.step_latency_mean_s,
                                                    env_spec.step_latency_sigma))
-            reward = step.reward + (0.0 if step.valid else self.spec.invalid_action_penalty)
-            await self.broker.send_transition(self._transition(grant, traj_id, step, reward))
+            reward, info = step.reward, {}
+            if self.judge is not None:
+                judged.append(JudgedStep(step.turn.observation, step.response.text, step.reward))
+                if step.done:  # the judged reward is the last step's: its transition waits for the verdict
+                    record = EpisodeRecord(env.instructions, tuple(judged), step.next_observation,
+                                           bool(step.info.get("success", False)))
+                    verdict = await self.judge.judge(record)
+                    j = self.judge.spec
+                    reward = combine(j.combine, step.reward, verdict.score, j.weight)
+                    info = {"env_reward": step.reward, "judge_score": verdict.score, "judge_outcome": verdict.outcome}
+                    if verdict.outcome != "parsed":
+                        log.debug("%s: judge %s (%s)", traj_id, verdict.outcome, verdict.detail)
+            reward += 0.0 if step.valid else self.spec.invalid_action_penalty
+            await self.broker.send_transition(self._transition(grant, traj_id, step, reward, info))
             self._count_step(len(step.response.response_ids), step.valid)
             total += reward
 
@@ -149,11 +167,15 @@ class Actor:
             self.counters.update(memory_dropped_steps=mem.dropped_steps, memory_truncated_steps=mem.truncated_steps)
             env.close()
         self.counters.update(episodes=1, successes=int(outcome.success))
+        if verdict is not None:  # counted with the episode: judge_requests == episodes whenever stats are read
+            self.counters.update(verdict_counters(verdict))
         self.counters["episode_return_sum"] += total
         return EpisodeResult(outcome.steps, total, outcome.success)
 
-    def _transition(self, grant: GroupGrant, traj_id: str, step: StepRecord[Generation], reward: float) -> Transition:
-        """The message to the broker of one step (reward: the env's plus the actor's invalid-action penalty)."""
+    def _transition(self, grant: GroupGrant, traj_id: str, step: StepRecord[Generation], reward: float,
+                    info: dict[str, Any]) -> Transition:
+        """The message to the broker of one step (reward: the env's, or the judged one of a last step, plus the
+        actor's invalid-action penalty; `info`: the judge's verdict on a judged last step)."""
         gen = step.response
         return Transition(
             traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step.turn.step,
@@ -161,7 +183,7 @@ class Actor:
             logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
             version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=step.terminated,
             truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,
-            info={"success": bool(step.info.get("success", False))},
+            info={"success": bool(step.info.get("success", False)), **info},
         )
 
     async def _generate(self, prompt_ids: list[int], engine: EngineClient) -> tuple[Generation, EngineClient]:
@@ -226,9 +248,13 @@ async def follow_engines(broker: AsyncClient, actor: Actor, client: Callable[[st
                 log.info("%s: engine %s joined; now using %d engines", actor.name, url, len(actor.engines))
 
 
-async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str]) -> int:
+async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],
+                judge_urls: list[str]) -> int:
     from transformers import AutoTokenizer
 
+    if spec.judge is not None and not judge_urls:
+        log.error("%s: judges.count > 0 but no --judge URL was given; the launcher passes its judges' URLs", name)
+        return 2
     tokenizer = AutoTokenizer.from_pretrained(spec.client.model_path)
     broker = AsyncClient(broker_address, name=name, curve_keys_dir=spec.client.curve_keys_dir)
     await broker.start(incarnation, spec.max_unacked, spec.ack_timeout_s)
@@ -241,7 +267,14 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
                                 base_model=spec.client.base_model_name)
 
         engines = [client(url) for url in engine_urls or await engines_from_broker(broker)]
-        actor = Actor(spec, name, incarnation, broker, engines, tokenizer)
+        judge = None
+        if spec.judge is not None:  # its own servers, tokenizer and timeout; its weights never change
+            j = spec.judge
+            judge_tokenizer = (tokenizer if j.model_path == spec.client.model_path
+                               else AutoTokenizer.from_pretrained(j.model_path))
+            judge = Judge(j, [EngineClient(url, session, j.timeout_s, versioned=False) for url in judge_urls],
+                          judge_tokenizer)
+        actor = Actor(spec, name, incarnation, broker, engines, tokenizer, judge)
         follower = asyncio.create_task(follow_engines(broker, actor, client))  # engines that join later
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -273,11 +306,13 @@ def main() -> None:
     parser.add_argument("--engine", action="append", default=[],
                         help="engine base URL (repeatable); none: learn them from the broker. Engines that join "
                              "later (role=engines) are used too")
+    parser.add_argument("--judge", action="append", default=[],
+                        help="LLM judge server base URL (repeatable; needed with judges.count > 0)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     spec = ActorSpec.from_config(config_mod.load(args.config))
     started = time.time()
-    code = asyncio.run(_main(spec, args.name, args.incarnation, args.broker, args.engine))
+    code = asyncio.run(_main(spec, args.name, args.incarnation, args.broker, args.engine, args.judge))
     log.info("%s: exit %d after %.1fs", args.name, code, time.time() - started)
     raise SystemExit(code)
 

@@ -75,6 +75,8 @@ class StepRecord(Generic[R]):
     truncated: bool
     info: dict[str, Any]
     """The info the step returned (about the next state)."""
+    next_observation: str = ""
+    """The observation the step led to (what an LLM judge sees as the episode's end, actors/judge.py)."""
 
     @property
     def valid(self) -> bool:
@@ -125,7 +127,7 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
         if inspect.isawaitable(response):
             response = await response
         next_obs, reward, terminated, truncated, info = await _call_env(blocking, env.step, response.text)
-        record = StepRecord(turn, response, float(reward), bool(terminated), bool(truncated), info)
+        record = StepRecord(turn, response, float(reward), bool(terminated), bool(truncated), info, str(next_obs))
         if on_step is not None:
             handled = on_step(record)
             if inspect.isawaitable(handled):

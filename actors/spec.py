@@ -69,6 +69,34 @@ class ClientSpec:
 
 
 @dataclass(frozen=True)
+class JudgeSpec:
+    """How an actor's judge scores a finished episode (`judges.*`; actors/judge.py, docs/judges.md)."""
+
+    model_path: str
+    """The judge's model directory: its tokenizer and chat template make the judge's prompt ids."""
+    template: str
+    score_pattern: str
+    default_score: float
+    combine: str
+    weight: float
+    sampling: SamplingConfig
+    """judges.max_tokens and judges.temperature (top_p 1)."""
+    timeout_s: float
+    max_prompt_tokens: int
+    """What the judge's context leaves for the prompt after its answer: engines.max_model_len - judges.max_tokens."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> JudgeSpec | None:
+        """None when judges are off (judges.count = 0)."""
+        j = cfg.judges
+        if j.count < 1:
+            return None
+        return cls(j.model or cfg.model.path, j.template, j.score_pattern, j.default_score, j.combine, j.weight,
+                   SamplingConfig(max_tokens=j.max_tokens, temperature=j.temperature, top_p=1.0), j.timeout_s,
+                   cfg.engines.max_model_len - j.max_tokens)
+
+
+@dataclass(frozen=True)
 class ActorSpec:
     """Everything an actor process uses."""
 
@@ -90,12 +118,15 @@ class ActorSpec:
     """No acknowledgement this long: resend everything unacknowledged (the broker may have restarted)."""
     shutdown_timeout_s: float
     """How long a process gets to exit after SIGTERM; a stopping actor drains for half of it."""
+    judge: JudgeSpec | None = None
+    """How finished episodes are judged; None: no judge (judges.count = 0)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> ActorSpec:
         return cls(EpisodeSpec.from_config(cfg), ClientSpec.from_config(cfg), cfg.actors.episodes_per_actor,
                    cfg.env.group_size, cfg.trainer.invalid_action_penalty, cfg.run.seed, cfg.run.log_interval_s,
-                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s)
+                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s,
+                   JudgeSpec.from_config(cfg))
 
 
 @dataclass(frozen=True)
@@ -122,4 +153,4 @@ class EvaluatorSpec:
                    cfg.trainer.total_steps, cfg.trainer.groups_per_step * cfg.env.group_size)
 
 
-__all__ = ["ActorSpec", "ClientSpec", "EpisodeSpec", "EvaluatorSpec"]
+__all__ = ["ActorSpec", "ClientSpec", "EpisodeSpec", "EvaluatorSpec", "JudgeSpec"]

@@ -48,6 +48,9 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 | env_episodes_total                     | counter | env    | episodes finished per environment                         |
 | actors_alive, engines_alive            | gauge   |        | processes that reported within 10 s                       |
 | weight_sync_s                          | gauge   |        | slowest engine's last weight update (write to resume)     |
+| judge_requests_total, judge_parsed_total, judge_parse_failures_total, judge_errors_total | counter | | LLM judges (actors/judge.py): episodes judged = parsed + parse failures + errors (timeouts included) |
+| judge_latency_s_sum_total, judge_latency_count_total, judge_score_sum_total | counter | | answered judge requests' seconds and count; the scores given (defaults included) |
+| judge_latency_s                        | gauge   |        | mean seconds of the judge requests answered in the last 60 s |
 | actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version | gauge | actor | per actor |
 | engine_alive, engine_version, engine_requests_in_flight, engine_weight_sync_s | gauge | engine | per engine (requests: vLLM running+waiting, -1 unknown) |
 | run_wall_s, run_total_steps            | gauge   |        | seconds since the broker started; configured steps        |
@@ -94,6 +97,14 @@ HELP: dict[str, str] = {
     "episode_return_sum": "Sum of episode returns (divide by episodes for the mean).",
     "invalid_actions": "Steps whose response did not parse as an action.",
     "engine_errors": "Engine requests that failed.",
+    "judge_requests": "Episodes an LLM judge scored (parsed + parse failures + errors).",
+    "judge_parsed": "Judge answers whose score parsed.",
+    "judge_parse_failures": "Judge answers without a score (judges.default_score was used).",
+    "judge_errors": "Judge requests that failed or timed out (judges.default_score was used).",
+    "judge_score_sum": "Sum of the judge scores given (defaults included; divide by judge_requests).",
+    "judge_latency_s_sum": "Seconds of the answered judge requests (divide by judge_latency_count).",
+    "judge_latency_count": "Answered judge requests.",
+    "judge_latency_s": "Mean seconds of the judge requests answered in the last 60 s.",
     "malformed_messages": "Messages the broker could not decode.",
     "buffered_transitions": "Transitions held by the broker, not yet trained on.",
     "groups_ready": "Complete groups waiting to be served.",
@@ -255,7 +266,9 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
         "learner_loss": learner.get("loss"), "learner_publish_s": learner.get("publish_s"),
         **{k: g.get(k) for k in ("buffered_transitions", "groups_ready", "staleness_mean", "staleness_max",
                                  "reward_mean", "success_rate", "invalid_action_ratio", "actors_alive",
-                                 "engines_alive", "val_success_rate", "val_return", "val_version")},
+                                 "engines_alive", "val_success_rate", "val_return", "val_version",
+                                 "judge_latency_s")},
+        **{k: state.get("counters", {}).get(k) for k in ("judge_requests", "judge_parse_failures", "judge_errors")},
     }
     for e in state["engines"]:
         point[f"engine_version/{e['name']}"] = e["version"]

@@ -14,9 +14,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+# LLM judges (actors/judge.py): episodes judged = parsed + parse failures + errors; the latency of answered ones.
+JUDGE_COUNTERS = ("judge_requests", "judge_parsed", "judge_parse_failures", "judge_errors", "judge_score_sum",
+                  "judge_latency_s_sum", "judge_latency_count")
 # Counter names summed over every process of a role, as they appear on the dashboard and in /metrics.
 ACTOR_COUNTERS = ("env_steps", "tokens_generated", "transitions_sent", "episodes", "successes",
-                  "episode_return_sum", "invalid_actions", "engine_errors")
+                  "episode_return_sum", "invalid_actions", "engine_errors", *JUDGE_COUNTERS)
 ENV_PREFIX = "env/"
 RATE_WINDOW_S = 10.0  # throughputs: short, so the charts react
 OUTCOME_WINDOW_S = 60.0  # rewards and success rates: long enough to hold a few episodes

@@ -63,8 +63,19 @@ def summary(broker: BrokerView) -> dict[str, Any]:
         "actors_final": sum(1 for p in actors if p.final),
         "transitions_sent_by_actor": broker.stats.by_source("transitions_sent", "actor"),
         "learner_metrics": broker.learner_metrics,
+        "judges": _judges(actor),
         "reliability": broker.audit(),
     }
+
+
+def _judges(actor: Mapping[str, float]) -> dict[str, Any]:
+    """The LLM judges' totals (actors/judge.py): requests = parsed + parse_failures + errors, one per judged
+    episode; the mean latency and score of the run."""
+    answered, requests = actor["judge_latency_count"], actor["judge_requests"]
+    return {"requests": int(requests), "parsed": int(actor["judge_parsed"]),
+            "parse_failures": int(actor["judge_parse_failures"]), "errors": int(actor["judge_errors"]),
+            "latency_mean_s": actor["judge_latency_s_sum"] / answered if answered else 0.0,
+            "score_mean": actor["judge_score_sum"] / requests if requests else 0.0}
 
 
 def dashboard_state(broker: BrokerView) -> dict[str, Any]:
@@ -75,6 +86,7 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     lags = b.last_staleness
     d_eps = s.window_delta("episodes", OUTCOME_WINDOW_S)
     d_steps = s.window_delta("env_steps", OUTCOME_WINDOW_S)
+    d_judged = s.window_delta("judge_latency_count", OUTCOME_WINDOW_S)
     engines, actors = _engine_rows(broker, now), _actor_rows(broker, now)
     gauges = {
         "buffered_transitions": b.buffered(), "groups_ready": len(b.ready), "groups_open": len(b.open),
@@ -86,6 +98,7 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
         "engines_alive": sum(1 for e in engines if e["alive"]),
         "weight_sync_s": max((e["weight_sync_s"] for e in engines), default=0.0),
         "group_waiters": broker.group_waiters,
+        "judge_latency_s": s.window_delta("judge_latency_s_sum", OUTCOME_WINDOW_S) / d_judged if d_judged else 0.0,
     }
     for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
         if peer.role == "evaluator":

@@ -65,13 +65,17 @@ class EngineClient:
         extra_body: Mapping[str, Any] | None = None,
         model: str = SERVED_MODEL_NAME,
         base_model: str | None = None,
+        versioned: bool = True,
     ):
         """`extra_body`: more vLLM sampling fields sent with every request (e.g. {"stop": ["</action>"]},
         {"ignore_eos": True}); it cannot override the fields the log-probs depend on.
         `model`: the served name to request (`engines.server.served_model_name(cfg.model)`).
         `base_model`: with LoRA, the name to request while the engine serves version 0, before any adapter
-        is loaded (SERVED_MODEL_NAME: the base model, which is exactly version 0 since peft starts B = 0)."""
+        is loaded (SERVED_MODEL_NAME: the base model, which is exactly version 0 since peft starts B = 0).
+        `versioned=False`: a server whose weights never change (an LLM judge, actors/judge.py): no `/weight_info`
+        reads, every generation is version 0."""
         self.url = url.rstrip("/")
+        self.versioned = versioned
         self.model = model
         self.base_model = base_model
         self._session = session
@@ -99,6 +103,11 @@ class EngineClient:
         self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None = None
     ) -> Generation:
         """Sample one response to `prompt_ids` ([P] token ids, chat template already applied)."""
+        if not self.versioned:
+            body = await self._request(
+                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model)
+            )
+            return Generation(*self._parse_choice(body), version_lo=0, version_hi=0)
         # Version bracketing (DESIGN.md): lo = what we knew before sending (<= the truth), hi = a fresh
         # read after the answer (>= the version of the last token, since an update is labelled before
         # the engine resumes generating).

@@ -11,7 +11,9 @@ run (`engines.count/host/base_port/kv_cache_gib/cpu_*/gpu_memory_utilization/ext
 than the default (the same model at another path on this host) are taken.
 
 role=actors: N actor processes named `actor-<host>-<pid>-<i>`; each asks the broker for the engine list
-(and follows engines that join later). A dead actor is restarted, as in the main launch.
+(and follows engines that join later). A dead actor is restarted, as in the main launch. With the run's
+judges.count > 0 the launch starts that many LLM judges of its own on this host (the main launch's listen on
+its loopback), and its actors use them.
 role=engines: N vLLM servers, each with a weight sidecar that registers with the learner's publisher (it
 gets the newest weights at the learner's next step) and with the broker, which lets actors use the engine
 once it serves recent weights.
@@ -48,7 +50,7 @@ from agentstream.wire.messages import Hello, Welcome
 from launcher.checks import check_config
 from launcher.progress import progress_loop, write_summary
 from launcher.supervisor import Launcher, RunFailed
-from launcher.wiring import Wiring
+from launcher.wiring import Wiring, judge_urls
 
 log = logging.getLogger("join")
 
@@ -129,6 +131,7 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
     return Wiring(
         broker=cfg.broker.address, broker_port=0,  # actors, weight sidecars, learner ranks -> the run's broker
         dashboard=welcome.dashboard.rstrip("/"), dashboard_port=0,  # this launch -> the run's state
+        judges=judge_urls(cfg) if cfg.run.role == "actors" else [],  # new actors -> this host's own new judges
         weights=welcome.weights,  # new weight sidecars -> the learner's publisher
         engines=urls,  # new weight sidecars -> new servers; empty for actors: they ask the broker
         # learner ranks of this node -> node 0's rendezvous; `weights_bind` only tells them that rank 0 (on
@@ -154,6 +157,7 @@ async def _start(launcher: Launcher) -> None:
         for i in range(len(engines)):
             await launcher.spawn(launcher.sidecar_child(i))
     else:
+        await launcher.wait_judges([await launcher.spawn(c) for c in launcher.judge_children()])
         for i in range(launcher.cfg.actors.count):
             await launcher.spawn(launcher.actor_child(i))
 

@@ -119,6 +119,8 @@ def run(cfg: Config, run_dir: Path) -> int:
         return 2
     if Path(cfg.model.path).resolve() == config_mod.TINY_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.model.path)
+    if cfg.judges.count and cfg.judges.model and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve():
+        ensure_tiny_model(cfg.judges.model)  # a judge of the tiny model beside another policy
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run
         return asyncio.run(run_join(cfg, run_dir))

@@ -1,9 +1,11 @@
-"""The supervisor: starts the children of a run (broker, engines and their weight sidecars, learner, actors,
-evaluator), each in a process group of its own, and decides what a death means.
+"""The supervisor: starts the children of a run (broker, engines and their weight sidecars, LLM judges, learner,
+actors, evaluator), each in a process group of its own, and decides what a death means.
 
-If the broker, an engine, a weight sidecar or the learner dies, everything stops
-with the reason and the tail of that process's log; a dead actor is restarted under a new incarnation
-(counted, up to `actors.max_restarts`). The run ends when the learner exits after its last step (by then
+If the broker, an engine, a weight sidecar, a judge or the learner dies, it is restarted within its role's budget
+(`*.max_restarts`), else everything stops with the reason and the tail of that process's log; a dead actor is
+restarted under a new incarnation (counted, up to `actors.max_restarts`). A judge (judge-<i>) is a vLLM server
+like an engine, started with the same command on the judge's model, but without a weight sidecar: nothing
+ever changes its weights. The run ends when the learner exits after its last step (by then
 every engine serves the final version): actors are stopped, the broker's summary is written to
 `summary.json`, and every process group is stopped. Ctrl-C does the same, early.
 """
@@ -11,6 +13,7 @@ every engine serves the final version): actors are stopped, the broker's summary
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -39,7 +42,7 @@ class RunFailed(RuntimeError):
 @dataclass
 class Child:
     name: str
-    role: str  # broker | engine | sidecar | learner | actor
+    role: str  # broker | engine | sidecar | judge | learner | actor | evaluator
     argv: list[str]
     env: dict[str, str]
     log_path: Path
@@ -127,6 +130,24 @@ class Launcher:
             out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, env))
         return out
 
+    def judge_children(self) -> list[Child]:
+        """The LLM judges' vLLM servers: the engines' command on the judge's model (judges.model, else the run's
+        initial model.path), without LoRA; no weight sidecar, so the learner never reaches them."""
+        from engines.server import server_command
+
+        model = dataclasses.replace(self.cfg.model, path=self.cfg.judges.model or self.cfg.model.path, lora_rank=0)
+        out = []
+        for i, url in enumerate(self.wiring.judges):
+            argv, env = server_command(model, self.cfg.engines, int(url.rsplit(":", 1)[1]))
+            out.append(self._child(f"judge-{self.prefix}{i}", "judge", argv, env))
+        return out
+
+    async def wait_judges(self, judges: list[Child]) -> None:
+        from engines.server import wait_ready
+
+        for child, url in zip(judges, self.wiring.judges):
+            await self._guarded(wait_ready(url, self.cfg.run.startup_timeout_s, proc=None), child)
+
     def sidecar_child(self, i: int) -> Child:
         w = self.wiring
         return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
@@ -164,6 +185,8 @@ class Launcher:
                 "--incarnation", str(incarnation), "--broker", self.wiring.broker]
         for url in self.wiring.engines:  # none (a joining launch): the actor asks the broker
             argv += ["--engine", url]
+        for url in self.wiring.judges:
+            argv += ["--judge", url]
         child = self._child(name, "actor", argv)
         child.incarnation = incarnation
         return child
@@ -202,10 +225,12 @@ class Launcher:
         await self.spawn(self.broker_child())
         await self._wait_http(session, f"{self.wiring.dashboard}/api/state", "broker")
         engines = [await self.spawn(c) for c in self.engine_children()]
+        judges = [await self.spawn(c) for c in self.judge_children()]
         await self.spawn(self.learner_child())  # loads and shards the model while the engines start
         timeout = self.cfg.run.startup_timeout_s
         for child, url in zip(engines, self.wiring.engines):
             await self._guarded(wait_ready(url, timeout, proc=None), child)
+        await self.wait_judges(judges)
         for i in range(len(self.wiring.engines)):
             await self.spawn(self.sidecar_child(i))
         for i in range(self.cfg.actors.count):
@@ -283,6 +308,7 @@ class Launcher:
         (from its latest checkpoint), within each role's restart budget. False: not restartable."""
         key = "engine" if child.role == "sidecar" else child.role
         budget = {"broker": self.cfg.broker.max_restarts, "engine": self.cfg.engines.max_restarts,
+                  "judge": self.cfg.judges.max_restarts,
                   # a learner on several hosts restarts as a whole or not at all: not by one host's launch
                   "learner": self.cfg.learner.max_restarts
                   if self.cfg.checkpoint.every_steps > 0 and self.cfg.learner.nnodes == 1 else 0}.get(key, 0)
@@ -305,7 +331,7 @@ class Launcher:
 
     async def _restart_engine_guarded(self, child: Child) -> None:
         try:
-            await self._restart_engine(child)
+            await (self._restart_judge(child) if child.role == "judge" else self._restart_engine(child))
         except Exception as exc:  # noqa: BLE001 (any failure ends the run, with its reason)
             self._failed = exc if isinstance(exc, RunFailed) else RunFailed(f"restarting {child.name} failed: {exc!r}")
             await self._exits.put(child)  # wakes supervise(), which raises it
@@ -332,6 +358,18 @@ class Launcher:
                 raise RunFailed(f"{engine.name} did not come back: {exc}\nits log ends with:\n{engine.log_tail()}") from exc
         await self.spawn(self.sidecar_child(i))
 
+    async def _restart_judge(self, child: Child) -> None:
+        """A judge comes back on its port with its own weights; meanwhile actors' requests to it fail (counted
+        as judge_errors, default_score) or go to another judge."""
+        from engines.server import wait_ready
+
+        i = next(i for i in range(len(self.wiring.judges)) if child.name == f"judge-{self.prefix}{i}")
+        judge = await self.spawn(self.judge_children()[i])
+        try:
+            await wait_ready(self.wiring.judges[i], self.cfg.run.startup_timeout_s, proc=None)
+        except Exception as exc:
+            raise RunFailed(f"{judge.name} did not come back: {exc}\nits log ends with:\n{judge.log_tail()}") from exc
+
     async def stop_roles(self, roles: tuple[str, ...]) -> None:
         """Stop every child of these roles concurrently, each with a bounded wait."""
         targets = [c for c in self.children if c.role in roles]
@@ -343,7 +381,7 @@ class Launcher:
         for task in self._restarting:  # first: a restart in flight must not start a server after its role stopped
             task.cancel()
         await asyncio.gather(*self._restarting, return_exceptions=True)
-        for roles in (("actor", "evaluator"), ("learner",), ("sidecar",), ("engine",), ("broker",)):
+        for roles in (("actor", "evaluator"), ("learner",), ("sidecar",), ("engine", "judge"), ("broker",)):
             await self.stop_roles(roles)
         self.kill_orphan_ranks()
         for task in self._watchers:

@@ -25,6 +25,7 @@ class Wiring:
     engines: list[str] = field(default_factory=list)  # actors, weight sidecars -> vLLM servers (HTTP)
     weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
     rdzv: str = ""  # learner nodes 1.. -> node 0's torchrun rendezvous (host:port); only with learner.nnodes > 1
+    judges: list[str] = field(default_factory=list)  # actors -> LLM judge vLLM servers (HTTP); no sidecar, no weights
 
 
 def wire(cfg: Config) -> Wiring:
@@ -43,8 +44,16 @@ def wire(cfg: Config) -> Wiring:
         broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
         dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
         weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
-        engines=engine_urls, rdzv=rdzv,
+        engines=engine_urls, rdzv=rdzv, judges=judge_urls(cfg),
     )
+
+
+def judge_urls(cfg: Config) -> list[str]:
+    """The LLM judges' servers on this host (judges.count): on engines.host, at engines.base_port + 2 *
+    engines.count + i after the engines' pairs, or free ports. Only actors talk to them."""
+    base, n = cfg.engines.base_port, cfg.engines.count
+    ports = [base + 2 * n + i if base else free_port(cfg.engines.host) for i in range(cfg.judges.count)]
+    return [f"http://{advertised_host(cfg.engines.host)}:{p}" for p in ports]
 
 
 def resolved(cfg: Config, w: Wiring) -> Config:
@@ -58,4 +67,4 @@ def resolved(cfg: Config, w: Wiring) -> Config:
     return out
 
 
-__all__ = ["Wiring", "resolved", "wire"]
+__all__ = ["Wiring", "judge_urls", "resolved", "wire"]

@@ -3,11 +3,19 @@
 Asserts from summary.json and the broker's final /metrics that the loop went all the way round:
 env -> memory -> engine -> actor -> broker -> learner -> weights -> engine; and that the run's metrics reach
 every logger (JSONL, TensorBoard, W&B offline, MLflow file store), read back with each tracker's own reader.
+
+The same run (one run for all: the suite's time) also rewards with an LLM judge and trains with SPIN:
+- judge-0, a vLLM server of the tiny model's initial weights (frozen), scores every finished episode. Its
+  answers are the untrained model's random text and the score pattern asks for `JUDGED=<n>`, which that text
+  never holds: every verdict is a parse failure, so with combine=replace and default_score=-0.5 every
+  episode's last step gets -0.5 (plus the invalid-action penalty) and the other steps only their penalties.
+- `algorithm=spin` with the reference refreshed every version: online DPO's pairs on two learner ranks.
 A dead actor's restart under a new incarnation is tested in tests/test_chaos.py (kill -9, three times), and
 Ctrl-C of a run (exit code 130, nothing left running) in tests/test_roles.py.
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,7 +30,8 @@ from agentstream.wire.addresses import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
-STEPS = 3
+STEPS, GROUPS, G = 3, 4, 4
+DEFAULT, PENALTY = -0.5, -0.1  # the judge's default score (every verdict here), the invalid-action penalty
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
@@ -31,13 +40,21 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(match.group(1))
 
 
+def routes(log: Path) -> set[str]:
+    """The paths of a vLLM server's access-log lines (`"POST /v1/completions HTTP/1.1" 200`), without queries."""
+    return {m.group(1) for m in re.finditer(r'"(?:GET|POST) ([^ ?"]+)\S* HTTP/', log.read_text())}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, float]:
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "actors.count=2",
-            "actors.episodes_per_actor=8", "env.group_size=4", "engines.count=1", "learner.world_size=2",
-            f"trainer.total_steps={STEPS}", "trainer.groups_per_step=4", "trainer.max_staleness=1",
-            f"broker.dashboard_port={free_port()}", "logger=[jsonl,tensorboard,wandb,mlflow]"]
+            "actors.episodes_per_actor=8", f"env.group_size={G}", "engines.count=1", "learner.world_size=2",
+            f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={GROUPS}", "trainer.max_staleness=1",
+            f"trainer.invalid_action_penalty={PENALTY}", f"broker.dashboard_port={free_port()}",
+            "logger=[jsonl,tensorboard,wandb,mlflow]", "algorithm=spin", "algorithm.ref_update_every=1",
+            "judges.count=1", "judges.combine=replace", f"judges.default_score={DEFAULT}", "judges.max_tokens=8",
+            "judges.score_pattern='JUDGED=([0-9]+)'"]
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY", "MLFLOW_TRACKING_URI")}
     started = time.time()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
@@ -61,8 +78,8 @@ def test_learner_and_every_engine_reach_the_final_version(run) -> None:
 
 def test_every_trained_group_had_g_complete_trajectories(run) -> None:
     _, s, _, _ = run
-    assert s["groups_trained"] == STEPS * 4
-    assert s["trained_group_shapes"] == {"4/4": STEPS * 4}
+    assert s["groups_trained"] == STEPS * GROUPS
+    assert s["trained_group_shapes"] == {f"{G}/{G}": STEPS * GROUPS}
 
 
 def test_no_transition_is_lost_or_invented(run) -> None:
@@ -121,6 +138,87 @@ def test_no_process_is_left_running(run) -> None:
     run_dir, s, _, _ = run
     assert s["processes_left"] == []
     assert processes_mentioning(str(run_dir)) == []
+
+
+def test_every_finished_episode_was_judged_once(run) -> None:
+    _, s, metrics, _ = run
+    assert s["status"] == "finished", s["reason"]
+    j = s["judges"]
+    assert j["requests"] == s["episodes"] > 0
+    assert j["parsed"] + j["parse_failures"] + j["errors"] == j["requests"]
+    assert j["errors"] == 0 and j["parse_failures"] == j["requests"]  # the random text never says JUDGED=<n>
+    assert j["score_mean"] == DEFAULT and j["latency_mean_s"] > 0
+    assert metric(metrics, "agentstream_judge_requests_total") == j["requests"]
+    assert metric(metrics, "agentstream_judge_parse_failures_total") == j["parse_failures"]
+    assert metric(metrics, "agentstream_judge_latency_count_total") == j["requests"]  # each one answered
+
+
+def test_every_logged_last_step_carries_the_judged_reward_and_no_other_step_does(run) -> None:
+    from broker.state import logged_transitions
+
+    run_dir, s, _, _ = run
+    last = other = 0
+    for t in logged_transitions(run_dir / "broker-wal"):
+        penalty = 0.0 if t.valid else PENALTY
+        if t.done or t.truncated:
+            assert t.info["judge_outcome"] == "parse_failure" and t.info["judge_score"] == DEFAULT
+            assert t.reward == pytest.approx(DEFAULT + penalty)  # replace: weight 1 x the default, env reward gone
+            last += 1
+        else:
+            assert "judge_score" not in t.info and t.reward == pytest.approx(penalty)  # FrozenLake pays at the end only
+            other += 1
+    assert 0 < last <= s["judges"]["requests"] and other > 0
+
+
+def test_the_learner_trained_on_the_judged_rewards(run) -> None:
+    """Each step trains GROUPS groups of G whole trajectories, each with one judged last step: its rewards sum to
+    GROUPS * G * DEFAULT plus the penalty of each invalid step."""
+    run_dir, _, _, _ = run
+    steps = [json.loads(line) for line in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "reward_mean" in m]
+    assert len(steps) == STEPS
+    for m in steps:
+        n = m["transitions"]
+        want = GROUPS * G * DEFAULT + PENALTY * m["invalid_frac"] * n
+        assert m["reward_mean"] * n == pytest.approx(want, rel=1e-6), m
+
+
+def test_the_judge_is_a_server_of_its_own_that_never_gets_weights(run) -> None:
+    run_dir, s, _, _ = run
+    logs = run_dir / "logs"
+    assert s["engine_versions"] == {"engine-0": STEPS}  # the judge is not one of the engines
+    assert sorted(p.name for p in logs.glob("sidecar-*.log")) == ["sidecar-0.log"]  # no sidecar for the judge
+    # What each server was asked (its HTTP access log): the judge only its health and completions, never a weight
+    # route (pause, collective_rpc reload, update_weight_version, ...) nor even its version; the engine all of them.
+    assert routes(logs / "judge-0.log") == {"/health", "/v1/completions"}
+    assert {"/pause", "/collective_rpc", "/update_weight_version", "/v1/completions"} <= routes(logs / "engine-0.log")
+    actor_log = (logs / "actor-0.log").read_text()
+    assert "Traceback" not in actor_log
+
+
+def test_the_judge_metrics_reach_the_metrics_file_and_nothing_is_left_running(run) -> None:
+    run_dir, s, _, _ = run
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["judge_requests"] == s["judges"]["requests"] and last["judge_errors"] == 0
+    assert last["judge_parse_failures"] == s["judges"]["parse_failures"] and "judge_latency_s" in last
+    assert s["processes_left"] == [] and processes_mentioning(str(run_dir)) == []
+
+
+def test_spin_pairs_each_group_once_and_refreshes_the_reference_every_version(run) -> None:
+    """Each step's GROUPS groups are each a pair, a tie or alone (counted), and the reference follows the policy:
+    refreshed after every version, it equals the policy the next step starts from, so every z is 0 and the DPO loss
+    of a step with pairs is -log sigmoid(0) = log 2 exactly."""
+    run_dir, _, _, _ = run
+    steps = [json.loads(line) for line in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "version" in m]
+    assert [m["version"] for m in steps] == list(range(1, STEPS + 1))
+    for m in steps:
+        assert m["adv_dpo_pair_count"] + m["adv_dpo_tie_count"] + m["adv_dpo_lone_count"] == GROUPS, m
+        assert m["reference_version"] == m["version"] and m["reference_refreshes"] == m["version"]
+        if m["adv_dpo_pair_count"]:
+            assert m["adv_dpo_loss"] == pytest.approx(math.log(2), abs=1e-6)
+        else:
+            assert m["adv_dpo_loss"] == 0.0 and m["grad_norm"] == 0.0  # no pair, no gradient
 
 
 def test_bad_config_stops_the_launch_at_once_with_what_to_change(tmp_path: Path) -> None:

@@ -234,3 +234,31 @@ async def test_broker_views_from_real_messages(tmp_path: Path) -> None:
     text = metrics.render_prometheus(broker.snapshot()).decode()
     assert f'agentstream_env_success_rate{{env="{LAKE}"}} 0.5' in text
     assert 'agentstream_actor_requests_in_flight{actor="actor-0"} 1.0' in text
+
+
+async def test_llm_judge_counters_reach_the_dashboard_the_metrics_and_the_summary(tmp_path: Path) -> None:
+    """An actor's judge counters (actors/judge.py) as the views show them."""
+    broker = Broker(broker_spec(Config()), 0, 0, run_name="r", run_dir=tmp_path)
+    await broker.handle(b"actor-0", Hello(role="actor", name="actor-0", incarnation=0, pid=42))
+
+    async def report(requests: int, failures: int, errors: int, latency_sum: float, answered: int) -> None:
+        await broker.handle(b"actor-0", Stats(source="actor-0", role="actor", counters={
+            "episodes": requests, "judge_requests": requests, "judge_parsed": requests - failures - errors,
+            "judge_parse_failures": failures, "judge_errors": errors, "judge_score_sum": 0.5 * requests,
+            "judge_latency_s_sum": latency_sum, "judge_latency_count": answered}, gauges={}))
+        broker._sample()
+
+    await report(2, 1, 0, 1.0, 2)
+    await report(6, 2, 1, 4.0, 5)
+    snap = broker.snapshot()
+    # Between the samples 3 more requests were answered in 3.0 more seconds: a mean of 1.0 s.
+    assert snap["gauges"]["judge_latency_s"] == 1.0
+    point = snap["recent"][-1]
+    assert (point["judge_latency_s"], point["judge_requests"], point["judge_parse_failures"], point["judge_errors"]) == (
+        1.0, 6.0, 2.0, 1.0)
+    # The run: 6 requests = 3 parsed + 2 parse failures + 1 error; 4.0 s over 5 answered; scores 0.5 x 6 / 6.
+    assert broker.summary()["judges"] == {"requests": 6, "parsed": 3, "parse_failures": 2, "errors": 1,
+                                          "latency_mean_s": 0.8, "score_mean": 0.5}
+    text = metrics.render_prometheus(snap).decode()
+    assert "agentstream_judge_parse_failures_total 2.0" in text and "agentstream_judge_latency_s 1.0" in text
+    assert "# HELP agentstream_judge_errors_total Judge requests that failed or timed out" in text

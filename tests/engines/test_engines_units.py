@@ -161,6 +161,16 @@ async def test_client_generate_brackets_versions(fake_vllm):
         assert fake_vllm.calls.count("/weight_info") == 3  # one before the first call, one after each
 
 
+async def test_an_unversioned_client_never_reads_versions(fake_vllm):
+    """A server whose weights never change (an LLM judge, actors/judge.py): completions only, version 0."""
+    fake_vllm.version = "3"
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(fake_vllm.url, session, timeout_s=5, versioned=False)
+        gen = await client.generate([1, 2], SamplingConfig(max_tokens=3, temperature=0.0))
+        assert (gen.version_lo, gen.version_hi, gen.text) == (0, 0, "ab")
+        assert fake_vllm.calls == ["/v1/completions"] and fake_vllm.bodies[0]["temperature"] == 0.0
+
+
 async def test_answers_that_arrive_together_share_one_fresh_version_read(fake_vllm):
     fake_vllm.version = "2"
     async with aiohttp.ClientSession() as session:
