@@ -266,7 +266,6 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
             return EngineClient(url, session, spec.client.request_timeout_s, model=spec.client.model_name,
                                 base_model=spec.client.base_model_name)
 
-        engines = [client(url) for url in engine_urls or await engines_from_broker(broker)]
         judge = None
         if spec.judge is not None:  # its own servers, tokenizer and timeout; its weights never change
             j = spec.judge
@@ -274,14 +273,16 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
                                else AutoTokenizer.from_pretrained(j.model_path))
             judge = Judge(j, [EngineClient(url, session, j.timeout_s, versioned=False) for url in judge_urls],
                           judge_tokenizer)
-        actor = Actor(spec, name, incarnation, broker, engines, tokenizer, judge)
-        follower = asyncio.create_task(follow_engines(broker, actor, client))  # engines that join later
+        actor = Actor(spec, name, incarnation, broker, [], tokenizer, judge)
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before any wait: a stopped actor always sends its final stats
             loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+        follower: asyncio.Task[None] | None = None
         code = 0
         try:
+            actor.engines.extend(client(url) for url in engine_urls or await engines_from_broker(broker))
+            follower = asyncio.create_task(follow_engines(broker, actor, client))  # engines that join later
             await actor.run()
         except asyncio.CancelledError:
             log.info("%s: stopping (signal)", name)
@@ -289,7 +290,8 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
             log.error("%s: episode failed: %r", name, group.exceptions[0])
             code = 3
         finally:
-            follower.cancel()
+            if follower is not None:
+                follower.cancel()
             with contextlib.suppress(Exception):
                 await broker.drain(spec.shutdown_timeout_s / 2)  # what was sent is acknowledged, or counted
                 await broker.send(actor.stats(final=True))

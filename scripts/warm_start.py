@@ -20,6 +20,7 @@ import argparse
 import collections
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -119,7 +120,7 @@ def main() -> int:
 
     started = time.time()
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
+    torch.set_num_threads(min(4, os.cpu_count() or 1))  # it runs alone (the suite is serial): 2 cores ~1.5x faster
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,

@@ -231,9 +231,10 @@ def test_bad_config_stops_the_launch_at_once_with_what_to_change(tmp_path: Path)
 
 def test_a_dead_learner_stops_the_run_with_the_reason(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "learner.backend=nccl", "run.shutdown_timeout_s=5",
-                           f"broker.dashboard_port={free_port()}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    # No engine (engines.count=0: none on this host): the learner dies before one would be needed.
+    proc = subprocess.run([sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "learner.backend=nccl",
+                           "run.shutdown_timeout_s=5", "engines.count=0", f"broker.dashboard_port={free_port()}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"

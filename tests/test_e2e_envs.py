@@ -1,8 +1,12 @@
-"""A launcher run completes on every environment, and with the GiGPO and PPO presets (on two of the envs).
+"""Every environment plays through the real engine, and whole launcher runs complete on three of them.
 
-One real vLLM server (the tiny model) serves every run through `engines.external_urls`: the launcher
-starts broker, weight sidecar, learner (1 rank) and an actor for each run, and the learner first brings
-the server to its own initial weights (version 0) before any group is admitted.
+One real vLLM server (the tiny model) serves every test. Each env plays episodes through the actors' own
+episode loop (`actors.evaluate.play_episode`: the env, its memory, the chat template, the engine client), a few
+seconds each. Three envs also get a whole launcher run through `engines.external_urls` (broker, weight sidecar,
+learner with 1 rank, an actor): FrozenLake with the GiGPO preset, Sokoban with PPO (a critic) and ALFWorld (a
+blocking env, stepped in a worker thread); the learner first brings the server to its own initial weights
+(version 0) before any group is admitted. What a run adds beyond the episode does not depend on the env, and a
+run costs ~30 s here: the suite's time.
 """
 
 import json
@@ -16,31 +20,15 @@ import pytest
 import envs
 from agentstream.config import Config
 from agentstream.wire.addresses import free_port
-from launcher.procs import start, stop
-from launcher.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    import asyncio
-
-    from engines.server import server_command, wait_ready
-
-    model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-    cfg = Config()
-    cfg.model.path = str(model)
-    port = free_port()
-    argv, env = server_command(cfg.model, cfg.engines, port)
-    proc = start(argv, tmp_path_factory.mktemp("logs") / "engine.log", env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, 240))
-        yield str(model), url
-    finally:
-        stop(proc, 20)
+def server(tiny_engine):
+    """The session's tiny vLLM server (tests/conftest.py)."""
+    return tiny_engine
 
 
 def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
@@ -66,19 +54,47 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
     return summary
 
 
-# Two of the env runs also cover a non-default algorithm preset (one run each instead of two: the suite's time).
-ALGORITHM_FOR = {"agentstream/FrozenLake-v0": "gigpo", "agentstream/Sokoban-v0": "ppo"}
+# The whole runs, with the algorithm preset each also covers (one run each instead of two).
+RUNS = {"agentstream/FrozenLake-v0": "gigpo", "agentstream/Sokoban-v0": "ppo", "agentstream/ALFWorld-v0": None}
+EPISODES, MAX_STEPS = 2, 3
 
 
 @pytest.mark.parametrize("name", envs.known_envs())
-def test_a_run_completes_on_every_env(server, tmp_path: Path, name: str) -> None:
+def test_every_env_plays_episodes_through_the_engine(server, name: str) -> None:
+    import asyncio
+
+    import aiohttp
+    from transformers import AutoTokenizer
+
+    from actors.evaluate import play_episode
+    from actors.spec import EpisodeSpec
+    from engines.client import EngineClient
+
     model, url = server
-    algorithm = ALGORITHM_FOR.get(name)
+    cfg = Config()
+    cfg.model.path, cfg.env.name, cfg.env.max_steps, cfg.sampling.max_tokens = model, name, MAX_STEPS, 12
+    spec, tokenizer = EpisodeSpec.from_config(cfg), AutoTokenizer.from_pretrained(model)
+
+    async def play() -> list:
+        async with aiohttp.ClientSession() as session:
+            engine = EngineClient(url, session, timeout_s=120)
+            return await asyncio.gather(*(play_episode(spec, engine, tokenizer, seed) for seed in range(EPISODES)))
+
+    episodes = asyncio.run(play())
+    for e in episodes:  # every episode ends within the step limit; an answer that did not parse is counted
+        assert 1 <= e.steps <= MAX_STEPS and 0 <= e.invalid <= e.steps, e
+        assert e.env_return == e.env_return  # not nan
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_run_completes(server, tmp_path: Path, name: str) -> None:
+    model, url = server
+    algorithm = RUNS[name]
     summary = launch(tmp_path, model, url, f"env.name={name}", *([f"algorithm={algorithm}"] if algorithm else []))
     if algorithm == "ppo":  # the critic trained beside the policy
         assert any(k.startswith("critic") for k in summary["learner_metrics"]), summary["learner_metrics"]
 
 
-def test_each_algorithm_preset_has_an_env_run() -> None:
-    assert set(ALGORITHM_FOR.values()) == {"gigpo", "ppo"}
-    assert set(ALGORITHM_FOR) <= set(envs.known_envs())
+def test_the_runs_cover_two_presets_and_a_blocking_env() -> None:
+    assert set(RUNS.values()) == {"gigpo", "ppo", None} and set(RUNS) <= set(envs.known_envs())
+    assert envs.make("agentstream/ALFWorld-v0").unwrapped.blocking

@@ -11,7 +11,6 @@ server shared by the async and actor benchmarks, one more for the weight-sync be
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import subprocess
@@ -73,31 +72,9 @@ def test_gpu_check_dry_run_prints_every_figure() -> None:
 
 
 # ------------------------------------------------------------------------------------ with vLLM (e2e)
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory):
-    """One vLLM server of the tiny model, shared by the async and actor benchmarks (--engine-url)."""
-    from agentstream.config import Config
-    from agentstream.wire.addresses import free_port
-    from engines.server import server_command, wait_ready
-    from launcher.procs import start, stop
-    from launcher.tiny_model import make_tiny_model
-
-    cfg = Config()
-    cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
-    port = free_port()
-    argv, env = server_command(cfg.model, cfg.engines, port)
-    proc = start(argv, tmp_path_factory.mktemp("logs") / "engine.log", env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, 300, proc=proc))
-        yield cfg.model.path, url
-    finally:
-        stop(proc, 20)
-
-
 @pytest.mark.e2e
-def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(engine_url) -> None:
-    model, url = engine_url
+def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(tiny_engine) -> None:
+    model, url = tiny_engine
     lines = run_script("scripts/bench_async.py", "--bounds", "0,1", "--steps", "2", "--groups-per-step", "1",
                        "--group-size", "2", "--max-steps", "2", "--max-tokens", "8", "--latency-ms", "10",
                        "--model", model, "--engine-url", url, timeout=600)
@@ -115,8 +92,8 @@ def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(engi
 
 
 @pytest.mark.e2e
-def test_bench_actor_measures_both_paths(engine_url) -> None:
-    model, url = engine_url
+def test_bench_actor_measures_both_paths(tiny_engine) -> None:
+    model, url = tiny_engine
     lines = run_script("scripts/bench_actor.py", "--episodes", "4", "--seconds", "3", "--warmup", "1",
                        "--max-tokens", "8", "--model", model, "--engine-url", url, timeout=300)
     rates = {label: numbers(line)[0] for line in lines for label in ("engine driven directly", "actor (+ broker)")
