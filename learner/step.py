@@ -344,11 +344,11 @@ def train_step(
     if name in NEEDS_LOGPROBS:  # online DPO: sequence log-probs of the policy and the reference
         logp, ref_logp = sequence_logprobs(model, zero, seqs, models, opts.logprob_chunk_tokens)  # [N] each
     inp = advantage_input(batch, rewards, values, logp, ref_logp)
-    if name in NEEDS_LOGPROBS:  # DPO's loss is a mean over the global batch's pairs
+    if logp is not None:  # DPO's loss is a mean over the global batch's pairs
         options["pair_count"] = all_reduce_dict({"p": count_pairs(inp)}, dist.ReduceOp.SUM, device)["p"]
     adv, adv_stats = compute_advantages(name, inp, **options)  # [N]
     policy_adv = adv
-    if opts.algo.whiten_advantages or opts.algo.advantage in WHITENS:  # estimators that whiten got whiten=False
+    if opts.algo.whiten_advantages or name in WHITENS:  # estimators that whiten got whiten=False
         policy_adv = whiten_global(adv, seqs.response_lens, device)  # [N]
     mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing)
     local_tokens = sum(mb.num_tokens for mb in mbs)
