@@ -39,6 +39,7 @@ from actors import episode
 from actors.episode import StepRecord, Turn
 from actors.judge import EpisodeRecord, Judge, JudgedStep, Verdict, combine, verdict_counters
 from actors.spec import ActorSpec
+from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import GroupGrant, Hello, Stats, Transition
@@ -65,6 +66,9 @@ class Actor:
         self.spec, self.name, self.incarnation = spec, name, incarnation
         self.broker, self.engines, self.tokenizer = broker, engines, tokenizer
         self.judge = judge  # scores finished episodes (spec.judge); None: no judge
+        # rewards on response tokens (trainer.token_reward); None: none
+        self.token_rewards = (TokenRewards.load(spec.token_reward, spec.token_reward_kwargs) if spec.token_reward
+                              else None)
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
         self.requests_in_flight = 0  # reported as gauges: engine requests awaited now, newest policy version seen
@@ -155,7 +159,9 @@ class Actor:
                     if verdict.outcome != "parsed":
                         log.debug("%s: judge %s (%s)", traj_id, verdict.outcome, verdict.detail)
             reward += 0.0 if step.valid else self.spec.invalid_action_penalty
-            await self.broker.send_transition(self._transition(grant, traj_id, step, reward, info))
+            token_rewards = self._token_rewards(step)
+            reward += float(token_rewards.sum(dtype=np.float64))  # a transition's reward is its step's whole reward
+            await self.broker.send_transition(self._transition(grant, traj_id, step, reward, info, token_rewards))
             self._count_step(len(step.response.response_ids), step.valid)
             total += reward
 
@@ -172,10 +178,20 @@ class Actor:
         self.counters["episode_return_sum"] += total
         return EpisodeResult(outcome.steps, total, outcome.success)
 
+    def _token_rewards(self, step: StepRecord[Generation]) -> np.ndarray:
+        """The step's rewards on its response tokens [T] ([0]: none, or the function failed: counted)."""
+        if self.token_rewards is None:
+            return np.zeros(0, np.float32)
+        values, _ = self.token_rewards(TokenRewardStep(
+            step.turn.observation, step.response.text, step.response.response_ids, self.tokenizer, step.reward,
+            step.valid, step.info))
+        return values
+
     def _transition(self, grant: GroupGrant, traj_id: str, step: StepRecord[Generation], reward: float,
-                    info: dict[str, Any]) -> Transition:
+                    info: dict[str, Any], token_rewards: np.ndarray) -> Transition:
         """The message to the broker of one step (reward: the env's, or the judged one of a last step, plus the
-        actor's invalid-action penalty; `info`: the judge's verdict on a judged last step)."""
+        actor's invalid-action penalty and the token rewards' sum; `info`: the judge's verdict on a judged last
+        step)."""
         gen = step.response
         return Transition(
             traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step.turn.step,
@@ -183,7 +199,7 @@ class Actor:
             logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
             version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=step.terminated,
             truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,
-            info={"success": bool(step.info.get("success", False)), **info},
+            info={"success": bool(step.info.get("success", False)), **info}, token_rewards=token_rewards,
         )
 
     async def _generate(self, prompt_ids: list[int], engine: EngineClient) -> tuple[Generation, EngineClient]:
@@ -215,7 +231,8 @@ class Actor:
         per_env = {f"env/{self.spec.episode.env.name}/{k}": self.counters[k] for k in
                    ("episodes", "successes", "episode_return_sum", "env_steps", "invalid_actions")}
         delivery = {k: float(v) for k, v in self.broker.counters.items()}  # resends after a broker restart
-        return Stats(source=self.name, role="actor", counters={**self.counters, **per_env, **delivery},
+        tokens = dict(self.token_rewards.counters) if self.token_rewards is not None else {}
+        return Stats(source=self.name, role="actor", counters={**self.counters, **per_env, **delivery, **tokens},
                      gauges={"episodes_in_flight": self.in_flight, "incarnation": self.incarnation,
                              "unacked_transitions": self.broker.unacked,
                              "requests_in_flight": self.requests_in_flight, "policy_version": self.policy_version},

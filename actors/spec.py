@@ -11,7 +11,7 @@ changing the `Config` afterwards changes no spec.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import envs
@@ -120,13 +120,17 @@ class ActorSpec:
     """How long a process gets to exit after SIGTERM; a stopping actor drains for half of it."""
     judge: JudgeSpec | None = None
     """How finished episodes are judged; None: no judge (judges.count = 0)."""
+    token_reward: str = ""
+    """`module:function` giving rewards on each step's response tokens (actors/token_rewards.py); "" none."""
+    token_reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Its keyword arguments."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> ActorSpec:
         return cls(EpisodeSpec.from_config(cfg), ClientSpec.from_config(cfg), cfg.actors.episodes_per_actor,
                    cfg.env.group_size, cfg.trainer.invalid_action_penalty, cfg.run.seed, cfg.run.log_interval_s,
                    cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s,
-                   JudgeSpec.from_config(cfg))
+                   JudgeSpec.from_config(cfg), cfg.trainer.token_reward, dict(cfg.trainer.token_reward_kwargs))
 
 
 @dataclass(frozen=True)

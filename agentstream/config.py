@@ -282,6 +282,12 @@ class TrainerConfig:
     the learner waits for fresh groups; 0: no limit but max_samples_per_group. Must be 0 or >= 1."""
     invalid_action_penalty: float = -0.1
     """Reward added to a step whose text did not parse into an action."""
+    token_reward: str = ""
+    """Rewards on response tokens: `module:function` the actors call on every step (actors/token_rewards.py says
+    what it gets and returns; `actors.token_rewards:after_action` is a ready one); "" none. Their sum joins the
+    step's reward; REINFORCE++ and GAE credit each to the tokens up to it."""
+    token_reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of that function (e.g. `{penalty: -0.02}`)."""
 
 
 JUDGE_TEMPLATE = """You judge how well an agent did a task.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentstream.wire.messages import Batch, Transition
+from agentstream.wire.messages import Batch, Transition, token_rewards_column
 
 
 class RejectedTransition(ValueError):
@@ -125,6 +125,7 @@ def build_batch(step: int, rank: int, learner_version: int, group_size: int, gro
         version_hi=np.array(cols[7], np.int32),
         prompt_ids=cat([t.prompt_ids for t in ts], "int32"), response_ids=cat([t.response_ids for t in ts], "int32"),
         logprobs=cat([t.logprobs for t in ts], "float32"), anchors=[t.anchor for t in ts],
+        token_rewards=token_rewards_column(ts),
     )
 
 

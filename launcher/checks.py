@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.judge import COMBINE_RULES, pattern_errors, template_errors
+from actors.token_rewards import token_reward_errors
 from agentstream.config import (
     TINY_MODEL_DIR,
     AlgorithmConfig,
@@ -86,6 +87,7 @@ def _episode_errors(cfg: Config) -> list[str]:
     if cfg.env.step_latency_mean_s < 0 or cfg.env.step_latency_sigma < 0:
         errors.append(f"env.step_latency_mean_s={cfg.env.step_latency_mean_s} and env.step_latency_sigma="
                       f"{cfg.env.step_latency_sigma}: both must be >= 0 (0 = no simulated latency).")
+    errors += token_reward_errors(cfg.trainer.token_reward, cfg.trainer.token_reward_kwargs)
     if cfg.memory.kind not in known_memories():
         errors.append(f"memory.kind={cfg.memory.kind!r} is unknown; known: {', '.join(known_memories())}.")
     mem, room = cfg.memory, cfg.engines.max_model_len - cfg.sampling.max_tokens

@@ -69,6 +69,9 @@ NEEDS_LOGPROBS: set[str] = set()
 # estimators that whiten their output over the batch's tokens (option `whiten`): a learner spread over ranks
 # passes whiten=False and whitens over the global batch itself (`whitening_sums` summed over ranks, `whiten`)
 WHITENS: set[str] = set()
+# estimators whose advantage is a return (reward to go): with rewards on response tokens, a token's advantage
+# leaves out the token rewards placed before it in its response (`learner.token_rewards.rewards_to_go`)
+TO_GO: set[str] = set()
 GROUP_OF_ONE = ("zero", "score")
 """Option `group_of_one`: what a group of one trajectory (nothing to compare with) gets. zero: advantage 0;
 score: verl's (its group mean is 0 and std 1, so it keeps its score: GRPO s/(1+eps) or s, RLOO s)."""
@@ -76,7 +79,7 @@ score: verl's (its group mean is 0 and std 1, so it keeps its score: GRPO s/(1+e
 
 def register_advantage(
     name: str, *, needs_values: bool = False, needs_anchors: bool = False, whitens: bool = False,
-    needs_logprobs: bool = False,
+    needs_logprobs: bool = False, to_go: bool = False,
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register an estimator under `name`. Its options are keyword-only arguments."""
 
@@ -92,6 +95,8 @@ def register_advantage(
             WHITENS.add(name)
         if needs_logprobs:
             NEEDS_LOGPROBS.add(name)
+        if to_go:
+            TO_GO.add(name)
         return fn
 
     return wrap
@@ -456,7 +461,7 @@ def rloo_reference(inp: AdvantageInput, *, group_of_one: str = "zero") -> Tensor
 
 
 # --------------------------------------------------------------------------------------- REINFORCE++
-@register_advantage("reinforce_pp", whitens=True)
+@register_advantage("reinforce_pp", whitens=True, to_go=True)
 def reinforce_pp(inp: AdvantageInput, *, gamma: float = 1.0, whiten: bool = True) -> tuple[Tensor, dict[str, float]]:
     """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262, sec. 3): per-step discounted return, whitened over the
     batch's response tokens as verl's `compute_reinforce_plus_plus_outcome_advantage` (`masked_whiten`):
@@ -520,7 +525,7 @@ def reinforce_pp_reference(
 
 
 # --------------------------------------------------------------------------------------- GAE
-@register_advantage("gae", needs_values=True)
+@register_advantage("gae", needs_values=True, to_go=True)
 def gae(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, dict[str, float]]:
     """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438, eq. 16), per env step:
 

@@ -125,13 +125,17 @@ def plan_packed_rows(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 
 def make_micro_batches(
-    seqs: Sequences, advantages: Tensor, token_budget: int, packing: bool = False
+    seqs: Sequences, advantages: Tensor, token_budget: int, packing: bool = False, per_token: bool = False
 ) -> list[MicroBatch]:
     """Pad (or, with `packing`, pack) every transition with a non-empty response into micro-batches;
-    `advantages` is [N] (one value per transition, shared by its response tokens). Every response token
-    appears exactly once."""
-    if advantages.shape != (seqs.num_transitions,):
-        raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected [{seqs.num_transitions}]")
+    `advantages` is [N] (one value per transition, shared by its response tokens), or with `per_token` [R]
+    (one per response token, in the batch's order). Every response token appears exactly once."""
+    want = seqs.num_response_tokens if per_token else seqs.num_transitions
+    if advantages.shape != (want,):
+        raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected [{want}]"
+                         f"{' (one per response token)' if per_token else ' (one per transition)'}")
+    if not per_token:
+        advantages = advantages.repeat_interleave(seqs.response_lens)  # [R]
     p_off = torch.cumsum(seqs.prompt_lens, 0) - seqs.prompt_lens  # [N]
     r_off = torch.cumsum(seqs.response_lens, 0) - seqs.response_lens  # [N]
     keep = [i for i in range(seqs.num_transitions) if int(seqs.response_lens[i]) > 0]
@@ -141,7 +145,7 @@ def make_micro_batches(
 
 
 def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor) -> MicroBatch:
-    """One row [1, L]: the sequences end to end, position ids restarting at each."""
+    """One row [1, L]: the sequences end to end, position ids restarting at each (`advantages` [R])."""
     ids, pos, logit_pos, tok_index, adv = [], [], [], [], []
     start = 0
     for i in seq_ids:
@@ -151,7 +155,7 @@ def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor
         pos.append(torch.arange(p + r))
         logit_pos.append(torch.arange(start + p - 1, start + p + r - 1))
         tok_index.append(torch.arange(ro, ro + r))
-        adv.append(advantages[i].expand(r))
+        adv.append(advantages[ro : ro + r])
         start += p + r
     token_index = torch.cat(tok_index)  # [Q]
     return MicroBatch(
@@ -182,7 +186,7 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         logit_rows.append(torch.full((r,), b, dtype=torch.long))
         logit_pos.append(torch.arange(p - 1, p + r - 1))
         tok_index.append(torch.arange(ro, ro + r))
-        adv.append(advantages[i].expand(r))
+        adv.append(advantages[ro : ro + r])
     token_index = torch.cat(tok_index)  # [Q]
     return MicroBatch(
         input_ids=input_ids,

@@ -74,15 +74,21 @@ def dpo_advantages(returns: Tensor, logp: Tensor, ref_logp: Tensor, group: Tenso
     losses, z = dpo_loss(logp[pairs.chosen], logp[pairs.rejected], ref_logp[pairs.chosen], ref_logp[pairs.rejected],
                          beta)  # [P] each
     n = pairs.chosen.numel()
-    scale = beta * torch.sigmoid(-z) / (pair_count or max(n, 1))  # [P]
+    per = pair_count or max(n, 1)  # P
+    scale = beta * torch.sigmoid(-z) / per  # [P]
     adv = torch.zeros(returns.numel(), dtype=torch.float64).index_add_(0, pairs.chosen, scale)  # [J]
     adv.index_add_(0, pairs.rejected, -scale)
-    return adv, {
+    return adv, {  # the means are over the P pairs: these pairs' share of them (GLOBAL_SHARES)
         "dpo_pair_count": float(n), "dpo_tie_count": float(pairs.ties), "dpo_lone_count": float(pairs.lone),
-        "dpo_loss": float(losses.mean()) if n else 0.0,
-        "dpo_accuracy": float((z > 0).double().mean()) if n else 0.0,  # the policy prefers chosen more than ref does
-        "dpo_margin": float(z.mean() / beta) if n else 0.0,
+        "dpo_loss": float(losses.sum()) / per,
+        "dpo_accuracy": float((z > 0).double().sum()) / per,  # the policy prefers chosen more than ref does
+        "dpo_margin": float(z.sum() / beta) / per,
     }
+
+
+GLOBAL_SHARES = frozenset({"dpo_loss", "dpo_accuracy", "dpo_margin"})
+"""`dpo_advantages` stats that are means over the global batch's P pairs, each rank giving its pairs' share (their
+sum / P): a learner spread over ranks sums them, where it averages other stats."""
 
 
 def online_dpo_reference(rewards: list[float], traj: list[int], groups: list[int], logp: list[float],

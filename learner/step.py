@@ -1,7 +1,8 @@
 """One optimizer step on one rank's share of a global batch. A collective: every rank calls it each step.
 
 The step, in order: (optional) reference log-probs of the behaviour tokens for a KL penalty in the reward,
-(optional) the critic's values; advantages (`learner.advantages`, by name, no branching on it); the policy
+(optional) the critic's values; advantages (`learner.advantages`, by name, no branching on it; per token where
+the batch has token rewards and the estimator gives returns, `learner.token_rewards`); the policy
 forward/backward per micro-batch with `learner.losses.policy_objective` (off-policy correction from
 `learner.offpolicy`); gradient clipping and the optimizer step; then the critic's own update.
 
@@ -38,12 +39,14 @@ from torch.distributed.fsdp import FSDPModule
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from agentstream.wire.messages import Batch
 from learner.advantages import (
-    NEEDS_LOGPROBS, NEEDS_VALUES, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of, whiten,
+    NEEDS_LOGPROBS, NEEDS_VALUES, TO_GO, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of, whiten,
     whitening_sums,
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
 from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs
+from learner.preference import GLOBAL_SHARES
+from learner.token_rewards import rewards_to_go
 
 if TYPE_CHECKING:
     from learner.critic import Critic
@@ -185,7 +188,8 @@ def all_reduce_dict(values: dict[str, float], op: dist.ReduceOp, device: torch.d
 
 
 def whiten_global(adv: Tensor, tokens: Tensor, device: torch.device) -> Tensor:
-    """`learner.advantages.whiten` [N] over the global batch's response tokens (verl's masked_whiten): the mean
+    """`learner.advantages.whiten` of `adv` (each value weighted by `tokens`, the response tokens it stands for:
+    [N] steps, or [R] tokens of weight 1) over the global batch's response tokens (verl's masked_whiten): the mean
     from the sums of every rank, then the sums again around it (exact with a large mean). Two collectives."""
     first = all_reduce_dict(dict(zip(("n", "s", "ss"), whitening_sums(adv, tokens))), dist.ReduceOp.SUM, device)
     centre = first["s"] / first["n"] if first["n"] > 0 else 0.0
@@ -347,10 +351,13 @@ def train_step(
     if logp is not None:  # DPO's loss is a mean over the global batch's pairs
         options["pair_count"] = all_reduce_dict({"p": count_pairs(inp)}, dist.ReduceOp.SUM, device)["p"]
     adv, adv_stats = compute_advantages(name, inp, **options)  # [N]
-    policy_adv = adv
+    per_token = name in TO_GO and batch.token_rewards.size > 0  # rewards on tokens: each token's reward to go
+    policy_adv = rewards_to_go(adv, torch.from_numpy(np.array(batch.token_rewards, dtype=np.float32)),
+                               seqs.response_lens) if per_token else adv  # [R] or [N]
     if opts.algo.whiten_advantages or name in WHITENS:  # estimators that whiten got whiten=False
-        policy_adv = whiten_global(adv, seqs.response_lens, device)  # [N]
-    mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing)
+        weights = torch.ones_like(policy_adv) if per_token else seqs.response_lens  # each token once
+        policy_adv = whiten_global(policy_adv, weights, device)
+    mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token)
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
@@ -416,8 +423,9 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
     if "reward_kl_sum" in sums:
         out["reward_kl_mean"] = sums["reward_kl_sum"] / n
-    # advantage and critic stats: the mean over ranks of each rank's value; counts (`*_count`): their sum
-    out.update({k: v if k.endswith("_count") else v / world_size for k, v in sums.items()
-                if k.startswith(("adv_", "critic_"))})
+    # advantage and critic stats: the mean over ranks of each rank's value; counts (`*_count`) and each rank's share
+    # of a global mean (`learner.preference.GLOBAL_SHARES`): their sum
+    summed = lambda k: k.endswith("_count") or k.removeprefix("adv_") in GLOBAL_SHARES  # noqa: E731
+    out.update({k: v if summed(k) else v / world_size for k, v in sums.items() if k.startswith(("adv_", "critic_"))})
     return out
 

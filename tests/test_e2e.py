@@ -10,6 +10,8 @@ The same run (one run for all: the suite's time) also rewards with an LLM judge 
   never holds: every verdict is a parse failure, so with combine=replace and default_score=-0.5 every
   episode's last step gets -0.5 (plus the invalid-action penalty) and the other steps only their penalties.
 - `algorithm=spin` with the reference refreshed every version: online DPO's pairs on two learner ranks.
+- A reward on every response token (`trainer.token_reward=actors.token_rewards:per_token_cost`, COST each): it
+  travels with each transition, one per token, and its sum joins the step's reward.
 A dead actor's restart under a new incarnation is tested in tests/test_chaos.py (kill -9, three times), and
 Ctrl-C of a run (exit code 130, nothing left running) in tests/test_roles.py.
 """
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
 STEPS, GROUPS, G = 3, 4, 4
 DEFAULT, PENALTY = -0.5, -0.1  # the judge's default score (every verdict here), the invalid-action penalty
+COST = -0.0078125  # the reward on each response token (2^-7: exact in float32)
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
@@ -54,7 +57,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, floa
             f"trainer.invalid_action_penalty={PENALTY}", f"broker.dashboard_port={free_port()}",
             "logger=[jsonl,tensorboard,wandb,mlflow]", "algorithm=spin", "algorithm.ref_update_every=1",
             "judges.count=1", "judges.combine=replace", f"judges.default_score={DEFAULT}", "judges.max_tokens=8",
-            "judges.score_pattern='JUDGED=([0-9]+)'"]
+            "judges.score_pattern='JUDGED=([0-9]+)'", "trainer.token_reward=actors.token_rewards:per_token_cost",
+            f"+trainer.token_reward_kwargs.cost={COST}"]
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY", "MLFLOW_TRACKING_URI")}
     started = time.time()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
@@ -159,7 +163,8 @@ def test_every_logged_last_step_carries_the_judged_reward_and_no_other_step_does
     run_dir, s, _, _ = run
     last = other = 0
     for t in logged_transitions(run_dir / "broker-wal"):
-        penalty = 0.0 if t.valid else PENALTY
+        assert t.token_rewards.tolist() == [COST] * t.response_ids.size  # one per response token
+        penalty = (0.0 if t.valid else PENALTY) + COST * t.response_ids.size  # and their sum in the step's reward
         if t.done or t.truncated:
             assert t.info["judge_outcome"] == "parse_failure" and t.info["judge_score"] == DEFAULT
             assert t.reward == pytest.approx(DEFAULT + penalty)  # replace: weight 1 x the default, env reward gone
@@ -172,14 +177,14 @@ def test_every_logged_last_step_carries_the_judged_reward_and_no_other_step_does
 
 def test_the_learner_trained_on_the_judged_rewards(run) -> None:
     """Each step trains GROUPS groups of G whole trajectories, each with one judged last step: its rewards sum to
-    GROUPS * G * DEFAULT plus the penalty of each invalid step."""
+    GROUPS * G * DEFAULT plus the penalty of each invalid step and COST for each response token."""
     run_dir, _, _, _ = run
     steps = [json.loads(line) for line in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "reward_mean" in m]
     assert len(steps) == STEPS
     for m in steps:
         n = m["transitions"]
-        want = GROUPS * G * DEFAULT + PENALTY * m["invalid_frac"] * n
+        want = GROUPS * G * DEFAULT + PENALTY * m["invalid_frac"] * n + COST * m["tokens"]
         assert m["reward_mean"] * n == pytest.approx(want, rel=1e-6), m
 
 

@@ -64,6 +64,7 @@ ARRAY_FIELD_DTYPES = {
     "prompt_ids": "int32", "response_ids": "int32", "logprobs": "float32", "group_index": "int32",
     "traj_index": "int32", "step_index": "int32", "prompt_lens": "int32", "response_lens": "int32",
     "rewards": "float32", "dones": "bool", "valid": "bool", "version_lo": "int32", "version_hi": "int32",
+    "token_rewards": "float32",
 }  # (Transitions' prompt_lens/response_lens/prompt_ids/response_ids/logprobs are covered by the same names)
 """The dtype each array field must travel as (a field not listed takes any of ARRAY_DTYPES)."""
 

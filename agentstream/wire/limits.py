@@ -109,6 +109,14 @@ def _check_logprobs(msg: Message, logprobs: np.ndarray) -> None:
         _fail(msg, f"logprobs hold {float(logprobs.max()):.4g}; a log-probability is <= 0", "out_of_range")
 
 
+def _check_token_rewards(msg: Message, token_rewards: np.ndarray, tokens: int) -> None:
+    if token_rewards.size not in (0, tokens):
+        _fail(msg, f"{token_rewards.size} token rewards for {tokens} response tokens (send one per token, or none)",
+              "inconsistent")
+    if token_rewards.size and not np.isfinite(token_rewards).all():
+        _fail(msg, f"token_rewards hold {int((~np.isfinite(token_rewards)).sum())} nan/inf values", "non_finite")
+
+
 def _transition(msg: Transition, limits: Limits) -> None:
     if msg.logprobs.shape != msg.response_ids.shape:
         _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
@@ -123,6 +131,7 @@ def _transition(msg: Transition, limits: Limits) -> None:
     _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
+    _check_token_rewards(msg, msg.token_rewards, msg.response_ids.size)
 
 
 def _transitions(msg: Transitions, limits: Limits) -> None:
@@ -149,6 +158,7 @@ def _transitions(msg: Transitions, limits: Limits) -> None:
     _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
+    _check_token_rewards(msg, msg.token_rewards, msg.response_ids.size)
 
 
 def _batch(msg: Batch, limits: Limits) -> None:
@@ -168,6 +178,7 @@ def _batch(msg: Batch, limits: Limits) -> None:
     _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
+    _check_token_rewards(msg, msg.token_rewards, msg.response_ids.size)
 
 
 def _batch_request(msg: BatchRequest, limits: Limits) -> None:

@@ -40,7 +40,7 @@ from agentstream.wire.fields import (
     unpack_header,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 # --------------------------------------------------------------------------------------- actors -> broker
@@ -93,6 +93,10 @@ class GroupGrant:
     kind: Literal["group_grant"] = "group_grant"
 
 
+_NO_TOKEN_REWARDS = np.zeros(0, np.float32)  # read-only: shared by every transition without token rewards
+_NO_TOKEN_REWARDS.flags.writeable = False
+
+
 @dataclass(frozen=True)
 class Transition:
     """One env step of one trajectory. The actor -> broker contract."""
@@ -106,12 +110,14 @@ class Transition:
     logprobs: np.ndarray  # [T] float32, behaviour log-probs of response_ids
     version_lo: int  # oldest policy version that may have produced a token of the response
     version_hi: int  # newest
-    reward: float
+    reward: float  # the step's whole reward, `token_rewards` included
     done: bool
     truncated: bool
     valid: bool
     anchor: str = ""  # the env's anchor observation (GiGPO step groups)
     info: dict = field(default_factory=dict)
+    token_rewards: np.ndarray = field(default_factory=lambda: _NO_TOKEN_REWARDS)  # [T] float32 or [0]: the part of
+    # `reward` placed on each response token (the rest sits on the last token, as a scalar score does); [0]: none
     incarnation: int = 0  # delivery key (actor, incarnation, seq): the broker acknowledges and de-duplicates
     seq: int = -1  # 0, 1, 2, ... per actor incarnation; -1: no key (never acknowledged, never de-duplicated)
     kind: Literal["transition"] = "transition"
@@ -141,6 +147,7 @@ class Transitions:
     prompt_ids: np.ndarray  # [sum(prompt_lens)] int32
     response_ids: np.ndarray  # [sum(response_lens)] int32
     logprobs: np.ndarray  # [sum(response_lens)] float32
+    token_rewards: np.ndarray = field(default_factory=lambda: _NO_TOKEN_REWARDS)  # [sum(response_lens)] or [0]: none
     kind: Literal["transitions"] = "transitions"
 
     @classmethod
@@ -156,7 +163,8 @@ class Transitions:
             response_lens=np.array([t.response_ids.size for t in ts], np.int32),
             prompt_ids=np.concatenate([t.prompt_ids for t in ts]).astype(np.int32, copy=False),
             response_ids=np.concatenate([t.response_ids for t in ts]).astype(np.int32, copy=False),
-            logprobs=np.concatenate([t.logprobs for t in ts]).astype(np.float32, copy=False))
+            logprobs=np.concatenate([t.logprobs for t in ts]).astype(np.float32, copy=False),
+            token_rewards=token_rewards_column(ts))
 
     def split(self) -> list[Transition]:
         """The transitions, in order (their arrays view this message's).
@@ -166,16 +174,27 @@ class Transitions:
         against `Transition(...)` for every field."""
         out, p, r = [], 0, 0
         new = object.__new__
+        per_token = self.token_rewards.size > 0
         for item, n_p, n_r in zip(self.items, self.prompt_lens.tolist(), self.response_lens.tolist()):
             t = new(Transition)
             fields = t.__dict__
             fields.update(zip(TRANSITION_ITEM_FIELDS, item))
             fields.update(actor=self.actor, incarnation=self.incarnation, prompt_ids=self.prompt_ids[p:p + n_p],
                           response_ids=self.response_ids[r:r + n_r], logprobs=self.logprobs[r:r + n_r],
+                          token_rewards=self.token_rewards[r:r + n_r] if per_token else _NO_TOKEN_REWARDS,
                           kind="transition")
             out.append(t)
             p, r = p + n_p, r + n_r
         return out
+
+
+def token_rewards_column(ts: list[Transition]) -> np.ndarray:
+    """The token rewards of `ts` end to end, one per response token (0 where a transition has none); [0] when
+    none of them has any (a bundle or batch without token rewards carries an empty array)."""
+    if not any(t.token_rewards.size for t in ts):
+        return _NO_TOKEN_REWARDS
+    return np.concatenate([t.token_rewards if t.token_rewards.size else np.zeros(t.response_ids.size, np.float32)
+                           for t in ts]).astype(np.float32, copy=False)
 
 
 @dataclass(frozen=True)
@@ -239,6 +258,7 @@ class Batch:
     response_ids: np.ndarray  # [R] int32
     logprobs: np.ndarray  # [R] float32
     anchors: list = field(default_factory=list)  # [N] str
+    token_rewards: np.ndarray = field(default_factory=lambda: _NO_TOKEN_REWARDS)  # [R] float32, or [0]: none
     kind: Literal["batch"] = "batch"
 
 
@@ -438,7 +458,7 @@ def _check_items(where: str, value: Any) -> None:
 
 
 _TRANSITIONS_ARRAYS = (("prompt_lens", "int32"), ("response_lens", "int32"), ("prompt_ids", "int32"),
-                       ("response_ids", "int32"), ("logprobs", "float32"))
+                       ("response_ids", "int32"), ("logprobs", "float32"), ("token_rewards", "float32"))
 """A Transitions message's data frames as `encode` writes them: (field, dtype), in this order."""
 
 

@@ -1,5 +1,6 @@
 """Group assembly, admission under the staleness bound, batch formation and the accounting invariant."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -303,3 +304,8 @@ def test_a_batch_lists_groups_trajectories_and_steps_in_order_with_their_columns
         np.int32, np.float32, np.bool_, np.int32, np.float32)
     empty = build_batch(0, 0, 0, 2, [])
     assert empty.prompt_ids.size == 0 and empty.rewards.dtype == np.float32 and empty.anchors == []
+    assert b.token_rewards.size == 0  # none of its transitions has token rewards: the column is empty
+    # one transition with rewards on its tokens: the column holds one per response token, 0 for the others
+    b0 = g0.trajectories["b"][1]  # b's step 0
+    g0.trajectories["b"][1] = dataclasses.replace(b0, token_rewards=np.array([0.25, -1], np.float32))
+    assert build_batch(5, 1, 9, 2, [g0, g1]).token_rewards.tolist() == [0, 0, 0.25, -1, 0, 0, 0, 0]

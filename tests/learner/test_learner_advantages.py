@@ -3,6 +3,7 @@ estimator against verl's formula (verl/trainer/ppo/core_algos.py) written out he
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 
@@ -32,6 +33,7 @@ from learner.advantages import (
     whiten_reference,
     whitening_sums,
 )
+from learner.token_rewards import rewards_to_go, rewards_to_go_reference
 
 
 def inp_of(rewards, traj, group, steps, anchors=None, values=None, tokens=None) -> AdvantageInput:
@@ -506,3 +508,66 @@ def test_gae_is_verls_with_holes_in_the_mask():
         adv, _ = gae(inp, gamma=0.9, lam=0.8)
         torch.testing.assert_close(returns_of("gae", inp, adv), returns[rows, cols], atol=1e-6, rtol=0)
         torch.testing.assert_close(whiten_batch(adv), whitened[rows, cols], atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------------------- rewards on tokens
+def token_rows(g: torch.Generator, extreme: bool = False):
+    """`verl_rows` (contiguous responses) with rewards also on random tokens of each response, as verl's
+    token_level_rewards may hold; returns what verl sees and what the wire carries: each step's whole reward
+    (the row's sum), its token rewards (the row's rewards before its last token) and its response lengths."""
+    scores, index, mask, rewards = verl_rows(g, holes=False, extreme=extreme)
+    lens = mask.sum(-1).long()  # [B]
+    placed = torch.randn(rewards.shape, generator=g, dtype=torch.float64)
+    placed = placed * (torch.rand(rewards.shape, generator=g) < 0.3)
+    placed = placed * (torch.arange(rewards.shape[1])[None, :] < (lens[:, None] - 1))  # before each row's last token
+    rewards = rewards + placed * (1e4 if extreme else 1.0)
+    token_rewards = torch.cat([rewards[b, : int(lens[b])] for b in range(len(scores))])  # [R]
+    return rewards.sum(-1).tolist(), index, mask, rewards, token_rewards, lens
+
+
+def test_rewards_to_go_by_hand_and_against_the_reference():
+    # a step whose advantage is 5 with 1.0 on its 2nd token of 3: tokens 0 and 1 keep 5 (the reward is theirs),
+    # token 2 comes after it: 4. An empty response takes nothing; the next response starts afresh.
+    got = rewards_to_go(torch.tensor([5.0, 9.0, 2.0]), torch.tensor([0.0, 1.0, 0.0, 0.5, 0.5]), torch.tensor([3, 0, 2]))
+    assert got.tolist() == [5.0, 5.0, 4.0, 2.0, 1.5]
+    g = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        lens = torch.randint(0, 6, (n,), generator=g)
+        adv, tr = torch.randn(n, generator=g, dtype=torch.float64), torch.randn(int(lens.sum()), generator=g,
+                                                                              dtype=torch.float64)
+        ref = rewards_to_go_reference(adv.tolist(), tr.tolist(), lens.tolist())
+        assert rewards_to_go(adv, tr, lens).tolist() == pytest.approx(ref, abs=1e-12)
+
+
+def per_token(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl's [B, L] rows, contiguous from position 0, as this project's [R] (the responses end to end)."""
+    return x[mask.bool()]
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+def test_reinforce_pp_with_token_rewards_is_verls(extreme):
+    # verl's per-token return at gamma = 1 is the step's return less the rewards placed before the token
+    g = torch.Generator().manual_seed(51 + extreme)
+    for _ in range(30):
+        scores, index, mask, rewards, token_rewards, lens = token_rows(g, extreme)
+        verl, verl_returns = verl_reinforce_pp(rewards, mask, gamma=1.0)  # [B, L]
+        inp = one_step_input(scores, index, mask)
+        to_go = rewards_to_go(reinforce_pp(inp, whiten=False)[0], token_rewards, lens)  # [R]
+        torch.testing.assert_close(to_go, per_token(verl_returns, mask), atol=1e-6, rtol=0)
+        torch.testing.assert_close(whiten_batch(to_go), per_token(verl, mask), atol=1e-6, rtol=0)
+
+
+def test_gae_with_token_rewards_is_verls_at_gamma_and_lam_1():
+    # one value per step (verl: the same value at each of its tokens): verl's per-token GAE at gamma = lam = 1 is
+    # sum_{k >= t} r_k - V, the step's GAE less the rewards placed before the token
+    g = torch.Generator().manual_seed(61)
+    for _ in range(30):
+        scores, index, mask, rewards, token_rewards, lens = token_rows(g)
+        values = torch.randn(len(scores), generator=g, dtype=torch.float64) * 2  # [B]
+        verl_whitened, verl_returns = verl_gae(rewards, values[:, None].expand_as(mask), mask, gamma=1.0, lam=1.0)
+        inp = dataclasses.replace(one_step_input(scores, index, mask), values=values)
+        to_go = rewards_to_go(gae(inp, gamma=1.0, lam=1.0)[0], token_rewards, lens)  # [R]
+        verl_adv = per_token(verl_returns - values[:, None], mask)
+        torch.testing.assert_close(to_go, verl_adv, atol=1e-6, rtol=0)
+        torch.testing.assert_close(whiten_batch(to_go), per_token(verl_whitened, mask), atol=1e-6, rtol=0)

@@ -3,6 +3,7 @@ objective carrying exactly DPO's gradient."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -189,9 +190,10 @@ def test_an_online_dpo_step_lowers_the_dpo_loss_and_a_refresh_makes_the_referenc
 def test_two_ranks_spin_pair_every_group_and_keep_the_reference_on_the_policy(tiny_model_dir: Path, tmp_path: Path):
     # Two gloo ranks under the learner's main() (FSDP2-sharded policy and reference), `algorithm=spin` with the
     # reference refreshed every version. make_batch's groups of 2 each hold a return-1 and a return-0 trajectory:
-    # rank 0 gets 1 group, rank 1 gets 2, so every step has 3 pairs in all (summed over ranks). The reference
-    # equals the policy each step starts from, so every z is 0 and each rank's DPO loss is log 2 exactly; the
-    # gradient is not 0 (sigmoid(0) = 1/2), and the reference follows every version.
+    # rank 0 gets 1 group, a pair; rank 1 gets 2 groups with every reward 0, two ties. The reference equals the
+    # policy each step starts from, so every z is 0 and the DPO loss, a mean over the global batch's one pair, is
+    # log 2 exactly (not the mean of the ranks' log 2 and 0); the gradient is not 0 (sigmoid(0) = 1/2), and the
+    # reference follows every version.
     cfg = Config()
     cfg.run.output_dir = str(tmp_path)
     cfg.model.path = str(tiny_model_dir)
@@ -202,11 +204,13 @@ def test_two_ranks_spin_pair_every_group_and_keep_the_reference_on_the_policy(ti
     save(cfg, tmp_path / "config.yaml")
     shares = {(s, r): make_batch(s, r, np.random.default_rng(10 * s + r), n_groups=1 + r, max_steps=2,
                                  learner_version=s) for s in range(3) for r in (0, 1)}
+    for s in range(3):
+        shares[s, 1] = dataclasses.replace(shares[s, 1], rewards=np.zeros_like(shares[s, 1].rewards))
     argv = ["--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "run"), "--engines", "0"]
     with FakeBroker(lambda step, rank: shares[step, rank]) as broker:
         run_ranks(2, argv + ["--broker", broker.address], timeout_s=120)
     updates = [m.metrics for _, m in broker.of_kind("version_update")]
     assert [u["reference_version"] for u in updates] == [1.0, 2.0, 3.0]
     for m in updates:
-        assert (m["adv_dpo_pair_count"], m["adv_dpo_tie_count"], m["adv_dpo_lone_count"]) == (3, 0, 0)
+        assert (m["adv_dpo_pair_count"], m["adv_dpo_tie_count"], m["adv_dpo_lone_count"]) == (1, 2, 0)
         assert m["adv_dpo_loss"] == pytest.approx(math.log(2), abs=1e-6) and m["grad_norm"] > 0

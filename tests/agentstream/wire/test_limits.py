@@ -60,6 +60,8 @@ BAD_TRANSITIONS = [
     ({"step": -1}, "out_of_range"),
     ({"reward": float("nan")}, "non_finite"),
     ({"reward": float("inf")}, "non_finite"),
+    ({"token_rewards": np.array([0.5], np.float32)}, "inconsistent"),  # 1 token reward for 2 response tokens
+    ({"token_rewards": np.array([0.5, np.nan], np.float32)}, "non_finite"),
 ]
 
 
@@ -100,7 +102,7 @@ def test_bad_header_values_are_refused(changes, code) -> None:
 def test_array_descriptors_dtypes_and_shapes_are_checked() -> None:
     frames = [bytes(f) for f in P.encode(transition())]
     header = msgpack.unpackb(frames[0])
-    assert [a[0] for a in header["_arrays"]] == ["prompt_ids", "response_ids", "logprobs"]
+    assert [a[0] for a in header["_arrays"]] == ["prompt_ids", "response_ids", "logprobs", "token_rewards"]
 
     def edited(i: int, spec: list) -> list[bytes]:
         h = json.loads(json.dumps(header))
@@ -149,6 +151,9 @@ def test_batches_must_add_up() -> None:
     assert code_of(P.encode(batch(prompt_lens=np.array([2, 2], np.int32)))) == "inconsistent"
     assert code_of(P.encode(batch(rewards=np.zeros(3, np.float32)))) == "inconsistent"
     assert code_of(P.encode(batch(rewards=np.array([0, np.nan], np.float32)))) == "non_finite"
+    assert code_of(P.encode(batch(token_rewards=np.array([1, -1], np.float32)))) == ""  # one per response token
+    assert code_of(P.encode(batch(token_rewards=np.array([1, -1, 0], np.float32)))) == "inconsistent"
+    assert code_of(P.encode(batch(token_rewards=np.array([1, np.inf], np.float32)))) == "non_finite"
 
 
 @pytest.mark.parametrize("bundle", [False, True])

@@ -21,6 +21,8 @@ def random_transition(rng: random.Random) -> P.Transition:
         version_lo=rng.randint(0, 5), version_hi=rng.randint(5, 9), reward=rng.uniform(-1, 1),
         done=rng.random() < 0.5, truncated=rng.random() < 0.5, valid=rng.random() < 0.5,
         anchor="ü grid\nP F", info={"success": rng.random() < 0.5},
+        token_rewards=(np.array([rng.uniform(-1, 1) for _ in range(n_r)], np.float32) if rng.random() < 0.5
+                       else np.zeros(0, np.float32)),
     )
 
 
@@ -39,7 +41,7 @@ def test_transition_round_trip_on_random_messages() -> None:
     for _ in range(200):
         msg = random_transition(rng)
         frames = P.encode(msg)
-        assert len(frames) == 4  # header + 3 raw arrays: nothing pickled, nothing as lists
+        assert len(frames) == 5  # header + 4 raw arrays: nothing pickled, nothing as lists
         assert_same(msg, P.decode([bytes(f) for f in frames]))
 
 
@@ -49,11 +51,30 @@ def test_transitions_split_back_into_the_same_transitions() -> None:
         ts = [dataclasses.replace(random_transition(rng), seq=i, incarnation=3) for i in range(rng.randint(1, 6))]
         got = P.decode([bytes(f) for f in P.encode(P.Transitions.of(ts))]).split()
         assert len(got) == len(ts)
+        some = any(t.token_rewards.size for t in ts)  # then the others' come back as zeros, one per token
         for t, g in zip(ts, got):
+            if some and not t.token_rewards.size:
+                t = dataclasses.replace(t, token_rewards=np.zeros(t.response_ids.size, np.float32))
             assert_same(t, g)  # every field, the defaults included
             assert vars(g).keys() == vars(t).keys()  # nothing more, nothing less than Transition(...) sets
             with pytest.raises(dataclasses.FrozenInstanceError):
                 g.step = 99  # still frozen
+
+
+def test_a_bundle_carries_token_rewards_only_when_one_of_its_transitions_has_them() -> None:
+    """Transitions without token rewards ride in a bundle that has some as zeros (the same rewards: the
+    scalar `reward` holds the step's whole reward either way); a bundle with none carries an empty array."""
+    plain = random_transition(random.Random(2))
+    plain = dataclasses.replace(plain, response_ids=np.array([7, 8, 9], np.int32),
+                                logprobs=np.full(3, -1.0, np.float32), token_rewards=np.zeros(0, np.float32))
+    rewarded = dataclasses.replace(plain, response_ids=np.array([5, 6], np.int32),
+                                   logprobs=np.full(2, -1.0, np.float32), token_rewards=np.array([0.25, -0.5], np.float32))
+    none = P.Transitions.of([plain, plain])
+    assert none.token_rewards.size == 0
+    assert [t.token_rewards.size for t in none.split()] == [0, 0]
+    mixed = P.decode([bytes(f) for f in P.encode(P.Transitions.of([plain, rewarded, plain]))])
+    assert mixed.token_rewards.tolist() == [0, 0, 0, 0.25, -0.5, 0, 0, 0]
+    assert [t.token_rewards.tolist() for t in mixed.split()] == [[0, 0, 0], [0.25, -0.5], [0, 0, 0]]
 
 
 def test_every_kind_round_trips() -> None:
@@ -105,7 +126,7 @@ def header(**kw) -> bytes:
     ([header(actor=5)], "expected str"),
     ([msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "group_grant", "group_id": 1, "_arrays": []})], "missing"),
     ([header(), b"x"], "arrays"),
-    ([msgpack.packb({"v": 1, "kind": "weight_update", "version": True, "_arrays": [["payload", "bytes", [1]]]}), b"a"],
+    ([msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "weight_update", "version": True, "_arrays": [["payload", "bytes", [1]]]}), b"a"],
      "expected int"),
 ])
 def test_malformed_frames_are_rejected(frames, needle) -> None:
