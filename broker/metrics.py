@@ -51,6 +51,7 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 | judge_requests_total, judge_parsed_total, judge_parse_failures_total, judge_errors_total | counter | | LLM judges (actors/judge.py): episodes judged = parsed + parse failures + errors (timeouts included) |
 | judge_latency_s_sum_total, judge_latency_count_total, judge_score_sum_total | counter | | answered judge requests' seconds and count; the scores given (defaults included) |
 | judge_latency_s                        | gauge   |        | mean seconds of the judge requests answered in the last 60 s |
+| token_reward_steps_total, token_reward_sum_total, token_reward_failures_total, token_reward_failures_CAUSE_total | counter | | rewards on tokens (actors/token_rewards.py): steps given them, their sum; steps without them because the function failed, in all and by cause (raised, not_numbers, wrong_length, non_finite) |
 | actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version | gauge | actor | per actor |
 | engine_alive, engine_version, engine_requests_in_flight, engine_weight_sync_s | gauge | engine | per engine (requests: vLLM running+waiting, -1 unknown) |
 | run_wall_s, run_total_steps            | gauge   |        | seconds since the broker started; configured steps        |
@@ -104,6 +105,13 @@ HELP: dict[str, str] = {
     "judge_score_sum": "Sum of the judge scores given (defaults included; divide by judge_requests).",
     "judge_latency_s_sum": "Seconds of the answered judge requests (divide by judge_latency_count).",
     "judge_latency_count": "Answered judge requests.",
+    "token_reward_steps": "Steps given rewards on their response tokens (trainer.token_reward).",
+    "token_reward_sum": "Sum of the rewards placed on response tokens.",
+    "token_reward_failures": "Steps without token rewards because the token reward function failed.",
+    "token_reward_failures_raised": "Token reward function calls that raised.",
+    "token_reward_failures_not_numbers": "Token reward function calls that returned no sequence of numbers.",
+    "token_reward_failures_wrong_length": "Token reward function calls that returned more or fewer values than tokens.",
+    "token_reward_failures_non_finite": "Token reward function calls that returned nan, inf or values beyond float32.",
     "judge_latency_s": "Mean seconds of the judge requests answered in the last 60 s.",
     "malformed_messages": "Messages the broker could not decode.",
     "buffered_transitions": "Transitions held by the broker, not yet trained on.",

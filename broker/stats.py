@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 # LLM judges (actors/judge.py): episodes judged = parsed + parse failures + errors; the latency of answered ones.
 JUDGE_COUNTERS = ("judge_requests", "judge_parsed", "judge_parse_failures", "judge_errors", "judge_score_sum",
                   "judge_latency_s_sum", "judge_latency_count")
+# Rewards on tokens (actors/token_rewards.py): steps given them, their sum, and the steps whose function failed.
+TOKEN_REWARD_COUNTERS = ("token_reward_steps", "token_reward_sum", "token_reward_failures",
+                         "token_reward_failures_raised", "token_reward_failures_not_numbers",
+                         "token_reward_failures_wrong_length", "token_reward_failures_non_finite")
 # Counter names summed over every process of a role, as they appear on the dashboard and in /metrics.
 ACTOR_COUNTERS = ("env_steps", "tokens_generated", "transitions_sent", "episodes", "successes",
-                  "episode_return_sum", "invalid_actions", "engine_errors", *JUDGE_COUNTERS)
+                  "episode_return_sum", "invalid_actions", "engine_errors", *JUDGE_COUNTERS, *TOKEN_REWARD_COUNTERS)
 ENV_PREFIX = "env/"
 RATE_WINDOW_S = 10.0  # throughputs: short, so the charts react
 OUTCOME_WINDOW_S = 60.0  # rewards and success rates: long enough to hold a few episodes
