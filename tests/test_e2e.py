@@ -175,6 +175,15 @@ def test_every_logged_last_step_carries_the_judged_reward_and_no_other_step_does
     assert 0 < last <= s["judges"]["requests"] and other > 0
 
 
+def test_every_step_got_its_token_rewards(run) -> None:
+    _, _, metrics, _ = run
+    steps = metric(metrics, "agentstream_env_steps_total")
+    assert steps > 0 and metric(metrics, "agentstream_token_reward_steps_total") == steps
+    assert metric(metrics, "agentstream_token_reward_failures_total") == 0
+    assert metric(metrics, "agentstream_token_reward_sum_total") == COST * metric(metrics,
+                                                                                 "agentstream_tokens_generated_total")
+
+
 def test_the_learner_trained_on_the_judged_rewards(run) -> None:
     """Each step trains GROUPS groups of G whole trajectories, each with one judged last step: its rewards sum to
     GROUPS * G * DEFAULT plus the penalty of each invalid step and COST for each response token."""
