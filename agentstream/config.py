@@ -287,7 +287,7 @@ class TrainerConfig:
     what it gets and returns; `actors.token_rewards:after_action` is a ready one); "" none. Their sum joins the
     step's reward; REINFORCE++ and GAE credit each to the tokens up to it."""
     token_reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of that function (e.g. `{penalty: -0.02}`)."""
+    """Keyword arguments of that function (e.g. `+trainer.token_reward_kwargs.penalty=-0.02`)."""
 
 
 JUDGE_TEMPLATE = """You judge how well an agent did a task.
@@ -334,6 +334,29 @@ class JudgesConfig:
     """A judge request without an answer after this long gives default_score (counted as a judge error)."""
     max_restarts: int = 2
     """A dead judge server is restarted this many times in total; meanwhile its requests give default_score."""
+
+
+@dataclass
+class GatewayConfig:
+    """The OpenAI-compatible gateway (gateway/): agent code written against the OpenAI API plays episodes through it."""
+
+    host: str = "127.0.0.1"
+    """Interface the gateway's HTTP server binds to (loopback only, until per-run keys exist)."""
+    port: int = 0
+    """Its HTTP port; 0 picks a free one."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """A request body larger than this is refused (413) before it is read."""
+    max_episodes: int = 1024
+    """Open episodes at most; opening one more answers 429 with Retry-After."""
+    admission_timeout_s: float = 10.0
+    """Opening an episode waits this long for the broker to admit its group (staleness bound), then answers 429."""
+    retry_after_s: int = 1
+    """The Retry-After (seconds) of a 429."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from the model's text (gateway.toolcalls.TOOL_PARSERS: hermes, qwen, json)."""
+    chat_template: str = ""
+    """A Jinja chat-template file used instead of the model's own (e.g. gateway/templates/chatml_tools.jinja for a
+    model whose template ignores tools); empty: the model's."""
 
 
 @dataclass
@@ -433,6 +456,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     judges: JudgesConfig = field(default_factory=JudgesConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
 
 class ConfigError(ValueError):

@@ -100,12 +100,14 @@ class EngineClient:
         return v
 
     async def generate(
-        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None = None
+        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> Generation:
-        """Sample one response to `prompt_ids` ([P] token ids, chat template already applied)."""
+        """Sample one response to `prompt_ids` ([P] token ids, chat template already applied). `extra`: more
+        vLLM fields for this request only (the gateway's `stop`, `structured_outputs`), like `extra_body`."""
         if not self.versioned:
             body = await self._request(
-                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model)
+                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model, extra)
             )
             return Generation(*self._parse_choice(body), version_lo=0, version_hi=0)
         # Version bracketing (DESIGN.md): lo = what we knew before sending (<= the truth), hi = a fresh
@@ -115,7 +117,7 @@ class EngineClient:
         name = self.base_model if self.base_model is not None and lo == 0 else self.model
         try:
             body = await self._request(
-                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, name)
+                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, name, extra)
             )
         except EngineError as exc:
             # An engine that restarted (back at version 0) has no adapter yet: ask for the base model.
@@ -123,7 +125,7 @@ class EngineClient:
                 raise
             lo = 0
             body = await self._request(
-                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.base_model)
+                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.base_model, extra)
             )
         ids, logprobs, text, finish = self._parse_choice(body)
         hi = await self._version_after()
@@ -154,10 +156,12 @@ class EngineClient:
 
     # ------------------------------------------------------------------------------------ internal
     def _completion_body(
-        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None, model: str
+        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None, model: str,
+        extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             **self._extra,
+            **(extra or {}),
             "model": model,
             "prompt": np.asarray(prompt_ids, dtype=np.int64).tolist(),  # token ids: never re-tokenised
             "max_tokens": sampling.max_tokens,

@@ -11,6 +11,7 @@ from typing import Any
 from actors.judge import COMBINE_RULES, pattern_errors, template_errors
 from actors.token_rewards import token_reward_errors
 from agentstream.config import (
+    REPO_ROOT,
     TINY_MODEL_DIR,
     AlgorithmConfig,
     Config,
@@ -21,6 +22,7 @@ from agentstream.config import (
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.metrics import logger_errors
 from envs.registry import known_envs
+from gateway.toolcalls import TOOL_PARSERS
 from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY
@@ -63,6 +65,7 @@ def config_errors(cfg: Config) -> list[str]:
     errors += algorithm_errors(cfg.algorithm) + reference_errors(cfg)
     errors += _validation_errors(cfg.validation)
     errors += judges_errors(cfg)
+    errors += gateway_errors(cfg)
     errors += _role_errors(cfg)
     errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
     return errors
@@ -209,6 +212,30 @@ def judges_errors(cfg: Config) -> list[str]:
     if j.temperature < 0 or j.timeout_s <= 0 or j.max_restarts < 0:
         errors.append(f"judges.temperature={j.temperature} (>= 0; 0 = greedy), judges.timeout_s={j.timeout_s} (> 0), "
                       f"judges.max_restarts={j.max_restarts} (>= 0): one of them is out of range.")
+    return errors
+
+
+def gateway_errors(cfg: Config) -> list[str]:
+    """What is wrong with `gateway.*`, each saying what to change."""
+    g = cfg.gateway
+    errors: list[str] = []
+    if not is_loopback(g.host):
+        errors.append(f"gateway.host={g.host!r} is not a loopback address, and the gateway has no per-run keys yet: "
+                      f"anyone who reaches it could open episodes and write training data; keep it on 127.0.0.1.")
+    if not 0 <= g.port <= 65535:
+        errors.append(f"gateway.port={g.port}: must be a TCP port (0 picks a free one).")
+    if g.max_body_bytes < 1024 or g.max_episodes < 1:
+        errors.append(f"gateway.max_body_bytes={g.max_body_bytes} (>= 1024), gateway.max_episodes={g.max_episodes} "
+                      f"(>= 1): one of them is too small to serve a chat request.")
+    if g.admission_timeout_s <= 0 or g.retry_after_s < 1:
+        errors.append(f"gateway.admission_timeout_s={g.admission_timeout_s} (> 0), gateway.retry_after_s="
+                      f"{g.retry_after_s} (>= 1): one of them is out of range.")
+    if g.tool_parser not in TOOL_PARSERS:
+        errors.append(f"gateway.tool_parser={g.tool_parser!r} is unknown; use one of "
+                      f"{', '.join(sorted(TOOL_PARSERS))}.")
+    if g.chat_template and not (REPO_ROOT / g.chat_template).is_file():  # relative: to the repository
+        errors.append(f"gateway.chat_template={g.chat_template!r} is not a file: give a Jinja chat template's path "
+                      f"(e.g. gateway/templates/chatml_tools.jinja), or leave it empty for the model's own.")
     return errors
 
 

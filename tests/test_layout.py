@@ -1,9 +1,9 @@
 """The layout holds: no import circle between modules, and no import that crosses a layer the wrong way.
 
 The layers (pyproject.toml, `[tool.importlinter]`), bottom to top: `agentstream` (the config schema and the
-wire library) -> `envs` | `memory` -> `engines` -> `actors` | `broker` | `learner` -> `launcher`. Every import
-counts, also those inside functions and under `if TYPE_CHECKING:`. Both checks are shown to fail on a small
-package made here that breaks them.
+wire library) -> `envs` | `memory` -> `engines` -> `actors` | `broker` | `learner` | `gateway` -> `launcher`.
+Every import counts, also those inside functions and under `if TYPE_CHECKING:`. Both checks are shown to fail on a
+small package made here that breaks them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agentstream", "envs", "memory", "engines", "actors", "broker", "learner", "launcher")
+PACKAGES = ("agentstream", "envs", "memory", "engines", "actors", "broker", "learner", "gateway", "launcher")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 

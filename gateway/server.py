@@ -1,0 +1,390 @@
+"""The OpenAI-compatible gateway: agent code written against the OpenAI API plays training episodes through it.
+
+    gw = Gateway(GatewaySpec.from_config(cfg), broker, [EngineClient(url, session, 120)], tokenizer)
+    url = await gw.start()                      # http://127.0.0.1:PORT
+    ...                                         # agents: gateway.episode_client.open_episode(url, task_id)
+    await gw.close()
+
+HTTP API:
+    POST /episodes {"task_id": str}        -> {"id", "base_url", "api_key", "group_id", "seed", ...}
+                                              (G episodes of one task id form one group the broker admitted;
+                                              waits for admission up to gateway.admission_timeout_s, else 429)
+    POST /episodes/<id>/reward {"reward"}  -> adds to the latest step's reward (per-step rewards)
+    POST /episodes/<id>/finish {"reward", "truncated"?} -> the last step gets `reward` and ends the trajectory
+    POST /episodes/<id>/v1/chat/completions, POST /episodes/<id>/v1/completions, GET /episodes/<id>/v1/models
+    POST /v1/chat/completions, ... with `Authorization: Bearer <episode id>` instead of the path
+    GET  /health
+
+Each call goes to an engine as token ids (the chat template with tools applied here, once) and its answer
+becomes one transition of the episode, streamed to the broker as an actor's are (`AsyncClient`, acknowledged,
+resent after a broker restart). A call that continues the episode's previous one builds its prompt from the
+previous prompt's and answer's ids plus the new messages' ids only (`gateway.render`). Bad input gets a 4xx
+with an OpenAI error body and is counted (`Gateway.counters`, `rejected_<code>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from agentstream.config import SamplingConfig
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.messages import Hello, Stats
+from engines.client import EngineClient, EngineError, Generation
+from gateway import protocol
+from gateway.episodes import Episode, Slot, Turn
+from gateway.protocol import ApiError, Sampling
+from gateway.render import Renderer, ended_with_eos
+from gateway.spec import GatewaySpec
+from gateway.toolcalls import ToolCall, get_parser
+
+log = logging.getLogger("gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def tool_call_schema(tools: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """JSON schema of one call to one of `names` (what a forced `tool_choice` asks the engine to write)."""
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
+                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+class Gateway:
+    """The gateway service: episodes, their groups, the HTTP API. One per process, on one event loop."""
+
+    def __init__(self, spec: GatewaySpec, broker: AsyncClient, engines: list[EngineClient], tokenizer: Any,
+                 name: str = "gateway-0", incarnation: int = 0):
+        if not engines:
+            raise ValueError("the gateway needs at least one engine")
+        self.spec, self.cfg, self.broker, self.engines = spec, spec.gateway, broker, engines
+        self.name, self.incarnation = name, incarnation
+        self.tokenizer = tokenizer
+        self.renderer = Renderer(tokenizer, spec.chat_template())
+        self.parse_tools = get_parser(self.cfg.tool_parser)
+        self.counters: Counter[str] = Counter()
+        self.episodes: dict[str, Episode] = {}
+        self._slots: dict[str, Slot] = {}  # task id -> the group of it still taking episodes
+        self._next_engine = 0
+        self.requests_in_flight = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._reporter: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._errors])
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/episodes", self._open)
+        app.router.add_post("/episodes/{eid}/reward", self._reward)
+        app.router.add_post("/episodes/{eid}/finish", self._finish)
+        for prefix in ("/episodes/{eid}/v1", "/v1"):
+            app.router.add_post(prefix + "/chat/completions", self._chat)
+            app.router.add_post(prefix + "/completions", self._completions)
+            app.router.add_get(prefix + "/models", self._models)
+        return app
+
+    async def start(self) -> str:
+        """Say hello to the broker, start reporting stats, serve HTTP; returns the gateway's base URL."""
+        await self.broker.send(Hello(role="actor", name=self.name, incarnation=self.incarnation, pid=os.getpid()))
+        self._reporter = asyncio.create_task(self._report_loop(), name=f"{self.name}-stats")
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://{self.cfg.host}:{port}"
+        return self.url
+
+    async def close(self, drain_timeout_s: float = 5.0) -> None:
+        """Stop serving, wait (bounded) until the broker acknowledged what was sent, send the final stats: the
+        broker then settles the groups of episodes left open as it does a departed actor's. Closing twice is a no-op."""
+        if self._runner is None:
+            return
+        await self._runner.cleanup()
+        self._runner = None
+        if self._reporter is not None:
+            self._reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reporter
+        for slot in self._slots.values():
+            slot.grant.cancel()
+        with contextlib.suppress(Exception):
+            await self.broker.drain(drain_timeout_s)
+            await self.broker.send(self.stats(final=True))
+
+    def stats(self, final: bool = False) -> Stats:
+        delivery = {k: float(v) for k, v in self.broker.counters.items()}
+        return Stats(source=self.name, role="actor", counters={**self.counters, **delivery},
+                     gauges={"episodes_in_flight": sum(not e.finished for e in self.episodes.values()),
+                             "requests_in_flight": self.requests_in_flight, "incarnation": self.incarnation,
+                             "unacked_transitions": self.broker.unacked}, final=final)
+
+    async def _report_loop(self) -> None:
+        while True:
+            await self.broker.send(self.stats())
+            await asyncio.sleep(self.spec.log_interval_s)
+
+    # ------------------------------------------------------------------------------------ errors
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every refusal as an OpenAI error body, counted under rejected_<code>; never a bare 500."""
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            err = exc
+        except web.HTTPRequestEntityTooLarge:
+            err = ApiError(413, f"request body over gateway.max_body_bytes={self.cfg.max_body_bytes}", "body_too_large")
+        except web.HTTPException as exc:  # no such route (404), wrong method (405)
+            code = {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status, f"http_{exc.status}")
+            err = ApiError(exc.status, f"{request.method} {request.path}: {exc.reason}", code)
+        except EngineError as exc:
+            self.counters["engine_errors"] += 1
+            body = {"error": {"message": str(exc), "type": "api_error", "param": None, "code": "engine_error"}}
+            return web.json_response(body, status=502)
+        except Exception as exc:  # a bug or a broker gone: said in OpenAI's form, counted, logged with its trace
+            log.exception("%s %s failed", request.method, request.path)
+            self.counters["internal_errors"] += 1
+            body = {"error": {"message": f"internal error: {exc!r}", "type": "api_error", "param": None,
+                              "code": "internal_error"}}
+            return web.json_response(body, status=500)
+        self.counters[f"rejected_{err.code}"] += 1
+        return web.json_response(err.body(), status=err.status, headers=err.headers)
+
+    async def _json(self, request: web.Request) -> Any:
+        if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
+            raise ApiError(413, f"request body of {request.content_length} bytes is over gateway.max_body_bytes="
+                                f"{self.cfg.max_body_bytes}", "body_too_large")
+        raw = await request.read()
+        try:
+            return json.loads(raw) if raw else None
+        except (ValueError, RecursionError):
+            raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+
+    def _episode(self, request: web.Request) -> Episode:
+        """The episode a call is for: its id in the path, else the bearer key."""
+        eid = request.match_info.get("eid")
+        if eid is None:
+            auth = request.headers.get("Authorization", "")
+            eid = auth[7:].strip() if auth.startswith("Bearer ") else ""
+            if not eid:
+                raise ApiError(401, "say which episode this call is for: use the episode's base_url "
+                                    "(/episodes/<id>/v1) or its api_key as the bearer token", "no_episode")
+        episode = self.episodes.get(eid)
+        if episode is None:
+            raise ApiError(404, f"no episode {eid[:40]!r}: open one with POST /episodes", "unknown_episode")
+        if episode.finished:
+            raise ApiError(409, f"episode {eid[:40]!r} is finished; open a new one for more calls", "episode_finished")
+        return episode
+
+    # ------------------------------------------------------------------------------------ episodes
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _open(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        task_id = body.get("task_id") if isinstance(body, dict) else None
+        if not isinstance(task_id, str) or not task_id or len(task_id) > 200:
+            raise ApiError(400, "POST /episodes needs {'task_id': a non-empty string of at most 200 characters}; "
+                                "episodes of one task id form a group", "invalid_request", "task_id")
+        if sum(not e.finished for e in self.episodes.values()) >= self.cfg.max_episodes:
+            raise self._busy(f"{self.cfg.max_episodes} episodes are open (gateway.max_episodes); finish some first")
+        while True:
+            slot = self._slots.get(task_id)
+            if slot is None or slot.members >= self.spec.group_size:
+                slot = self._slots[task_id] = Slot(task_id, asyncio.create_task(self.broker.request_group()))
+            try:
+                grant = await asyncio.wait_for(asyncio.shield(slot.grant), self.cfg.admission_timeout_s)
+            except asyncio.TimeoutError:
+                raise self._busy("the broker admits no new group now (the learner is behind: staleness bound); "
+                                 "retry after Retry-After seconds") from None
+            if slot.members < self.spec.group_size:  # others waiting on the same grant may have filled it
+                break
+        index = slot.members
+        slot.members += 1
+        if slot.members == self.spec.group_size and self._slots.get(task_id) is slot:
+            del self._slots[task_id]
+        eid = secrets.token_urlsafe(18)
+        engine = self.engines[self._next_engine % len(self.engines)]
+        self._next_engine += 1
+        traj_id = f"{self.name}.{self.incarnation}.g{grant.group_id}.{index}"
+        self.episodes[eid] = Episode(eid, task_id, grant, index, traj_id, engine)
+        self.counters["episodes_opened"] += 1
+        return web.json_response({"id": eid, "api_key": eid, "base_url": f"{self.url}/episodes/{eid}/v1",
+                                  "task_id": task_id, "group_id": grant.group_id, "index": index,
+                                  "seed": grant.seed}, status=201)
+
+    def _busy(self, message: str) -> ApiError:
+        return ApiError(429, message, "busy", headers={"Retry-After": str(self.cfg.retry_after_s)})
+
+    def _reward_of(self, body: Any, required: bool) -> float:
+        value = body.get("reward") if isinstance(body, dict) else None
+        if value is None and not required:
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ApiError(400, "'reward' must be a finite number", "invalid_request", "reward")
+        return float(value)
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        value = self._reward_of(await self._json(request), required=True)
+        async with episode.lock:
+            if episode.pending is None:
+                raise ApiError(409, "no model call in this episode yet: a reward belongs to a step", "no_step")
+            episode.reward(value)
+        return web.json_response({"id": episode.id, "step": episode.steps - 1, "return": episode.total_reward})
+
+    async def _finish(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        body = await self._json(request)
+        value = self._reward_of(body, required=False)
+        truncated = body.get("truncated", False) if isinstance(body, dict) else False
+        if not isinstance(truncated, bool):
+            raise ApiError(400, "'truncated' must be a boolean", "invalid_request", "truncated")
+        async with episode.lock:
+            if episode.finished:
+                raise ApiError(409, f"episode {episode.id!r} is finished already", "episode_finished")
+            if episode.pending is None:
+                raise ApiError(409, "this episode made no model call: it has no step to end (make one call first)",
+                               "no_step")
+            last = episode.finish(value, truncated)
+            await asyncio.shield(self.broker.send_transition(last))  # recorded as finished: it must go out
+        self.counters.update(episodes_finished=1, transitions_sent=1)
+        self.counters["episode_return_sum"] += episode.total_reward
+        return web.json_response({"id": episode.id, "steps": episode.steps, "return": episode.total_reward})
+
+    # ------------------------------------------------------------------------------------ OpenAI API
+    async def _models(self, request: web.Request) -> web.Response:
+        if "eid" in request.match_info:
+            self._episode(request)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.spec.model_name, "object": "model", "created": 0, "owned_by": "agentstream"}]})
+
+    def _limits(self) -> tuple[int, int]:
+        return self.spec.default_max_tokens, self.spec.max_model_len - 1
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        body = await self._json(request)
+        req = protocol.chat_request(body, *self._limits())
+        async with episode.lock:
+            if episode.finished:
+                raise ApiError(409, f"episode {episode.id!r} is finished", "episode_finished")
+            new = episode.next_prompt(req.messages, req.tools)
+            if new is not None and (tail := self.renderer.suffix(new, req.tools, ended_with_eos(
+                    episode.last.response_ids, self.renderer.eos_id))) is not None:  # type: ignore[union-attr]
+                prompt = episode.last.prompt_ids + episode.last.response_ids + tail  # type: ignore[union-attr]
+                self.counters["prompts_extended"] += 1
+            else:
+                if episode.last is not None:
+                    self.counters["prompts_rendered_anew"] += 1  # history edited, tools changed: whole chat again
+                prompt = self.renderer.full(req.messages, req.tools)
+            forced = [req.tool_choice] if req.tool_choice not in ("none", "auto", "required") else (
+                req.tool_names if req.tool_choice == "required" else [])
+            extra: dict[str, Any] = {"stop": req.sampling.stop} if req.sampling.stop else {}
+            if forced:  # the engine writes one call as JSON under its schema (vLLM structured outputs)
+                extra["structured_outputs"] = {"json": tool_call_schema(req.tools, forced)}
+            gen = await self._generate(episode, prompt, req.sampling, extra)
+            parsed = None
+            if req.tools and req.tool_choice != "none":
+                parsed = get_parser("json")(gen.text, forced) if forced else self.parse_tools(gen.text, req.tool_names)
+                if parsed.error is not None:
+                    self.counters[f"tool_parse_{parsed.error}"] += 1
+                self.counters["tool_calls"] += len(parsed.tool_calls)
+            content = gen.text if parsed is None else parsed.content
+            calls = [] if parsed is None else parsed.tool_calls
+            message = self._message(content, calls)
+            answer = protocol.messages([message])[0]
+            episode.last = Turn(req.messages, req.tools, prompt, gen.response_ids.tolist(), answer)
+            await self._record(episode, prompt, gen, valid=parsed is None or parsed.error is None,
+                               info={"tool_calls": len(calls), "finish_reason": gen.finish_reason})
+        finish = "tool_calls" if calls else gen.finish_reason
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
+                                  "logprobs": {"content": self._logprobs(gen)} if req.sampling.logprobs else None}
+        out = self._envelope("chat.completion", "chatcmpl", prompt, gen, choice, req.return_token_ids)
+        return web.json_response(out)
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        req = protocol.completion_request(await self._json(request), *self._limits())
+        async with episode.lock:
+            if episode.finished:
+                raise ApiError(409, f"episode {episode.id!r} is finished", "episode_finished")
+            prompt = (list(req.prompt) if isinstance(req.prompt, list)
+                      else list(self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]))
+            extra: dict[str, Any] = {"stop": req.sampling.stop} if req.sampling.stop else {}
+            gen = await self._generate(episode, prompt, req.sampling, extra)
+            episode.last = None  # a raw completion is not a chat turn: the next chat call renders anew
+            await self._record(episode, prompt, gen, valid=True, info={"finish_reason": gen.finish_reason})
+        choice: dict[str, Any] = {"index": 0, "text": gen.text, "finish_reason": gen.finish_reason, "logprobs": None}
+        if req.sampling.logprobs:
+            lps = self._logprobs(gen)
+            choice["logprobs"] = {"tokens": [x["token"] for x in lps], "token_logprobs": [x["logprob"] for x in lps],
+                                  "top_logprobs": None, "text_offset": None}
+        out = self._envelope("text_completion", "cmpl", prompt, gen, choice, req.return_token_ids)
+        return web.json_response(out)
+
+    async def _generate(self, episode: Episode, prompt: list[int], s: Sampling, extra: dict[str, Any]) -> Generation:
+        if len(prompt) + s.max_tokens > self.spec.max_model_len:
+            raise ApiError(400, f"the prompt is {len(prompt)} tokens and max_tokens {s.max_tokens}: more than the "
+                                f"engines' context of {self.spec.max_model_len} (engines.max_model_len)",
+                           "context_length_exceeded", "messages")
+        self.requests_in_flight += 1
+        try:
+            return await episode.engine.generate(prompt, SamplingConfig(s.max_tokens, s.temperature, s.top_p),
+                                                 seed=s.seed, extra=extra)
+        finally:
+            self.requests_in_flight -= 1
+
+    async def _record(self, episode: Episode, prompt: list[int], gen: Generation, valid: bool,
+                      info: dict[str, Any]) -> None:
+        """The answered call becomes the episode's latest step; the one before it, now final, goes to the broker."""
+        ready = episode.step(prompt, gen.response_ids, gen.logprobs, gen.version_lo, gen.version_hi, self.name,
+                             info, valid)
+        self.counters.update(calls=1, tokens_generated=int(gen.response_ids.size), prompt_tokens=len(prompt))
+        if ready is not None:  # shielded: a caller that hangs up must not lose a step already taken from the episode
+            await asyncio.shield(self.broker.send_transition(ready))
+            self.counters["transitions_sent"] += 1
+
+    def _message(self, content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        return message
+
+    def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+        out = []
+        for tid, lp in zip(gen.response_ids.tolist(), gen.logprobs.tolist()):
+            token = self.tokenizer.decode([tid])
+            out.append({"token": token, "logprob": lp if math.isfinite(lp) else -9999.0,
+                        "bytes": list(token.encode()), "top_logprobs": []})
+        return out
+
+    def _envelope(self, obj: str, prefix: str, prompt: list[int], gen: Generation, choice: dict[str, Any],
+                  token_ids: bool) -> dict[str, Any]:
+        n = int(gen.response_ids.size)
+        out: dict[str, Any] = {"id": f"{prefix}-{secrets.token_hex(12)}", "object": obj, "created": int(time.time()),
+                               "model": self.spec.model_name, "choices": [choice],
+                               "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                         "total_tokens": len(prompt) + n}}
+        if token_ids:  # vLLM's extension (`return_token_ids`): exactly the ids the transition carries
+            out["prompt_token_ids"] = list(prompt)
+            choice["token_ids"] = np.asarray(gen.response_ids).tolist()
+        return out
+
+
+__all__ = ["Gateway", "tool_call_schema"]

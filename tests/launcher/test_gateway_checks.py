@@ -1,0 +1,41 @@
+"""`gateway.*` values that cannot work stop the launch with what to change (launcher/checks.py `gateway_errors`),
+and the gateway's spec takes what it needs of the config. <1 s.
+
+    .venv/bin/python -m pytest tests/launcher/test_gateway_checks.py -q -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agentstream.config import Config
+from gateway.spec import GatewaySpec
+from launcher.checks import config_errors, gateway_errors
+
+
+def test_the_defaults_pass_and_the_bundled_tools_template_is_found() -> None:
+    cfg = Config()
+    assert gateway_errors(cfg) == []
+    cfg.gateway.chat_template = "gateway/templates/chatml_tools.jinja"  # relative to the repository
+    assert gateway_errors(cfg) == []
+    assert "<tool_call>" in GatewaySpec.from_config(cfg).chat_template()
+    assert GatewaySpec.from_config(Config()).chat_template() is None
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"host": "0.0.0.0"}, "gateway.host='0.0.0.0' is not a loopback address"),
+    ({"port": 70000}, "gateway.port=70000: must be a TCP port"),
+    ({"max_body_bytes": 10}, "gateway.max_body_bytes=10 (>= 1024)"),
+    ({"max_episodes": 0}, "gateway.max_episodes=0 (>= 1)"),
+    ({"admission_timeout_s": 0.0}, "gateway.admission_timeout_s=0.0 (> 0)"),
+    ({"retry_after_s": 0}, "gateway.retry_after_s=0 (>= 1)"),
+    ({"tool_parser": "mistral"}, "gateway.tool_parser='mistral' is unknown; use one of hermes, json, qwen."),
+    ({"chat_template": "no/such.jinja"}, "gateway.chat_template='no/such.jinja' is not a file"),
+])
+def test_each_bad_value_is_named_with_what_to_change(values: dict, needle: str) -> None:
+    cfg = Config()
+    for key, value in values.items():
+        setattr(cfg.gateway, key, value)
+    errors = gateway_errors(cfg)
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert errors[0] in config_errors(cfg)  # and the launch's checks include it
