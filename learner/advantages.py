@@ -174,13 +174,18 @@ def whiten(adv: Tensor, n: float, total: float, total_sq: float, eps: float = 1e
     return ((adv.double() - centre - d) / math.sqrt(var + eps)).to(adv.dtype)
 
 
-def whiten_batch(adv: Tensor, tokens: Tensor | None = None) -> Tensor:
-    """`whiten` over this batch alone [N]: every step counts once per response token (`tokens` [N]; None = one
-    each). Two passes: the mean, then the sums around it."""
+Sums = tuple[float, float, float]
+
+
+def whiten_batch(adv: Tensor, tokens: Tensor | None = None, total: Callable[[Sums], Sums] = lambda sums: sums
+                 ) -> Tensor:
+    """`whiten` over the batch [N]: every step counts once per response token (`tokens` [N]; None = one each).
+    Two passes: the mean, then the sums around it. `total`: each pass's `whitening_sums` over the whole batch
+    (a learner spread over ranks sums them over every rank: `learner.step.whiten_global`); default: this input's."""
     w = torch.ones_like(adv, dtype=torch.float64) if tokens is None else tokens
-    n, total, _ = whitening_sums(adv, w)
-    centre = total / n if n > 0 else 0.0
-    return whiten(adv, *whitening_sums(adv, w, centre), centre=centre)
+    n, first, _ = total(whitening_sums(adv, w))
+    centre = first / n if n > 0 else 0.0
+    return whiten(adv, *total(whitening_sums(adv, w, centre)), centre=centre)
 
 
 def whiten_reference(adv: list[float], tokens: list[int], eps: float = 1e-8) -> list[float]:

@@ -39,8 +39,8 @@ from torch.distributed.fsdp import FSDPModule
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from agentstream.wire.messages import Batch
 from learner.advantages import (
-    NEEDS_LOGPROBS, NEEDS_VALUES, TO_GO, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of, whiten,
-    whitening_sums,
+    NEEDS_LOGPROBS, NEEDS_VALUES, TO_GO, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of,
+    whiten_batch,
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
@@ -188,14 +188,14 @@ def all_reduce_dict(values: dict[str, float], op: dist.ReduceOp, device: torch.d
 
 
 def whiten_global(adv: Tensor, tokens: Tensor, device: torch.device) -> Tensor:
-    """`learner.advantages.whiten` of `adv` (each value weighted by `tokens`, the response tokens it stands for:
-    [N] steps, or [R] tokens of weight 1) over the global batch's response tokens (verl's masked_whiten): the mean
-    from the sums of every rank, then the sums again around it (exact with a large mean). Two collectives."""
-    first = all_reduce_dict(dict(zip(("n", "s", "ss"), whitening_sums(adv, tokens))), dist.ReduceOp.SUM, device)
-    centre = first["s"] / first["n"] if first["n"] > 0 else 0.0
-    around = whitening_sums(adv, tokens, centre)
-    sums = all_reduce_dict(dict(zip(("n", "s", "ss"), around)), dist.ReduceOp.SUM, device)
-    return whiten(adv, sums["n"], sums["s"], sums["ss"], centre=centre)
+    """`learner.advantages.whiten_batch` of `adv` (each value weighted by `tokens`, the response tokens it stands
+    for: [N] steps, or [R] tokens of weight 1) over the global batch's response tokens (verl's masked_whiten): each
+    pass's sums over every rank (exact with a large mean). Two collectives."""
+    def total(sums: tuple[float, float, float]) -> tuple[float, float, float]:
+        out = all_reduce_dict(dict(zip(("n", "s", "ss"), sums)), dist.ReduceOp.SUM, device)
+        return out["n"], out["s"], out["ss"]
+
+    return whiten_batch(adv, tokens, total)
 
 
 def checked_sequences(batch: Batch, vocab: int) -> Sequences:
