@@ -58,6 +58,9 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 
 Any other counter or gauge a process reports still appears, under its sanitized name, with a generic HELP.
 """
+| wal_failing                            | gauge   |        | 1 while the write-ahead log cannot be written (full disk) |
+| wal_stalled_s, wal_pending_bytes       | gauge   |        | seconds stalled on it in all; bytes waiting to be written |
+| wal_write_errors_total                 | counter |        | failed writes of the write-ahead log (and compactions)    |
 
 from __future__ import annotations
 
@@ -169,6 +172,10 @@ def _counter(name: str) -> CounterMetricFamily:
     base = sanitize(name).removesuffix("_total")
     return CounterMetricFamily(PREFIX + base, _help(base), labels=())
 
+    "wal_failing": "1 while the broker's write-ahead log cannot be written (a full disk): nothing is acknowledged.",
+    "wal_stalled_s": "Seconds the broker has stalled on an unwritable write-ahead log, in all.",
+    "wal_pending_bytes": "Bytes of write-ahead log records waiting to be written.",
+    "wal_write_errors": "Failed writes of the write-ahead log (and failed compactions).",
 
 def _gauge(name: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(PREFIX + name, _help(name), labels=labels)

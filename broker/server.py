@@ -6,6 +6,11 @@ Actors send Hello, GroupRequest (answered by GroupGrant when admission allows), 
 learner ranks send BatchRequest (answered by their share of that step's global batch, when it exists) and
 rank 0 sends VersionUpdate; weight sidecars send EngineStatus and Stats. A malformed or oversized message is
 answered with Reject, counted under `malformed_messages`, and the broker keeps serving. SIGTERM stops it.
+
+When its write-ahead log cannot be written (a full disk), the broker stalls instead of dying: it reads no
+more messages and sends nothing (no Ack: actors wait under actors.max_unacked), shows status `stalled` with
+the reason on the dashboard, `wal_failing` in /metrics and an error in its log, retries every second, and
+goes on, losing nothing, once the disk takes the log's pending records.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class Broker:
         self.port, self.dashboard_port, self.run_name = port, dashboard_port, run_name
         self.started = time.time()
         self.status, self.reason = "starting", ""
+        self._status_before_stall, self._stall_logged_at = "", time.monotonic()
         self.learner_metrics: dict[str, float] = {}
         self.engines: dict[str, EngineStatus] = {}
         self.malformed: deque[str] = deque(maxlen=20)  # the latest reasons, for the dashboard and logs
@@ -157,6 +163,8 @@ class Broker:
         admission (actors move to the others) until it reports again."""
         while True:
             await asyncio.sleep(1.0)
+            if self._wal_failing():  # the broker reads nothing meanwhile: silence says nothing of the peers
+                continue
             now, changed = time.time(), False
             for peer in list(self.stats.peers.values()):
                 if peer.final or peer.name in self._dead or now - peer.last_seen < self.cfg.heartbeat_timeout_s:
@@ -187,6 +195,9 @@ class Broker:
         # What already arrived is read through a plain (shadow) socket without blocking (scripts/bench_broker.py): ~9 us CPU per message instead of ~42 us for an asyncio future per poll and per read.
         drain = zmq.Socket.shadow(self._sock.underlying)
         while True:
+            if self._wal_failing():
+                await self._wait_for_wal()
+                continue
             # ZeroMQ signals its file descriptor on edges, and a send on the shadow socket (`_flush_outbox`) can
             # take the edge of a message that arrived meanwhile: ask the socket itself first, and never wait
             # on the descriptor longer than 50 ms (a bench run stalled for minutes without both).
@@ -260,16 +271,49 @@ class Broker:
             self._flush_outbox()
 
     def _flush_outbox(self) -> None:
-        if not self._outbox:
+        if not self._outbox or not self._log_flushed():  # nothing leaves that depends on what the log lacks
             return
-        if self.state.wal is not None:
-            self.state.wal.flush()  # nothing leaves that depends on a change the log does not hold yet
         out, self._outbox = self._outbox, []
         for frames in out:
             try:
                 send_frames(self._direct, frames, copy=copy_when_sending(frames))  # small: copied
             except zmq.ZMQError as exc:  # not expected of a ROUTER; the peer's resend covers a lost reply
                 log.warning("a reply to %r was not sent: %r", frames[0][:64], exc)
+
+    def _log_flushed(self) -> bool:
+        """Flush the write-ahead log; False while it cannot be written (the log's `error` says why)."""
+        if self.state.wal is None:
+            return True
+        try:
+            self.state.wal.flush()
+        except OSError:
+            return False
+        return True
+
+    def _wal_failing(self) -> bool:
+        return self.state.wal is not None and self.state.wal.error is not None
+
+    async def _wait_for_wal(self) -> None:
+        """One second of a stall on an unwritable log (a full disk): say why, then try to write it again. Nothing
+        is read meanwhile (actors back off under actors.max_unacked; ZeroMQ queues up to its high-water mark)
+        and nothing is sent; once the log takes its pending records, the replies that waited go out."""
+        wal = self.state.wal
+        assert wal is not None and wal.error is not None
+        if self.status != "stalled":
+            self._status_before_stall, self.status = self.status, "stalled"
+        self.reason = (f"the write-ahead log in {wal.folder} cannot be written ({wal.error.strerror or wal.error}): "
+                       f"nothing is acknowledged until it can; {wal.pending_bytes} bytes wait in memory")
+        if time.monotonic() - self._stall_logged_at >= 30:
+            self._stall_logged_at = time.monotonic()  # the log said it when it began (broker.wal), then every 30 s
+            log.error("stalled: %s", self.reason)
+        await asyncio.sleep(1.0)
+        if self._log_flushed():
+            self.status, self.reason = self._status_before_stall, ""
+            now = time.time()
+            for peer in self.stats.peers.values():  # unread while stalled: their messages are only now read
+                peer.last_seen = max(peer.last_seen, now)
+            log.warning("the write-ahead log takes records again: acknowledging again")
+            self._flush_outbox()
 
     # ------------------------------------------------------------------ handlers
     async def handle(self, ident: bytes, msg: Message, frames: list | None = None) -> None:
@@ -469,7 +513,15 @@ class Broker:
             run_name=self.run_name, status=self.status, reason=self.reason, started=self.started,
             total_steps=self.total_steps, buffer=self.buffer, stats=self.stats, engines=self.engines,
             rejected=self.rejected, learner_metrics=self.learner_metrics, group_waiters=len(self._group_waiters),
-            audit=self.state.audit)
+            audit=self.state.audit, wal=self._wal_stats())
+
+    def _wal_stats(self) -> dict[str, float]:
+        wal = self.state.wal
+        if wal is None:
+            return {}
+        now_stalled = time.monotonic() - wal.failing_since if wal.failing_since is not None else 0.0
+        return {"wal_failing": float(wal.error is not None), "wal_stalled_s": wal.stalled_s + now_stalled,
+                "wal_pending_bytes": float(wal.pending_bytes), "wal_write_errors": float(wal.write_errors)}
 
     def summary(self) -> dict[str, Any]:
         """What the launcher writes to summary.json (`broker.views.summary`)."""

@@ -128,8 +128,13 @@ class BrokerState:
         """Replace the log by a snapshot once enough events piled up (or `force`: after a checkpoint)."""
         if self.wal is None or not (force or self._since_compaction >= self.compact_every):
             return False
-        self.wal.compact(self.snapshot())
-        self._since_compaction = 0
+        try:
+            self.wal.compact(self.snapshot())
+        except OSError as exc:  # a full disk: the old segments stand; tried again after compact_every more events
+            log.error("compacting the write-ahead log failed (%s); it goes on growing until a compaction succeeds", exc)
+            return False
+        finally:
+            self._since_compaction = 0
         return True
 
     # ------------------------------------------------------------------ events
@@ -291,6 +296,7 @@ class BrokerState:
             "wal_snapshot_recovered": self.recovered_snapshot,
             "wal_torn_bytes": self.wal.torn_bytes if self.wal is not None else 0,
             "wal_bytes": self.wal.size_bytes() if self.wal is not None else 0,
+            "wal_write_errors": self.wal.write_errors if self.wal is not None else 0,  # a full disk: see wal.py
         }
         if b.fates is not None:
             held = {f"{t.actor}/{t.incarnation}/{t.seq}" for g in [*b.open.values(), *b.ready]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentstream.wire.messages import EngineStatus
@@ -31,6 +31,9 @@ class BrokerView:
     group_waiters: int
     audit: Callable[[], dict[str, Any]]
     """The delivery accounting (computed only for the summary: it walks every buffered key)."""
+    wal: Mapping[str, float] = field(default_factory=dict)
+    """The write-ahead log's health: wal_failing (1 while it cannot be written: a full disk), wal_stalled_s,
+    wal_pending_bytes, wal_write_errors (empty without a log)."""
 
 
 def summary(broker: BrokerView) -> dict[str, Any]:
@@ -42,7 +45,11 @@ def summary(broker: BrokerView) -> dict[str, Any]:
     return {
         "learner_version": b.learner_version,
         "engine_versions": {name: s.version for name, s in sorted(broker.engines.items())},
-        "transitions_sent": int(actor["transitions_sent"]),
+        # What reached the broker, from its own (logged) count: every actor transition is keyed, and a key is
+        # acknowledged once. The actors' own reports (`transitions_sent_reported`) miss the last sends of an
+        # incarnation killed before its next report, so they may fall short of this.
+        "transitions_sent": b.counts["transitions_acked"],
+        "transitions_sent_reported": int(actor["transitions_sent"]),
         "transitions_ingested": b.counts["transitions_ingested"],
         "transitions_trained": b.counts["transitions_trained"],
         "transitions_buffered": b.buffered(),
@@ -99,6 +106,7 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
         "weight_sync_s": max((e["weight_sync_s"] for e in engines), default=0.0),
         "group_waiters": broker.group_waiters,
         "judge_latency_s": s.window_delta("judge_latency_s_sum", OUTCOME_WINDOW_S) / d_judged if d_judged else 0.0,
+        **{k: v for k, v in broker.wal.items() if k != "wal_write_errors"},
     }
     for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
         if peer.role == "evaluator":
@@ -119,7 +127,8 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
                   "transitions_per_s": s.rate("transitions_ingested"),
                   "learner_samples_per_s": s.rate("transitions_trained"),
                   "learner_steps_per_s": s.rate("learner_version")},
-        "counters": {**{k: float(v) for k, v in b.counts.items()}, **actor},
+        "counters": {**{k: float(v) for k, v in b.counts.items()}, **actor,
+                     **({"wal_write_errors": broker.wal["wal_write_errors"]} if broker.wal else {})},
         "gauges": {k: float(v) for k, v in gauges.items()},
         "staleness_hist": {str(k): v for k, v in sorted(b.staleness_hist.items())},
     }

@@ -11,6 +11,11 @@ record cut short by a crash (the last one, usually) or failing its checksum ends
 truncated to the last good record, the loss is reported, and the broker starts. Nothing in a record is
 executable: msgpack maps, lists, numbers, strings and raw bytes only.
 
+A full disk (ENOSPC, a quota, a file-size limit, EIO) fails `flush` and changes nothing on disk: whatever the
+failed write put there is cut off again, and every record stays pending in memory until a later `flush` writes
+it whole. The broker sends nothing that depends on a pending record, so it stops acknowledging (and says why)
+until the disk takes the records again; `error`, `write_errors` and `stalled_s` say what happened.
+
     python -m broker.wal RUN/broker-wal       # print what the log holds (records per kind, torn bytes)
 """
 
@@ -20,6 +25,7 @@ import argparse
 import logging
 import os
 import struct
+import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -35,6 +41,7 @@ _HEAD = struct.Struct("<II")
 SNAPSHOT = "snapshot"
 MAX_RECORD_BYTES = 1 << 31  # a length above this is garbage, not a record
 JOIN_BELOW_BYTES = 65536  # append_frames joins a message smaller than this into one write (scripts/bench_broker.py)
+IOV_MAX = 1024  # pieces per writev (Linux's limit)
 
 
 def _segment_name(n: int) -> str:
@@ -128,8 +135,14 @@ class WriteAheadLog:
         self.torn_bytes = 0  # cut off at recovery
         self.appended = 0
         self.segment = 0
-        self._file = None
-        self._dirty = False
+        self._fd: int | None = None  # the open segment, O_APPEND
+        self._size = 0  # bytes of the open segment that hold whole, flushed records
+        self._pending: list[bytes | memoryview] = []  # appended, not yet written (`flush`)
+        self._cut = False  # a failed flush may have left part of its records after `_size`: cut them off first
+        self.error: OSError | None = None  # why the last flush failed; None once one succeeds
+        self.write_errors = 0  # failed flushes (and failed compactions)
+        self.failing_since: float | None = None  # monotonic time of the first failure of the current episode
+        self.stalled_s = 0.0  # seconds spent in episodes of failure that ended
 
     # ------------------------------------------------------------------ recovery
     def recover(self) -> tuple[Any | None, list[tuple[str, Any]]]:
@@ -162,67 +175,122 @@ class WriteAheadLog:
                 segs = segs[:i + 1]
                 break
         self.segment = segs[-1][0] if segs else 1
-        self._file = open(self.folder / _segment_name(self.segment), "ab")
+        self._open(self.folder / _segment_name(self.segment))
         return snapshot, events
+
+    def _open(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
 
     # ------------------------------------------------------------------ writing
     def append(self, kind: str, body: Any) -> None:
-        """Buffered: durable after the next `flush()`."""
-        assert self._file is not None, "call recover() first"
-        self._file.write(_pack(kind, body))
+        """Kept in memory: durable after the next `flush()`."""
+        assert self._fd is not None, "call recover() first"
+        self._pending.append(_pack(kind, body))
         self.appended += 1
-        self._dirty = True
 
     def append_frames(self, kind: str, frames: list[bytes | memoryview]) -> None:
-        """`append(kind, frames)` for a message's raw frames, written without copying them first."""
-        assert self._file is not None, "call recover() first"
+        """`append(kind, frames)` for a message's raw frames, kept (and later written) without copying them."""
+        assert self._fd is not None, "call recover() first"
         pieces = _pack_frames(kind, frames)
-        if len(pieces) == 2:  # small: header + joined payload, in one write (cheaper than a call per piece)
-            self._file.write(pieces[0] + pieces[1])
+        if len(pieces) == 2:  # small: header + joined payload, one piece (cheaper than a piece each)
+            self._pending.append(pieces[0] + pieces[1])
         else:
-            for piece in pieces:
-                self._file.write(piece)
+            self._pending.extend(pieces)
         self.appended += 1
-        self._dirty = True
+
+    @property
+    def pending_bytes(self) -> int:
+        """Appended bytes not written yet (while a full disk fails `flush`, what waits for it)."""
+        return sum(memoryview(p).nbytes for p in self._pending)
 
     def flush(self) -> None:
-        """Hand appended records to the OS (survives the broker's death); with fsync, to the disk too."""
-        if self._file is None or not self._dirty:
+        """Hand appended records to the OS (survives the broker's death); with fsync, to the disk too.
+
+        All or nothing: an OSError (ENOSPC, EDQUOT, EFBIG, EIO) cuts the segment back to its last flushed
+        record and keeps every appended record pending, so that the next call writes them whole; it is raised
+        (and kept in `error`) for the caller, which must not send anything that depends on them meanwhile."""
+        if self._fd is None or not self._pending:
             return
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
-        self._dirty = False
+        total, written = self.pending_bytes, 0
+        try:
+            if self._cut:
+                os.ftruncate(self._fd, self._size)
+                self._cut = False
+            while written < total:  # one call, unless the disk took only part (then the next one raises)
+                written += os.writev(self._fd, _skip(self._pending, written)[:IOV_MAX])
+            if self.fsync:  # a failed fsync may have dropped the written pages: they are written again
+                os.fsync(self._fd)
+        except OSError as exc:
+            self._cut = True
+            self._failed(exc)
+            raise
+        self._size += written
+        self._pending = []
+        if self.failing_since is not None:
+            self.stalled_s += time.monotonic() - self.failing_since
+            log.warning("the write-ahead log in %s is writable again after %.1fs", self.folder,
+                        time.monotonic() - self.failing_since)
+        self.error, self.failing_since = None, None
+
+    def _failed(self, exc: OSError) -> None:
+        self.write_errors += 1
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+            log.error("the write-ahead log in %s cannot be written (%s): nothing is acknowledged until it can; "
+                      "%d bytes wait in memory", self.folder, exc, self.pending_bytes)
+        self.error = exc
 
     def compact(self, snapshot: Any) -> None:
         """Start a new segment with `snapshot` (the whole state now) and delete the older segments.
 
         Written under a temporary name, synced and renamed: a crash at any point leaves either the old
-        segments or the new one complete (recovery prefers the newest segment that starts with a snapshot)."""
-        assert self._file is not None
+        segments or the new one complete (recovery prefers the newest segment that starts with a snapshot).
+        An OSError (a full disk) leaves the old segments as they were and is raised."""
+        assert self._fd is not None
         self.flush()
         new = self.segment + 1
         tmp = self.folder / (_segment_name(new) + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(_pack(SNAPSHOT, snapshot))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(_pack(SNAPSHOT, snapshot))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            self.write_errors += 1
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.folder / _segment_name(new))
-        self._file.close()
+        os.close(self._fd)
         for n, path in _segments(self.folder):
             if n < new:
                 path.unlink()
         self.segment = new
-        self._file = open(self.folder / _segment_name(new), "ab")
+        self._open(self.folder / _segment_name(new))
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for _, p in _segments(self.folder))
 
     def close(self) -> None:
-        if self._file is not None:
-            self.flush()
-            self._file.close()
-            self._file = None
+        """Flush and close. A flush that fails here loses only what was never acknowledged (it is reported)."""
+        if self._fd is not None:
+            try:
+                self.flush()
+            except OSError as exc:
+                log.error("closing the write-ahead log: %d bytes could not be written (%s); none was acknowledged",
+                          self.pending_bytes, exc)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _skip(pieces: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
+    """`pieces` without their first `n` bytes (after a short write)."""
+    for i, piece in enumerate(pieces):
+        size = memoryview(piece).nbytes
+        if n < size:
+            return [memoryview(piece)[n:] if n else piece, *pieces[i + 1:]]
+        n -= size
+    return []
 
 
 def iter_records(folder: Path) -> Iterator[tuple[str, str, Any]]:

@@ -105,7 +105,8 @@ async def run_local(cfg: Config, run_dir: Path) -> int:
     if reason:
         print(f"[agentstream] run {status}: {reason}", file=sys.stderr, flush=True)
     if left:
-        print(f"[agentstream] WARNING: process groups still alive: {left}", file=sys.stderr, flush=True)
+        print(f"[agentstream] WARNING: processes left behind (groups still alive, or descendants found by the run's "
+              f"marker after the orderly stops): {left}", file=sys.stderr, flush=True)
     print(f"[agentstream] summary: {run_dir / 'summary.json'}", flush=True)
     return code
 

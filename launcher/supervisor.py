@@ -3,11 +3,13 @@ actors, evaluator), each in a process group of its own, and decides what a death
 
 If the broker, an engine, a weight sidecar, a judge or the learner dies, it is restarted within its role's budget
 (`*.max_restarts`), else everything stops with the reason and the tail of that process's log; a dead actor is
-restarted under a new incarnation (counted, up to `actors.max_restarts`). A judge (judge-<i>) is a vLLM server
-like an engine, started with the same command on the judge's model, but without a weight sidecar: nothing
-ever changes its weights. The run ends when the learner exits after its last step (by then
-every engine serves the final version): actors are stopped, the broker's summary is written to
-`summary.json`, and every process group is stopped. Ctrl-C does the same, early.
+restarted under a new incarnation (counted, up to `actors.max_restarts`). Before any restart, whatever the dead
+incarnation left is ended: its process group, and every descendant that carries its marker (`launcher.procs`).
+A judge (judge-<i>) is a vLLM server like an engine, started with the same command on the judge's model, but
+without a weight sidecar: nothing ever changes its weights. The run ends when the learner exits after its last
+step (by then every engine serves the final version): actors are stopped, the broker's summary is written to
+`summary.json`, and every process group is stopped; then any process of any incarnation still carrying this
+launch's marker is ended and named in `processes_left`. Ctrl-C does the same, early.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import aiohttp
 
 from agentstream.config import Config
 from agentstream.wire.addresses import free_port
-from launcher.procs import kill_matching, wait_gone
+from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
 from launcher.wiring import Wiring, wire
 
 log = logging.getLogger("launch")
@@ -48,13 +50,15 @@ class Child:
     log_path: Path
     proc: asyncio.subprocess.Process | None = None
     incarnation: int = 0
+    marker: str = ""  # CHILD_ENV of the started process: every descendant inherits it
 
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.marker = child_marker(self.name)
         with open(self.log_path, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True,
+                env={**os.environ, **self.env, CHILD_ENV: self.marker}, start_new_session=True,
             )
 
     def signal(self, sig: int) -> None:
@@ -73,8 +77,25 @@ class Child:
                 await asyncio.wait_for(self.proc.wait(), timeout_s)
             except TimeoutError:
                 log.warning("%s did not exit within %.0fs of SIGTERM; killing it", self.name, timeout_s)
-        self.signal(signal.SIGKILL)  # stragglers of the group, if any
-        return await self.proc.wait()
+        return await self.end_leftovers()
+
+    async def end_leftovers(self) -> int | None:
+        """SIGKILL the group (stragglers: vLLM's EngineCore outlives a killed API server in it) and every process
+        with this incarnation's marker (torchrun's ranks, in sessions of their own; anything reparented).
+        Returns the leader's exit code."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGKILL)
+        code = await self.proc.wait()
+        # The group's members got that SIGKILL; the others (another group or session) get their own here. Then
+        # wait (zombies count as dead) until none of it runs: the next incarnation starts only after that.
+        ended, _ = await asyncio.to_thread(end_marked, CHILD_ENV, self.marker, other_than_group=self.proc.pid)
+        _, alive = await asyncio.to_thread(end_marked, CHILD_ENV, self.marker)
+        if ended:
+            log.warning("%s left %d process(es) behind; ended: %s", self.name, len(ended), "; ".join(ended))
+        if alive:
+            log.error("%s: %d process(es) survived SIGKILL: %s", self.name, len(alive), "; ".join(alive))
+        return code
 
     def log_tail(self, lines: int = 12) -> str:
         """The log's last lines, preceded by its first error lines: the root cause usually comes first
@@ -112,7 +133,8 @@ class Launcher:
 
     # ------------------------------------------------------------------ commands
     def _child(self, name: str, role: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        return Child(name, role, argv, env or {}, self.run_dir / "logs" / f"{name}.log")
+        return Child(name, role, argv, {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
+                     self.run_dir / "logs" / f"{name}.log")
 
     def broker_child(self) -> Child:
         w = self.wiring
@@ -279,6 +301,8 @@ class Launcher:
             if child.role == "learner" and code == 0:
                 log.info("learner finished its %d steps", self.cfg.trainer.total_steps)
                 return
+            if child in self.children and not self._stopping:
+                await child.end_leftovers()  # before any next incarnation: nothing of this one may go on
             if child.role == "actor" and child in self.children and not self._stopping:
                 await self._restart_actor(child, code)
                 continue
@@ -320,8 +344,7 @@ class Launcher:
                     self.restarts[key], budget)
         if key == "broker":
             await self.spawn(self.broker_child())
-        elif key == "learner":
-            self.kill_orphan_ranks()  # ranks of the dead torchrun would talk to the broker as the new ones
+        elif key == "learner":  # the dead torchrun's ranks were ended with it (supervise: end_leftovers)
             await self.spawn(self.learner_child(resume=True))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
             task = asyncio.create_task(self._restart_engine_guarded(child), name=f"restart-{child.name}")
@@ -335,12 +358,6 @@ class Launcher:
         except Exception as exc:  # noqa: BLE001 (any failure ends the run, with its reason)
             self._failed = exc if isinstance(exc, RunFailed) else RunFailed(f"restarting {child.name} failed: {exc!r}")
             await self._exits.put(child)  # wakes supervise(), which raises it
-
-    def kill_orphan_ranks(self) -> None:
-        """torchrun starts each rank in a session of its own: after torchrun's own death they live on."""
-        left = kill_matching("learner.train", "--config", str(self.config_path))
-        if left:
-            log.warning("killed %d learner rank(s) that outlived torchrun: %s", len(left), left)
 
     async def _restart_engine(self, child: Child) -> None:
         from engines.server import wait_ready
@@ -376,21 +393,27 @@ class Launcher:
         await asyncio.gather(*(c.stop(self.cfg.run.shutdown_timeout_s) for c in targets))
 
     async def stop_all(self) -> list[str]:
-        """Stop in dependency order (actors first, broker last); returns names of groups still alive."""
+        """Stop in dependency order (actors first, broker last). Returns what was left: names of groups still
+        alive, then every process of any incarnation of this launch's children that the orderly stops missed
+        (ended now, or named as still running)."""
         self._stopping = True
         for task in self._restarting:  # first: a restart in flight must not start a server after its role stopped
             task.cancel()
         await asyncio.gather(*self._restarting, return_exceptions=True)
         for roles in (("actor", "evaluator"), ("learner",), ("sidecar",), ("engine", "judge"), ("broker",)):
             await self.stop_roles(roles)
-        self.kill_orphan_ranks()
         for task in self._watchers:
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
         groups = {c.proc.pid: c.name for c in self.children if c.proc is not None}
         # SIGKILLed grandchildren (vLLM's EngineCore and Worker) take a moment to be reaped.
         left = await asyncio.to_thread(wait_gone, list(groups), 15.0)
-        return [groups[pid] for pid in left]
+        # Any incarnation, current or long replaced, in any group or session, reparented or not.
+        strays, alive = await asyncio.to_thread(end_marked, CHILD_ENV, f"{os.getpid()}/", True)
+        if strays:
+            log.error("%d process(es) of this launch outlived the orderly stops: %s", len(strays), "; ".join(strays))
+        return [groups[pid] for pid in left] + [f"{d}: {'still running' if d in alive else 'ended at the end'}"
+                                               for d in strays]
 
 
 __all__ = ["Child", "Launcher", "RunFailed"]

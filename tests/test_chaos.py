@@ -7,7 +7,9 @@ What must hold at the end, from summary.json, the learner's metrics log and /pro
 - every acknowledged transition was trained exactly once or dropped with a recorded reason (or is still
   buffered from groups in play when the run ended), and no partial group was trained;
 - the learner's version sequence, across its restart from a checkpoint, has no gaps or repeats;
-- every process was restarted as configured, the run finished, and nothing is left behind.
+- every process was restarted as configured, the run finished, and nothing is left behind: not even the
+  EngineCore of the engine's API server killed alone (it outlives its parent, reparented to init), found by the
+  run's marker in every descendant's environment (launcher.procs.RUN_ENV).
 """
 
 import json
@@ -25,7 +27,7 @@ import pytest
 from e2e_testing import api_state, processes_mentioning, wait_for
 
 from agentstream.wire.addresses import free_port
-from launcher.procs import kill_matching
+from launcher.procs import RUN_ENV, kill_matching, marked
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -88,11 +90,15 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
             wait_for(lambda: newest_pid(run_dir, victim) != pid, 120, f"{victim}'s restart", run_dir=run_dir)  # noqa: B023
             time.sleep(3)
         progress(1, "a learner step after the actor kills")
-        engine_pid = newest_pid(run_dir, "engine-0")
-        os.killpg(engine_pid, signal.SIGKILL)  # the whole vLLM process tree
+        engine_pid, sidecar_pid = newest_pid(run_dir, "engine-0"), newest_pid(run_dir, "sidecar-0")
+        cores = [c.pid for c in psutil.Process(engine_pid).children(recursive=True)]  # EngineCore (and worker)
+        assert cores, "the vLLM server has no child process: is it still multiprocess?"
+        os.kill(engine_pid, signal.SIGKILL)  # the API server alone: its EngineCore would live on, reparented
         progress(1, "a learner step while engine-0 is down (actors moved to engine-1)")
-        wait_for(lambda: newest_pid(run_dir, "sidecar-0") > engine_pid and engine_serves_current(state()), 900,
+        # (a new pid, not a larger one: pids wrap around)
+        wait_for(lambda: newest_pid(run_dir, "sidecar-0") != sidecar_pid and engine_serves_current(state()), 900,
                  "engine-0 back, at the learner's current weights")
+        assert [p for p in cores if running(p)] == [], "the dead server's EngineCore outlived the engine's restart"
         assert version() <= STEPS - 5, "the run is nearly over before the learner kill: raise STEPS"
         learner = kill_matching("learner.train", str(run_dir))  # torchrun and both ranks (each in its own session)
         assert len(learner) == 3, learner
@@ -127,6 +133,14 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
     assert set(s["trained_group_shapes"]) == {f"{G}/{G}"}  # no partial group was trained
     assert rel["wal_snapshot_recovered"] or rel["wal_events_recovered"] > 0  # the second broker began from its log
     assert s["processes_left"] == [] and processes_mentioning(str(run_dir)) == []
+    assert marked(RUN_ENV, str(run_dir.resolve())) == {}  # no descendant of any incarnation, reparented or not
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def engine_serves_current(st: dict | None) -> bool:

@@ -49,7 +49,7 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["processes_left"] == []
     assert summary["learner_version"] == 1 and summary["engine_versions"] == {"engine-0": 1}
-    assert summary["transitions_sent"] == summary["transitions_ingested"] > 0
+    assert summary["transitions_sent_reported"] == summary["transitions_sent"] == summary["transitions_ingested"] > 0
     assert summary["trained_group_shapes"] == {"2/2": 1}
     return summary
 

@@ -1,0 +1,302 @@
+"""Faults injected into a real broker process (`python -m broker.server`), driven by real actor-side clients
+(agentstream/wire/client.py: keyed transitions, acknowledgements, back-pressure under max_unacked) and a
+stand-in learner process that asks for batches and reports versions as learner ranks do (a SyncClient; no
+model, so that each test takes seconds rather than a launcher run's minutes):
+
+- a learner stalled by SIGSTOP: admission stops at broker.max_buffered_transitions, the actors idle waiting
+  for groups, and the broker's buffer and resident memory stay bounded;
+- the broker's disk fills (its write-ahead log on a small tmpfs, a ballast file taking the rest): the broker
+  stops acknowledging and says why (dashboard, /metrics, log), the actors back off under their
+  unacknowledged limit, the run goes on once the ballast is deleted, and a kill -9 right after loses nothing
+  that was acknowledged.
+
+Each ends with the chaos test's accounting: acknowledged = ingested + rejected, ingested = trained + buffered +
+dropped, and, per delivery key (broker.track_keys), nothing settled twice.
+
+    .venv/bin/python -m pytest tests/broker/test_faults.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import psutil
+import pytest
+
+from agentstream import config as config_mod
+from agentstream.config import Config
+from agentstream.wire.addresses import free_port
+from agentstream.wire.client import AsyncClient
+from agentstream.wire.messages import Transition
+from launcher import procs
+
+ROOT = Path(__file__).resolve().parents[2]
+G = 2  # group size
+ACTORS, PARALLEL = 2, 3  # actor clients, groups each plays at a time
+MAX_UNACKED = 8
+PROMPT = np.arange(64, dtype=np.int32) % 200  # ~0.5 kB a transition on the wire and in the log
+
+LEARNER = r"""
+import sys, time
+from agentstream.wire.client import SyncClient
+from agentstream.wire.messages import Batch, BatchRequest, VersionUpdate
+client, step = SyncClient(sys.argv[1], "learner-0"), 0
+while True:  # a learner rank: batch `step`, a "training step", the next version
+    batch = client.request(BatchRequest(step=step, rank=0, world_size=1), resend_every_s=2.0,
+                           accept=lambda m: getattr(m, "step", step) == step)  # not a repeat of an older answer
+    assert isinstance(batch, Batch), batch
+    time.sleep(float(sys.argv[2]))
+    step += 1
+    client.send(VersionUpdate(version=step))
+"""
+
+
+def config(max_buffered: int, max_staleness: int) -> Config:
+    cfg = Config()
+    cfg.env.group_size = G
+    cfg.trainer.groups_per_step = 2
+    cfg.trainer.max_staleness = max_staleness
+    cfg.trainer.total_steps = 10_000  # never "finished" here
+    cfg.learner.world_size = 1
+    cfg.broker.max_buffered_transitions = max_buffered
+    cfg.broker.track_keys = True
+    cfg.broker.logger = []
+    return cfg
+
+
+@dataclass
+class Run:
+    """A broker process, a stand-in learner process, and ACTORS actor clients in this test's event loop."""
+
+    run_dir: Path
+    steps: int  # per trajectory
+    port: int = field(default_factory=free_port)
+    dashboard: int = field(default_factory=free_port)
+    broker: subprocess.Popen | None = None
+    learner: subprocess.Popen | None = None
+    clients: list[AsyncClient] = field(default_factory=list)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    sent: int = 0  # transitions the actors handed to their clients (each waits while MAX_UNACKED are unacked)
+    http: aiohttp.ClientSession | None = None
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    async def start_broker(self) -> None:
+        self.broker = procs.start([sys.executable, "-m", "broker.server", "--config", str(self.run_dir / "config.yaml"),
+                                   "--port", str(self.port), "--dashboard-port", str(self.dashboard)],
+                                  self.run_dir / "broker.log", cwd=ROOT)
+        await self.until(lambda st: st["run"]["status"] == "running", 30, "the broker up")
+
+    async def start(self, step_s: float) -> None:
+        await self.start_broker()
+        self.learner = procs.start([sys.executable, "-c", LEARNER, self.address, str(step_s)],
+                                   self.run_dir / "learner.log", cwd=ROOT)
+        for i in range(ACTORS):
+            client = AsyncClient(self.address, f"actor-{i}")
+            await client.start(max_unacked=MAX_UNACKED, ack_timeout_s=2.0)
+            self.clients.append(client)
+            self.tasks += [asyncio.create_task(self._play(client)) for _ in range(PARALLEL)]
+
+    async def _play(self, client: AsyncClient) -> None:
+        """One episode loop of an actor: a group at a time, its G trajectories of T steps each."""
+        while True:
+            grant = await client.request_group()
+            for traj in range(G):
+                for step in range(self.steps):
+                    await asyncio.sleep(0.005)  # the env and the engine
+                    await client.send_transition(Transition(
+                        traj_id=f"{client.name}/{grant.group_id}/{traj}", group_id=grant.group_id, actor=client.name,
+                        step=step, prompt_ids=PROMPT, response_ids=np.array([7] * 16, np.int32),
+                        logprobs=np.full(16, -0.5, np.float32), version_lo=grant.min_version,
+                        version_hi=grant.min_version, reward=float(traj), done=step == self.steps - 1, truncated=False,
+                        valid=True))
+                    self.sent += 1
+
+    def acked_by_clients(self) -> int:
+        """Transitions the broker told the clients it took (keys below the oldest unacknowledged one)."""
+        return self.sent - sum(c.unacked for c in self.clients)
+
+    async def state(self) -> dict | None:
+        assert self.http is not None
+        try:
+            async with self.http.get(f"http://127.0.0.1:{self.dashboard}/api/state") as resp:
+                return await resp.json() if resp.status == 200 else None
+        except aiohttp.ClientError:
+            return None
+
+    async def get(self, path: str) -> str:
+        assert self.http is not None
+        async with self.http.get(f"http://127.0.0.1:{self.dashboard}{path}") as resp:
+            assert resp.status == 200, path
+            return await resp.text()
+
+    async def until(self, predicate: Callable[[dict], bool], timeout_s: float, what: str) -> dict:
+        st: dict | None = None
+        for _ in range(int(timeout_s / 0.25)):
+            st = await self.state()
+            if st is not None and predicate(st):
+                return st
+            await asyncio.sleep(0.25)
+        log = (self.run_dir / "broker.log").read_text()[-2000:] if (self.run_dir / "broker.log").exists() else ""
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; state {st}\nbroker log:\n{log}")
+
+    async def stop_actors(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for client in self.clients:
+            await client.close()
+
+    def kill(self) -> None:
+        for proc in (self.learner, self.broker):
+            if proc is not None:
+                procs.stop(proc, 5)
+
+
+@contextlib.asynccontextmanager
+async def running(run_dir: Path, cfg: Config, step_s: float, steps: int) -> AsyncIterator[Run]:
+    """Broker, learner (a step every `step_s`) and actors (trajectories of `steps` steps), stopped on exit."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run.output_dir = str(run_dir)  # (the default names a new folder after the time)
+    config_mod.save(cfg, run_dir / "config.yaml")
+    run = Run(run_dir, steps)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as run.http:
+        try:
+            await run.start(step_s)
+            yield run
+        finally:
+            await run.stop_actors()
+            run.kill()
+
+
+def check_accounting(s: dict) -> None:
+    """The chaos test's accounting, from the broker's summary."""
+    rel, keys = s["reliability"], s["reliability"]["keys"]
+    assert rel["transitions_acked"] == s["transitions_ingested"] + sum(rel["transitions_rejected"].values())
+    assert s["transitions_ingested"] == (s["transitions_trained"] + s["transitions_buffered"]
+                                         + sum(s["transitions_dropped"].values()))
+    assert keys["settled_twice"] == 0
+    assert keys["tracked"] == keys["trained"] + keys["dropped"] + keys["buffered"] == rel["transitions_acked"]
+
+
+MAX_BUFFERED, T = 48, 4
+
+
+async def test_a_stalled_learner_stops_admission_and_the_broker_stays_bounded(tmp_path: Path) -> None:
+    """SIGSTOP the learner: the groups already admitted finish, then no more are admitted (the memory bound,
+    broker.max_buffered_transitions; the staleness bound is set out of reach), the actors wait for groups, and
+    the broker holds at most the bound plus what was in play; SIGCONT and the run goes on."""
+    async with running(tmp_path / "run", config(MAX_BUFFERED, max_staleness=1000), step_s=0.05, steps=T) as run:
+        st = await run.until(lambda st: st["learner"]["version"] >= 3, 30, "three learner steps")
+        broker = psutil.Process(run.broker.pid)
+        rss_before = broker.memory_info().rss
+        os.kill(run.learner.pid, signal.SIGSTOP)
+        samples: list[tuple[float, int, int, float, float]] = []
+        try:
+            for _ in range(60):  # 8 s at least, until the actors sent nothing for 4 s (at most 30 s)
+                await asyncio.sleep(0.5)
+                st = await run.state()
+                assert st is not None
+                g = st["gauges"]
+                samples.append((g["buffered_transitions"], run.sent, broker.memory_info().rss, g["group_waiters"],
+                                st["learner"]["version"]))
+                if len(samples) >= 16 and len({s[1] for s in samples[-8:]}) == 1:
+                    break
+            paused_version = st["learner"]["version"]
+        finally:
+            os.kill(run.learner.pid, signal.SIGCONT)
+        buffered, sent, rss, waiters, versions = (list(x) for x in zip(*samples))
+        print(f"stalled learner: {len(samples) / 2:.1f}s paused, buffered max {max(buffered):.0f}, broker RSS "
+              f"{rss_before / 2**20:.1f} MiB before, {max(rss) / 2**20:.1f} MiB peak, {rss[-1] / 2**20:.1f} MiB after")
+        assert len(set(sent[-8:])) == 1, f"the actors kept sending while the learner was stopped: {sent}"
+        assert len(set(versions)) == 1, versions  # the learner really was stopped
+        # Admission stops once MAX_BUFFERED are held; each group in play may still add G x T.
+        assert max(buffered) <= MAX_BUFFERED + ACTORS * PARALLEL * G * T, buffered
+        assert waiters[-1] == ACTORS * PARALLEL  # every episode loop idles, waiting for a group
+        assert max(rss) - rss_before < 16 * 2**20, (rss_before, rss)
+        await run.until(lambda st: st["learner"]["version"] >= paused_version + 3, 30, "learner steps after SIGCONT")
+        await run.stop_actors()
+        summary = await run.get("/api/summary")
+    s = json.loads(summary)
+    check_accounting(s)
+    assert s["transitions_trained"] > 0 and s["transitions_sent"] >= run.acked_by_clients() > 0
+
+
+def mount_tmpfs(folder: Path, size: str) -> None:
+    folder.mkdir(parents=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip() or res.returncode}): the full-disk test needs "
+                    "root (or CAP_SYS_ADMIN)")
+
+
+ROOM = 48 * 1024  # what the ballast leaves free on the log's tmpfs
+
+
+async def test_a_full_disk_stops_acknowledgements_loses_nothing_and_recovers(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    wal = run_dir / "broker-wal"
+    mount_tmpfs(wal, "2m")
+    try:
+        ballast = wal / "ballast"
+        free = os.statvfs(wal).f_bavail * os.statvfs(wal).f_frsize
+        ballast.write_bytes(bytes(free - ROOM))
+        async with running(run_dir, config(10_000, max_staleness=2), step_s=0.05, steps=16) as run:
+            st = await run.until(lambda st: st["run"]["status"] == "stalled", 30, "the broker stalled on the full disk")
+            assert "No space left on device" in st["run"]["reason"], st["run"]
+            metrics = await run.get("/metrics")
+            assert "agentstream_wal_failing 1.0" in metrics and "agentstream_wal_write_errors_total" in metrics
+            # The actors back off: they fill their unacknowledged windows (an episode loop between groups waits
+            # for a grant instead), then wait; nothing more is acknowledged, nothing more is sent.
+            for _ in range(40):
+                if any(c.unacked == MAX_UNACKED for c in run.clients):
+                    break
+                await asyncio.sleep(0.25)
+            acked, sent, version = run.acked_by_clients(), run.sent, st["learner"]["version"]
+            await asyncio.sleep(3)
+            st = await run.until(lambda st: True, 5, "the dashboard")
+            assert (run.acked_by_clients(), run.sent) == (acked, sent)
+            assert max(c.unacked for c in run.clients) == MAX_UNACKED, [c.unacked for c in run.clients]
+            assert st["run"]["status"] == "stalled" and st["learner"]["version"] == version
+            assert "cannot be written" in (run_dir / "broker.log").read_text()
+
+            ballast.unlink()  # space returns
+            await run.until(lambda st: st["run"]["status"] == "running" and st["learner"]["version"] >= version + 3,
+                            30, "the run going on once the disk had room")
+            assert run.acked_by_clients() > acked
+            assert "agentstream_wal_failing 0.0" in await run.get("/metrics")
+            await run.stop_actors()
+            procs.stop(run.learner, 5)  # nothing changes the state from here on
+            run.learner = None
+            before = json.loads(await run.get("/api/summary"))
+            check_accounting(before)
+            assert before["reliability"]["wal_write_errors"] > 0
+            # A kill -9 now: the log holds everything acknowledged, and nothing the failed writes left behind.
+            run.broker.send_signal(signal.SIGKILL)
+            run.broker.wait()
+            await run.start_broker()
+            after = json.loads(await run.get("/api/summary"))
+        rel = after["reliability"]
+        print(f"full disk: {before['reliability']['wal_write_errors']} failed writes; acknowledged "
+              f"{before['reliability']['transitions_acked']} before the kill, {rel['transitions_acked']} recovered")
+        assert rel["wal_torn_bytes"] == 0 and rel["wal_events_recovered"] > 0
+        assert rel["transitions_acked"] == before["reliability"]["transitions_acked"] >= run.acked_by_clients()
+        fields = ("transitions_ingested", "transitions_trained", "transitions_buffered", "transitions_dropped")
+        assert {k: after[k] for k in fields} == {k: before[k] for k in fields}
+        check_accounting(after)
+    finally:
+        subprocess.run(["umount", "-l", str(wal)], capture_output=True)
