@@ -8,6 +8,11 @@ prompt; the chat template turns it into token ids; an engine samples response id
 and the policy-version interval that produced them; the env's parser turns the text into an action (an
 unparseable answer is an invalid action: the game does not move and the step gets the configured
 penalty); the env steps; the transition goes to the broker. Episodes never wait for one another.
+Faults outside the model (docs/reliability.md): a request its engine leaves unanswered for engines.stall_timeout_s
+while a probe goes unanswered too moves to another engine (engine_stalls); an episode whose env step raises or
+outlasts env.step_timeout_s, or whose engines all fail, is played again on the same seed under a new traj_id
+(actors.episode_retries; an abandon marker has the broker drop what the failed attempt sent), then its group is
+dropped whole (infra_failures_<cause>).
 With LLM judges (judges.count > 0, `--judge URL`), an episode's last transition waits for the judge's verdict
 on the whole episode, whose score joins that step's reward (actors/judge.py); the other episodes play on.
 The step loop itself is `actors.episode.play`, shared with the evaluator and the warm start's demonstrations;
@@ -28,7 +33,6 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,17 +40,23 @@ import aiohttp
 import numpy as np
 
 from actors import episode
-from actors.episode import StepRecord, Turn
+from actors.episode import EnvCalls, EnvFailure, StepRecord, Turn
 from actors.judge import EpisodeRecord, Judge, JudgedStep, Verdict, combine, verdict_counters
 from actors.spec import ActorSpec
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import GroupGrant, Hello, Stats, Transition
-from engines.client import EngineClient, EngineError, Generation
+from agentstream.wire.messages import ABANDON, ABANDON_GROUP, GroupGrant, Hello, Stats, Transition
+from engines.client import (
+    EngineClient, EngineError, EngineStalled, Generation, engines_from_broker, follow_engines,
+)
 from envs.latency import sample_latency
 
 log = logging.getLogger("actor")
+
+
+class _GroupDropped(Exception):
+    """Another episode of the group gave up (its env or engines failed every attempt): the group is dropped."""
 
 
 @dataclass
@@ -75,6 +85,12 @@ class Actor:
         self.policy_version = -1
         self._engine_rr = itertools.count()  # round robin over self.engines, which may grow (follow_engines)
         self._engine_down: dict[str, float] = {}  # url -> when a request to it last failed
+        # An engine that failed or stalled gets no new request for this long; then it rejoins (if still stalled, each
+        # request sent to it costs 2 x stall_timeout_s again, so this bounds that waste to about half the time).
+        self._down_s = 2 * spec.client.stall_timeout_s
+        self.env_calls = EnvCalls(spec.episode.env.step_timeout_s, spec.max_hung_steps)
+        self._failed_groups: set[int] = set()  # groups given up (an episode failed every attempt), while in play
+        self._steps_sent: dict[str, int] = {}  # traj_id -> steps sent, while its episode plays
         # Simulated step latencies draw from their own stream, seeded per actor incarnation: a rerun replays them.
         self._latency_rng = random.Random(f"{spec.seed}/{name}/{incarnation}")
         # Episodes of granted groups not yet started: (grant, index in the group, the group's engine).
@@ -101,13 +117,57 @@ class Actor:
         while True:
             grant, i, engine = await self._next_episode()
             try:
-                await self.play(grant, f"{self.name}.{self.incarnation}.g{grant.group_id}.{i}", engine)
+                await self._episode(grant, i, engine)
             finally:
                 async with self._deal:
                     self._open[grant.group_id] -= 1
                     if not self._open[grant.group_id]:
                         del self._open[grant.group_id]
+                        self._failed_groups.discard(grant.group_id)
                     self._deal.notify_all()
+
+    async def _episode(self, grant: GroupGrant, i: int, engine: EngineClient) -> None:
+        """Episode `i` of the group, played again on the same seed (traj_id ....r1, .r2, ...) when its env fails
+        (a step raised or timed out) or its engines do, up to actors.episode_retries times; the group stays whole
+        and unbiased: the retry replaces the failed attempt, whose sent steps the broker drops (an abandon marker).
+        After the last attempt fails, the group is dropped whole and its other episodes stop at their next step."""
+        base = f"{self.name}.{self.incarnation}.g{grant.group_id}.{i}"
+        for attempt in range(self.spec.episode_retries + 1):
+            if grant.group_id in self._failed_groups:
+                return
+            traj_id = base if attempt == 0 else f"{base}.r{attempt}"
+            self._steps_sent[traj_id] = 0
+            try:
+                await self.play(grant, traj_id, engine)
+                return
+            except _GroupDropped:
+                self.counters["episodes_cut"] += 1
+                return
+            except (EnvFailure, EngineError) as exc:
+                cause = exc.cause if isinstance(exc, EnvFailure) else "engine"
+                self.counters.update({"infra_failures": 1, f"infra_failures_{cause}": 1})
+                if grant.group_id in self._failed_groups:  # given up meanwhile: dropped with what this attempt sent
+                    log.warning("%s: %s failed (%s); its group is dropped already", self.name, traj_id, exc)
+                    return
+                give_up = attempt == self.spec.episode_retries
+                log.warning("%s: %s failed (%s); %s", self.name, traj_id, exc,
+                            "dropping its group" if give_up else "playing it again on the same seed")
+                if give_up:
+                    self._failed_groups.add(grant.group_id)  # (before the marker's send: no new step of it follows)
+                else:
+                    self.counters["episode_retries"] += 1
+                    if cause == "engine":
+                        engine = self._pick_engine()
+                sent = self._steps_sent[traj_id]
+                if sent or give_up:  # nothing sent: nothing to drop, the retry takes the place
+                    await self.broker.send_transition(Transition(
+                        traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=sent,
+                        prompt_ids=np.zeros(0, np.int32), response_ids=np.zeros(0, np.int32),
+                        logprobs=np.zeros(0, np.float32), version_lo=grant.min_version, version_hi=grant.min_version,
+                        reward=0.0, done=False, truncated=False, valid=False,
+                        info={ABANDON: cause, ABANDON_GROUP: give_up}))
+            finally:
+                self._steps_sent.pop(traj_id, None)
 
     async def _next_episode(self) -> tuple[GroupGrant, int, EngineClient]:
         """The next episode to play: an unstarted one of a granted group, else the first of a new group (one
@@ -116,7 +176,7 @@ class Actor:
             await self._deal.wait_for(lambda: bool(self._pending) or len(self._open) < self.max_open_groups)
             if not self._pending:
                 grant = await self.broker.request_group()  # others wait on the lock: this grant may serve them
-                engine = self.engines[next(self._engine_rr) % len(self.engines)]
+                engine = self._pick_engine()
                 self._open[grant.group_id] = self.spec.group_size
                 self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
             return self._pending.popleft()
@@ -161,17 +221,24 @@ class Actor:
             reward += 0.0 if step.valid else self.spec.invalid_action_penalty
             token_rewards = self._token_rewards(step)
             reward += float(token_rewards.sum(dtype=np.float64))  # a transition's reward is its step's whole reward
+            if grant.group_id in self._failed_groups:  # (checked with no await before the send: nothing of the
+                raise _GroupDropped                    # group is sent after the marker that dropped it)
             await self.broker.send_transition(self._transition(grant, traj_id, step, reward, info, token_rewards))
+            self._steps_sent[traj_id] = self._steps_sent.get(traj_id, 0) + 1
             self._count_step(len(step.response.response_ids), step.valid)
             total += reward
 
         self.in_flight += 1
+        timed_out = False
         try:
-            outcome = await episode.play(env, mem, generate, send, seed=grant.seed)
+            outcome = await episode.play(env, mem, generate, send, seed=grant.seed, calls=self.env_calls)
+        except EnvFailure as exc:
+            timed_out = exc.cause == "timeout"
+            raise
         finally:
             self.in_flight -= 1
             self.counters.update(memory_dropped_steps=mem.dropped_steps, memory_truncated_steps=mem.truncated_steps)
-            env.close()
+            self.env_calls.close(env, abandoned=timed_out)
         self.counters.update(episodes=1, successes=int(outcome.success))
         if verdict is not None:  # counted with the episode: judge_requests == episodes whenever stats are read
             self.counters.update(verdict_counters(verdict))
@@ -203,24 +270,60 @@ class Actor:
         )
 
     async def _generate(self, prompt_ids: list[int], engine: EngineClient) -> tuple[Generation, EngineClient]:
-        """Generate on `engine`; if it fails (dead, unreachable, timed out), move to another engine and retry
-        (counted as engine_failovers) until engines.request_timeout_s has passed without any answer.
-        Returns the generation and the engine that answered (the episode stays with it)."""
+        """Generate on `engine`; if it fails (dead, unreachable, timed out) or stalls (`_answer`), move to another
+        engine and retry (counted as engine_failovers; stalls also as engine_stalls) until engines.request_timeout_s
+        has passed without any answer. A retry is a new sample of the same prompt, never a continuation of what the
+        failed request may have produced. Returns the generation and the engine that answered (the episode stays
+        with it)."""
         deadline = time.monotonic() + self.spec.client.request_timeout_s
         while True:
             try:
-                return await engine.generate(prompt_ids, self.spec.episode.sampling), engine
+                return await self._answer(prompt_ids, engine), engine
             except EngineError as exc:
                 self.counters["engine_failovers"] += 1
                 self._engine_down[engine.url] = time.monotonic()
                 if time.monotonic() > deadline:
                     raise
-                up = [e for e in self.engines if time.monotonic() - self._engine_down.get(e.url, -1e9) > 10.0]
-                log.warning("%s: %s; moving to %s", self.name, exc, "another engine" if up else "the first to recover")
-                if not up:
-                    await asyncio.sleep(1.0)
-                    up = self.engines
-                engine = up[next(self._engine_rr) % len(up)]
+                engine = self._pick_engine()
+                log.warning("%s: %s; moving to %s", self.name, exc, engine.url)
+                if time.monotonic() - self._engine_down.get(engine.url, -1e9) <= self._down_s:
+                    await asyncio.sleep(1.0)  # every engine failed lately: wait for the first to recover
+
+    async def _answer(self, prompt_ids: list[int], engine: EngineClient) -> Generation:
+        """`engine.generate`, watched: a request unanswered for engines.stall_timeout_s has the engine probed
+        (`EngineClient.alive`, shared by all its waiting requests); a probe unanswered as long as well raises
+        EngineStalled, and the request is cancelled. A busy engine answers the probe: its requests wait on (up to
+        engines.request_timeout_s, the HTTP client's limit). With one engine there is nowhere to move a request: it
+        waits on, as a cancelled one would only be sent to the same engine again."""
+        stall = self.spec.client.stall_timeout_s
+        if len(self.engines) < 2:
+            return await engine.generate(prompt_ids, self.spec.episode.sampling)
+        request = asyncio.ensure_future(engine.generate(prompt_ids, self.spec.episode.sampling))
+        try:
+            while True:
+                done, _ = await asyncio.wait({request}, timeout=stall)
+                if done:
+                    return request.result()
+                probe = engine.alive(stall)
+                done, _ = await asyncio.wait({request, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if request in done:
+                    return request.result()
+                if not probe.result():
+                    self.counters["engine_stalls"] += 1
+                    raise EngineStalled(f"{engine.url}: no answer within engines.stall_timeout_s={stall} s, nor to "
+                                        f"a probe: the engine is stalled")
+        finally:
+            if not request.done():
+                request.cancel()
+                with contextlib.suppress(asyncio.CancelledError, EngineError):
+                    await request
+
+    def _pick_engine(self) -> EngineClient:
+        """The next engine, round robin over those that did not fail in the last `_down_s` seconds (all of them if
+        every one did): a stalled or dead engine rejoins once that time has passed."""
+        now = time.monotonic()
+        up = [e for e in self.engines if now - self._engine_down.get(e.url, -1e9) > self._down_s] or self.engines
+        return up[next(self._engine_rr) % len(up)]
 
     def _count_step(self, n_tokens: int, valid: bool) -> None:
         self.counters.update(env_steps=1, transitions_sent=1, tokens_generated=n_tokens,
@@ -235,34 +338,14 @@ class Actor:
         return Stats(source=self.name, role="actor", counters={**self.counters, **per_env, **delivery, **tokens},
                      gauges={"episodes_in_flight": self.in_flight, "incarnation": self.incarnation,
                              "unacked_transitions": self.broker.unacked,
-                             "requests_in_flight": self.requests_in_flight, "policy_version": self.policy_version},
+                             "requests_in_flight": self.requests_in_flight, "policy_version": self.policy_version,
+                             "env_steps_hung": self.env_calls.hung},
                      final=final)
 
     async def _report_loop(self) -> None:
         while True:
             await self.broker.send(self.stats())
             await asyncio.sleep(self.spec.log_interval_s)
-
-
-async def engines_from_broker(broker: AsyncClient) -> list[str]:
-    """The engine URLs of the broker's first Welcome that lists any (an actor joining a running run)."""
-    while True:
-        welcome = await broker.welcomes.get()
-        if welcome.engines:
-            return list(welcome.engines)
-        log.info("the broker knows no usable engine yet; waiting for one to register")
-
-
-async def follow_engines(broker: AsyncClient, actor: Actor, client: Callable[[str], EngineClient]) -> None:
-    """Engines that join later (launch.py role=engines): the broker sends a new Welcome once one serves recent
-    weights; new episodes' groups go to it too (round robin). Engines are never removed from the list."""
-    while True:
-        welcome = await broker.welcomes.get()
-        known = {e.url for e in actor.engines}
-        for url in welcome.engines:
-            if url.rstrip("/") not in known:
-                actor.engines.append(client(url))
-                log.info("%s: engine %s joined; now using %d engines", actor.name, url, len(actor.engines))
 
 
 async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],

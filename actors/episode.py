@@ -12,13 +12,16 @@ function, so what each of them sees is what an actor sees.
 
 The caller makes and closes the env and the memory (the warm start reuses one env for many episodes).
 An env that declares `blocking` (Java- or subprocess-backed games) has its reset and steps run in a
-worker thread, so the other episodes on the same event loop keep going meanwhile.
+worker thread, so the other episodes on the same event loop keep going meanwhile. With `calls=EnvCalls(...)`
+(the actors) those threads are bounded by a timeout, and a reset or step that raises or times out ends the
+episode with `EnvFailure` (its cause: "raised" or "timeout"), which the actor retries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -107,15 +110,110 @@ async def _call_env(blocking: bool, fn: Callable[..., Any], *args: Any, **kwargs
     return await asyncio.to_thread(fn, *args, **kwargs) if blocking else fn(*args, **kwargs)
 
 
+class EnvFailure(Exception):
+    """An env's reset or step failed: `cause` is "timeout" (no return within the step timeout) or "raised"."""
+
+    def __init__(self, cause: str, detail: str):
+        super().__init__(f"env {cause}: {detail}")
+        self.cause = cause
+
+
+class TooManyHungSteps(RuntimeError):
+    """More env calls are stuck in their threads than the actor tolerates (actors.max_hung_steps)."""
+
+
+class EnvCalls:
+    """Runs an actor's env calls. A blocking env's reset/step runs in a daemon thread of its own, awaited for at
+    most `timeout_s` (0: no limit); one that raises or times out becomes `EnvFailure`.
+
+    A Python thread cannot be killed: a timed-out call's thread is left to finish on its own (its result is thrown
+    away) and counted in `hung` until it does. At most `max_hung` may be stuck at once; one more raises
+    `TooManyHungSteps`, which ends the actor (its restart ends the threads; they are daemons, so they never keep
+    a process from exiting). A non-blocking env runs on the event loop: it can raise, but a hang there cannot be
+    cut short (the actor stops reporting and the broker declares it dead)."""
+
+    def __init__(self, timeout_s: float = 0.0, max_hung: int = 8):
+        self.timeout_s, self.max_hung = timeout_s, max_hung
+        self.hung = 0  # calls past their timeout whose thread still runs
+        self._ids = 0
+
+    async def call(self, blocking: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        name = getattr(fn, "__name__", "call")
+        if not blocking:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                raise EnvFailure("raised", f"{name}: {exc!r}") from exc
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def settle(value: Any, exc: BaseException | None) -> None:
+            if done.done():
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(value)
+
+        def run() -> None:
+            try:
+                value, exc = fn(*args, **kwargs), None
+            except BaseException as e:  # handed to the awaiting coroutine, which decides
+                value, exc = None, e
+            try:
+                loop.call_soon_threadsafe(settle, value, exc)
+            except RuntimeError:  # the loop is gone (the actor stopped): nobody waits for this answer
+                pass
+
+        self._ids += 1
+        threading.Thread(target=run, name=f"env-{name}-{self._ids}", daemon=True).start()
+        try:
+            if self.timeout_s > 0:
+                return await asyncio.wait_for(asyncio.shield(done), self.timeout_s)
+            return await done
+        except TimeoutError:
+            self.hung += 1
+            done.add_done_callback(self._unhang)
+            if self.hung > self.max_hung:
+                raise TooManyHungSteps(f"{self.hung} env calls still running after env.step_timeout_s="
+                                       f"{self.timeout_s}; more than actors.max_hung_steps={self.max_hung}") from None
+            raise EnvFailure("timeout", f"{name} gave no answer within env.step_timeout_s={self.timeout_s}") from None
+        except Exception as exc:
+            raise EnvFailure("raised", f"{name}: {exc!r}") from exc
+
+    def _unhang(self, fut: asyncio.Future[Any]) -> None:
+        self.hung -= 1
+        if not fut.cancelled():
+            fut.exception()  # (retrieved: a late failure of an abandoned call is nobody's error)
+
+    def close(self, env: TextEnv, abandoned: bool) -> None:
+        """Close `env`; after a timed-out call (`abandoned`), in a thread, not waited for: the env may still be in
+        use by the stuck call, and closing it may well be what unblocks that call (a sandbox, a subprocess)."""
+        if not abandoned:
+            env.close()
+            return
+        threading.Thread(target=_close_quietly, args=(env,), name="env-close", daemon=True).start()
+
+
+def _close_quietly(env: TextEnv) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 (an env whose step hung may fail to close too; nothing to do about it)
+        pass
+
+
 async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitable[R]],
                on_step: Callable[[StepRecord[R]], None | Awaitable[None]] | None = None, *, seed: int,
-               step_limit: int | None = None) -> EpisodeOutcome:
+               step_limit: int | None = None, calls: EnvCalls | None = None) -> EpisodeOutcome:
     """Play one episode of `env` from `seed` until it terminates or truncates (or after `step_limit` steps).
 
     `generate` and `on_step` may be plain functions or coroutine functions. `on_step` runs after the env
-    step and before the memory records it; an exception in either ends the episode and propagates."""
+    step and before the memory records it; an exception in either ends the episode and propagates.
+    `calls`: runs the env's reset and steps (timeouts; failures as `EnvFailure`); None: in a thread (blocking
+    envs) or inline, their exceptions propagating as they are."""
     blocking = bool(env.blocking)
-    obs, info = await _call_env(blocking, env.reset, seed=seed)
+    call = _call_env if calls is None else calls.call
+    obs, info = await call(blocking, env.reset, seed=seed)
     mem.reset(env.instructions)
     has_ids = mem.fitter.tokenizer is not None
     total, invalid, step = 0.0, 0, 0
@@ -126,7 +224,7 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
         response = generate(turn)
         if inspect.isawaitable(response):
             response = await response
-        next_obs, reward, terminated, truncated, info = await _call_env(blocking, env.step, response.text)
+        next_obs, reward, terminated, truncated, info = await call(blocking, env.step, response.text)
         record = StepRecord(turn, response, float(reward), bool(terminated), bool(truncated), info, str(next_obs))
         if on_step is not None:
             handled = on_step(record)
@@ -139,4 +237,5 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
             return EpisodeOutcome(step, total, invalid, bool(info.get("success", False)), record.done)
 
 
-__all__ = ["Answer", "EpisodeOutcome", "Response", "StepRecord", "Turn", "play"]
+__all__ = ["Answer", "EnvCalls", "EnvFailure", "EpisodeOutcome", "Response", "StepRecord", "TooManyHungSteps", "Turn",
+           "play"]

@@ -61,11 +61,13 @@ class ClientSpec:
     """Key folder for the broker connection's CURVE encryption and authentication ("": plain TCP, loopback only)."""
     request_timeout_s: float
     """How long an engine request may take, failovers included."""
+    stall_timeout_s: float = 30.0
+    """A request unanswered this long has its engine probed; a probe unanswered this long: the engine stalled."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> ClientSpec:
         return cls(cfg.model.path, served_model_name(cfg.model), base_model_name(cfg.model),
-                   cfg.broker.curve_keys_dir, cfg.engines.request_timeout_s)
+                   cfg.broker.curve_keys_dir, cfg.engines.request_timeout_s, cfg.engines.stall_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -124,13 +126,18 @@ class ActorSpec:
     """`module:function` giving rewards on each step's response tokens (actors/token_rewards.py); "" none."""
     token_reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """Its keyword arguments."""
+    episode_retries: int = 2
+    """An episode failed by its env (timeout, raised) or its engines is played again this many times, then dropped."""
+    max_hung_steps: int = 8
+    """Env steps left running after their timeout that the actor tolerates; one more and it exits."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> ActorSpec:
         return cls(EpisodeSpec.from_config(cfg), ClientSpec.from_config(cfg), cfg.actors.episodes_per_actor,
                    cfg.env.group_size, cfg.trainer.invalid_action_penalty, cfg.run.seed, cfg.run.log_interval_s,
                    cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s,
-                   JudgeSpec.from_config(cfg), cfg.trainer.token_reward, dict(cfg.trainer.token_reward_kwargs))
+                   JudgeSpec.from_config(cfg), cfg.trainer.token_reward, dict(cfg.trainer.token_reward_kwargs),
+                   cfg.actors.episode_retries, cfg.actors.max_hung_steps)
 
 
 @dataclass(frozen=True)

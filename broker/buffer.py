@@ -12,12 +12,15 @@ With max_staleness = 0 this is synchronous training: generate a step's groups, t
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentstream.wire.messages import Batch, Transition, token_rewards_column
+from agentstream.wire.messages import ABANDON, ABANDON_GROUP, Batch, Transition, token_rewards_column
+
+_CAUSE = re.compile(r"[a-z_]{1,32}")  # an abandon marker's cause becomes part of a counter's name
 
 
 class RejectedTransition(ValueError):
@@ -218,6 +221,9 @@ class ReplayBuffer:
         group = self.open.get(t.group_id)
         if group is None:
             raise RejectedTransition("unknown_group", f"group {t.group_id} was not admitted or is already complete")
+        if t.info and ABANDON in t.info:
+            self._abandon(group, t)
+            return False
         steps = group.trajectories.get(t.traj_id)
         if steps is None:
             if len(group.trajectories) >= self.group_size:
@@ -241,6 +247,25 @@ class ReplayBuffer:
             self.counts["groups_inserted"] += 1  # (sample reuse: the ratio's denominator)
             return True
         return False
+
+    def _abandon(self, group: Group, marker: Transition) -> None:
+        """An abandon marker (agentstream.wire.messages.ABANDON): the actor's attempt at `marker.traj_id` failed
+        (an env step timed out or raised, its engines failed). Its steps are dropped as `infra_<cause>`, the marker
+        with them (ingested, so that acked = ingested + rejected holds), and its place in the group is free for the
+        retry, which comes under a new traj_id; with ABANDON_GROUP the actor gave up and the whole group goes."""
+        cause = marker.info[ABANDON]
+        if not isinstance(cause, str) or not _CAUSE.fullmatch(cause):
+            raise RejectedTransition("bad_abandon", f"abandon cause {str(cause)[:40]!r} is not 1-32 of [a-z_]")
+        if marker.traj_id in group.finished:
+            raise RejectedTransition("after_done", f"trajectory {marker.traj_id} already ended")
+        reason = f"infra_{cause}"
+        self.counts["transitions_ingested"] += 1
+        self._count_drop([*group.trajectories.pop(marker.traj_id, []), marker], reason)
+        if marker.info.get(ABANDON_GROUP):
+            del self.open[group.group_id]
+            self._drop(group, reason)
+        else:
+            self.counts["trajectories_retried"] += 1
 
     # ------------------------------------------------------------------ serving
     def try_form(self, step: int) -> bool:

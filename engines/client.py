@@ -14,19 +14,27 @@ Shapes: T = tokens of one response.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
 
 from agentstream.config import SamplingConfig
+from agentstream.wire.client import AsyncClient
 from engines.server import SERVED_MODEL_NAME
+
+log = logging.getLogger("engines")
 
 
 class EngineError(RuntimeError):
     """An engine request failed; the message names the URL and what the server said."""
+
+
+class EngineStalled(EngineError):
+    """An engine left a request unanswered and then a probe too (`EngineClient.alive`): stopped, frozen or wedged."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,27 @@ class EngineClient:
         # (`_version_after`): one /weight_info request for the answers of one event-loop round.
         self._next_read: asyncio.Future[int] | None = None
         self.version_reads = 0
+        self._probe: asyncio.Task[bool] | None = None  # the liveness probe under way (`alive`), shared
+
+    def alive(self, timeout_s: float) -> asyncio.Task[bool]:
+        """A liveness probe: True once the server answers a 1-token generation (with any HTTP status), False if
+        it cannot be reached or says nothing within `timeout_s`. A generation, not /health: vLLM's API server answers
+        /health without asking its engine core, which may be the part that is stopped. Every caller meanwhile
+        shares one probe."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._probe_once(timeout_s))
+        return self._probe
+
+    async def _probe_once(self, timeout_s: float) -> bool:
+        name = self.base_model if self.base_model is not None and not self._known_version else self.model
+        body = self._completion_body([0], SamplingConfig(max_tokens=1), None, name)
+        try:
+            async with self._session.post(self.url + "/v1/completions", json=body,
+                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return True
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            return False
 
     async def version(self) -> int:
         """The policy version the engine serves now (a fresh read; also refreshes the cache)."""
@@ -217,3 +246,32 @@ class EngineClient:
                 text = await resp.text()
                 raise EngineError(f"{method} {url} failed: HTTP {resp.status}: {text[:500]}")
             return await resp.json()
+
+
+# ---------------------------------------------------------------------------------------------- engines of a run
+class EngineUser(Protocol):
+    """A process that generates on the run's engines (an actor, the gateway): its name and its engine list."""
+
+    name: str
+    engines: list[EngineClient]
+
+
+async def engines_from_broker(broker: AsyncClient) -> list[str]:
+    """The engine URLs of the broker's first Welcome that lists any (a process joining a running run)."""
+    while True:
+        welcome = await broker.welcomes.get()
+        if welcome.engines:
+            return list(welcome.engines)
+        log.info("the broker knows no usable engine yet; waiting for one to register")
+
+
+async def follow_engines(broker: AsyncClient, user: EngineUser, client: Callable[[str], EngineClient]) -> None:
+    """Engines that join later (launch.py role=engines): the broker sends a new Welcome once one serves recent
+    weights; `user` gets a client of each new one (its new episodes go to them too). Engines are never removed."""
+    while True:
+        welcome = await broker.welcomes.get()
+        known = {e.url for e in user.engines}
+        for url in welcome.engines:
+            if url.rstrip("/") not in known:
+                user.engines.append(client(url))
+                log.info("%s: engine %s joined; now using %d engines", user.name, url, len(user.engines))

@@ -1,10 +1,14 @@
 """pytest runs with --import-mode=importlib: let end-to-end tests import their helpers (tests/e2e_testing.py).
 One vLLM server of the tiny model is shared by the session's tests that only generate or bring it to their own
 weights (each launcher run through `engines.external_urls` first publishes its version 0): the benchmarks and the
-per-env runs. A server takes ~40 s to start here; the suite's time."""
+per-env runs. A second one, `spare_engine`, is for the tests that change its weights or stop it for a while. A
+server takes ~40 s to start here; the suite's time."""
 
 import asyncio
+import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,23 +16,55 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-@pytest.fixture(scope="session")
-def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
-    """(model directory, base URL) of a vLLM server of a freshly made tiny model, up for the whole session."""
+@dataclass(frozen=True)
+class VllmServer:
+    model: str  # its model directory (a tiny model of its own)
+    url: str
+    proc: subprocess.Popen  # the API server, leader of the process group that holds the engine core
+    log: Path
+
+
+def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: int | None = None
+                     ) -> Iterator[VllmServer]:
+    """A vLLM server of a freshly made tiny model until the generator closes; then its whole process group is
+    stopped and checked gone."""
     from agentstream.config import Config
     from agentstream.wire.addresses import free_port
     from engines.server import server_command, wait_ready
-    from launcher.procs import start, stop
+    from launcher.procs import start, stop, wait_gone
     from launcher.tiny_model import make_tiny_model
 
     cfg = Config()
     cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+    if max_model_len:
+        cfg.engines.max_model_len = max_model_len
     port = free_port()
     argv, env = server_command(cfg.model, cfg.engines, port)
-    proc = start(argv, tmp_path_factory.mktemp("logs") / "engine.log", env=env)
+    log = tmp_path_factory.mktemp("logs") / "engine.log"
+    proc = start(argv, log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        asyncio.run(wait_ready(url, 300, proc=proc))
-        yield cfg.model.path, url
+        try:
+            asyncio.run(wait_ready(url, 300, proc=proc))
+        except Exception as exc:
+            pytest.fail(f"{exc}\n--- server log tail ---\n{log.read_text()[-3000:]}")
+        yield VllmServer(cfg.model.path, url, proc, log)
     finally:
-        stop(proc, 20)
+        stop(proc, 30)
+        assert wait_gone([proc.pid], 15) == [], f"vLLM server {url} left processes of its group behind"
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
+    """(model directory, base URL) of a vLLM server of the tiny model, up for the whole session; tests only
+    generate on it or bring it to their own weights."""
+    for server in serve_tiny_model(tmp_path_factory):
+        yield server.model, server.url
+
+
+@pytest.fixture(scope="session")
+def spare_engine(tmp_path_factory: pytest.TempPathFactory):
+    """A second vLLM server (`VllmServer`) of a tiny model of its own (max_model_len 1024), up for the whole
+    session, for tests that change its weights (tests/engines/test_engines_vllm.py) or stop it for a while and
+    resume it (tests/actors/test_faults.py: a stalled engine). Any order of those tests works."""
+    yield from serve_tiny_model(tmp_path_factory, max_model_len=1024)

@@ -97,9 +97,17 @@ _NO_TOKEN_REWARDS = np.zeros(0, np.float32)  # read-only: shared by every transi
 _NO_TOKEN_REWARDS.flags.writeable = False
 
 
+ABANDON = "abandon"
+"""`Transition.info` key of an abandon marker: not a step but the end of a failed attempt of its trajectory, its value
+the cause ("timeout", "raised", "engine"; lower-case letters and _). Its token arrays are empty. The broker drops every
+step of the trajectory (dropped as `infra_<cause>`), which frees its place in the group for a retry under a new
+traj_id; with `info[ABANDON_GROUP]` true the whole group is dropped instead (the actor gave up on the episode)."""
+ABANDON_GROUP = "abandon_group"
+
+
 @dataclass(frozen=True)
 class Transition:
-    """One env step of one trajectory. The actor -> broker contract."""
+    """One env step of one trajectory. The actor -> broker contract. (Or, with `info[ABANDON]`, an abandon marker.)"""
 
     traj_id: str
     group_id: int
@@ -531,5 +539,6 @@ _CHECKERS: dict[str, dict[str, Callable[[Any], None]]] = {
 _CHECKERS["transitions"]["items"] = lambda value: _check_items("transitions.items", value)
 
 
-__all__ = ["PROTOCOL_VERSION", "REJECT_CODES", "MAX_DICT_ITEMS", "MAX_LIST_ITEMS", "MAX_NAME_CHARS",
-           "MAX_TEXT_CHARS", "Message", "ProtocolError", "encode", "decode", *(c.__name__ for c in typing.get_args(Message))]
+__all__ = ["ABANDON", "ABANDON_GROUP", "PROTOCOL_VERSION", "REJECT_CODES", "MAX_DICT_ITEMS", "MAX_LIST_ITEMS",
+           "MAX_NAME_CHARS", "MAX_TEXT_CHARS", "Message", "ProtocolError", "encode", "decode",
+           *(c.__name__ for c in typing.get_args(Message))]

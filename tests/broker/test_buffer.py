@@ -309,3 +309,53 @@ def test_a_batch_lists_groups_trajectories_and_steps_in_order_with_their_columns
     b0 = g0.trajectories["b"][1]  # b's step 0
     g0.trajectories["b"][1] = dataclasses.replace(b0, token_rewards=np.array([0.25, -1], np.float32))
     assert build_batch(5, 1, 9, 2, [g0, g1]).token_rewards.tolist() == [0, 0, 0.25, -1, 0, 0, 0, 0]
+
+
+def abandon(group_id: int, traj: str, step: int, cause: str, group: bool = False) -> Transition:
+    from agentstream.wire.messages import ABANDON, ABANDON_GROUP
+
+    empty = np.zeros(0, np.int32)
+    return Transition(traj_id=traj, group_id=group_id, actor="a", step=step, prompt_ids=empty, response_ids=empty,
+                      logprobs=np.zeros(0, np.float32), version_lo=0, version_hi=0, reward=0.0, done=False,
+                      truncated=False, valid=False, info={ABANDON: cause, ABANDON_GROUP: group})
+
+
+def test_an_abandoned_attempt_is_dropped_and_its_retry_takes_its_place_in_the_group() -> None:
+    """G = 2. Attempt t0 sends 2 steps and fails (env timeout): its marker drops those 2 steps and itself (3 dropped
+    as infra_timeout); the retry t0.r1 is the group's second trajectory, and the group trains t0.r1 and t1 only."""
+    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=0, max_buffered_transitions=100,
+                     track_keys=True)
+    gid, _, _ = b.admit()
+    b.add(tr(gid, "t1", 0, done=True))
+    b.add(tr(gid, "t0", 0))
+    b.add(tr(gid, "t0", 1))
+    assert b.add(abandon(gid, "t0", 2, "timeout")) is False
+    invariant(b)
+    assert b.dropped() == {"infra_timeout": 3} and b.counts["trajectories_retried"] == 1
+    assert b.add(tr(gid, "t0.r1", 0)) is False  # the freed place: no group_overflow
+    assert b.add(tr(gid, "t0.r1", 1, done=True)) is True
+    batch = serve(b, 0, 0)
+    assert batch.traj_index.tolist() == [0, 0, 1] and batch.step_index.tolist() == [0, 1, 0]  # t0.r1, then t1
+    assert b.counts["transitions_trained"] == 3 and b.counts["transitions_ingested"] == 6
+    invariant(b)
+
+
+def test_giving_up_drops_the_whole_group_and_frees_its_slot_and_bad_causes_are_rejected() -> None:
+    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=0, max_buffered_transitions=100)
+    gid, _, _ = b.admit()
+    b.add(tr(gid, "t0", 0))
+    b.add(tr(gid, "t1", 0, done=True))
+    with pytest.raises(RejectedTransition) as exc:
+        b.add(abandon(gid, "t0", 1, "Bad Cause!"))
+    assert exc.value.reason == "bad_abandon"
+    with pytest.raises(RejectedTransition) as exc:
+        b.add(abandon(gid, "t1", 1, "raised"))  # t1 finished: it is not abandoned
+    assert exc.value.reason == "after_done"
+    assert b.add(abandon(gid, "t0", 1, "raised", group=True)) is False
+    assert not b.open and not b.ready and b.live_admitted == 0  # its admission slot is free again
+    assert b.dropped() == {"infra_raised": 3}  # t0's step, t1's, the marker
+    assert b.counts["groups_dropped_infra_raised"] == 1
+    invariant(b)
+    with pytest.raises(RejectedTransition) as exc:
+        b.add(tr(gid, "t0.r1", 0))  # a straggler of the dropped group
+    assert exc.value.reason == "unknown_group"

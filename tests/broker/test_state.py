@@ -221,3 +221,35 @@ def test_retained_batches_are_served_again_to_a_resumed_learner_until_checkpoint
     s.version(1, checkpointed=1)
     assert 0 not in b.formed and 1 in b.formed  # released up to the checkpoint only
     assert first[1] is not None
+
+
+def test_abandon_markers_replay_from_the_log_to_the_same_state(tmp_path: Path) -> None:
+    """An actor's retried attempt (its marker alone) and a given-up group (its marker inside a bundle) are logged as
+    the transitions they are, and a broker rebuilt from the log drops the same steps for the same reasons."""
+    import dataclasses
+
+    from agentstream.wire.messages import ABANDON, ABANDON_GROUP
+
+    def marker(seq: int, gid: int, traj: str, step: int, give_up: bool) -> Transition:
+        empty = np.zeros(0, np.int32)
+        return dataclasses.replace(tr("a", 0, seq, gid, traj, step, False), prompt_ids=empty, response_ids=empty,
+                                   logprobs=np.zeros(0, np.float32), valid=False,
+                                   info={ABANDON: "timeout" if not give_up else "raised", ABANDON_GROUP: give_up})
+
+    s = make_state(tmp_path / "wal")
+    s.recover()
+    g0, g1 = s.admit("a", 0, 0).group_id, s.admit("a", 0, 1).group_id
+    ingest(s, tr("a", 0, 0, g0, "t0", 0, False))
+    ingest(s, marker(1, g0, "t0", 1, give_up=False))
+    ingest(s, tr("a", 0, 2, g0, "t0.r1", 0, True))
+    ingest(s, tr("a", 0, 3, g0, "t1", 0, True))  # group 0 complete: t0.r1 and t1
+    ingest_bundle(s, [tr("a", 0, 4, g1, "u0", 0, False), marker(5, g1, "u0", 1, give_up=True)])
+    s.wal.flush()
+    expected = s.snapshot()
+    again = make_state(tmp_path / "wal")
+    again.recover()
+    assert again.snapshot() == expected
+    b = again.buffer
+    assert b.dropped() == {"infra_timeout": 2, "infra_raised": 2} and b.counts["groups_dropped_infra_raised"] == 1
+    assert [sorted(g.trajectories) for g in b.ready] == [["t0.r1", "t1"]] and not b.open
+    accounting(again)

@@ -1,8 +1,9 @@
-"""End to end against one real vLLM server (started once for the module, ~30 s on 2 CPU cores).
+"""End to end against one real vLLM server (the session's `spare_engine`, tests/conftest.py: its weights are ours).
 
 The tests run in order and share the server: (a) version 0 generates, (b) version 1 arrives through
 WeightPublisher -> agent process -> server, (c) version 2 lands while requests are in flight,
-(d) everything stops and leaves no process behind.
+(d) the weight sidecar stops cleanly and leaves the server serving (the session stops the server last and checks
+that its whole process group is gone).
 
 Correctness is checked against Hugging Face transformers under the same weights, in fp32:
 vLLM's sampled-token log-probs match HF's to ~1e-6 in fp32 on CPU; a stale LM head is off by ~1.
@@ -27,12 +28,10 @@ import pytest
 import torch
 import zmq
 
-from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
-from agentstream.wire.addresses import free_port
+from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
-from engines import EngineClient, WeightPublisher, server_command, wait_ready
+from engines import EngineClient, WeightPublisher
 from launcher import procs
-from launcher.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.e2e
 
@@ -70,8 +69,8 @@ class Stack:
 
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+def model_dir(spare_engine) -> Path:
+    return Path(spare_engine.model)
 
 
 @pytest.fixture(scope="module")
@@ -96,19 +95,8 @@ def hf(model_dir) -> Iterator[dict[int, torch.nn.Module]]:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    port = free_port()
-    argv, env = server_command(ModelConfig(path=str(model_dir)), EnginesConfig(max_model_len=1024), port)
-    log = tmp_path_factory.mktemp("logs") / "vllm.log"
-    proc = procs.start(argv, log, env=env)
-    try:
-        try:
-            asyncio.run(wait_ready(f"http://127.0.0.1:{port}", 240, proc))
-        except Exception as exc:
-            pytest.fail(f"{exc}\n--- server log tail ---\n{log.read_text()[-3000:]}")
-        yield Server(f"http://127.0.0.1:{port}", proc, log)
-    finally:
-        procs.stop(proc)
+def server(spare_engine) -> Server:
+    return Server(spare_engine.url, spare_engine.proc, spare_engine.log)
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +242,7 @@ def test_d_stop_leaves_no_process(server, stack):
     msgs = stack.broker_messages(until=lambda ms: any(isinstance(m, Stats) and m.final for m in ms))
     final = [m for m in msgs if isinstance(m, Stats) and m.final]
     assert len(final) == 1 and final[0].counters["weight_updates"] == 2 and final[0].gauges["version"] == 2
-    pgid = server.proc.pid  # the server leads its own process group (API server, EngineCore, worker)
-    assert procs.group_alive(pgid)
-    procs.stop(server.proc, 30)
-    assert procs.wait_gone([pgid, stack.agent.pid], 10) == []
+    assert procs.wait_gone([stack.agent.pid], 10) == []
+    # the server (leader of its process group: API server, EngineCore, worker) serves on without its sidecar; the
+    # session stops it last and checks that its whole group is gone (tests/conftest.py)
+    assert procs.group_alive(server.proc.pid)
