@@ -28,8 +28,9 @@ class RunConfig:
     """Run folder: config, logs of every process, summary.json, weights handed to engines."""
     role: str = "all"
     """`all` starts broker, engines, learner and actors; `actors` (actors.count more actors), `engines`
-    (engines.count more vLLM servers + weight sidecars) or `learner` (node learner.node_rank of a learner
-    with learner.nnodes > 1) join the running run at broker.address."""
+    (engines.count more vLLM servers + weight sidecars), `learner` (node learner.node_rank of a learner
+    with learner.nnodes > 1) or `gateway` (one OpenAI-compatible gateway, gateway.*) join the running run at
+    broker.address."""
     seed: int = 0
     """Base seed for env seeds and sampling."""
     log_interval_s: float = 1.0
@@ -76,6 +77,9 @@ class EnvConfig:
     """Simulated tool/web latency added to every env step (log-normal, this mean in seconds; 0: none)."""
     step_latency_sigma: float = 0.5
     """Shape of that log-normal: the std of its underlying normal (0: every step waits exactly the mean)."""
+    step_timeout_s: float = 300.0
+    """A blocking env's reset or step (run in a thread) that takes longer fails its episode (retried, see
+    actors.episode_retries); its thread cannot be killed and is left to finish (0: no timeout)."""
 
 
 @dataclass
@@ -135,6 +139,10 @@ class EnginesConfig:
     """Extra command-line arguments for the vLLM server."""
     request_timeout_s: float = 120.0
     """An actor gives up on one generation request after this long."""
+    stall_timeout_s: float = 30.0
+    """A request unanswered this long makes the actor probe its engine (a 1-token generation); no answer to the probe
+    within this long either: the engine is stalled, the request moves to another engine (engine_stalls). With one
+    engine a request waits up to request_timeout_s (there is no other engine to move it to)."""
     max_restarts: int = 2
     """A dead engine (server or weight sidecar) is restarted this many times in total; meanwhile actors use the others."""
 
@@ -153,6 +161,12 @@ class ActorsConfig:
     """Transitions an actor keeps until the broker acknowledges them; at this many it waits (back-pressure)."""
     ack_timeout_s: float = 5.0
     """No acknowledgement (or group grant) this long: resend everything unacknowledged (the broker may have restarted)."""
+    episode_retries: int = 2
+    """An episode whose env step timed out or raised, or whose engine requests all failed, is played again on the same
+    seed this many times (its sent steps are dropped); then its group is dropped whole (infra_failures_<cause>)."""
+    max_hung_steps: int = 8
+    """Env steps still running in their threads after env.step_timeout_s that an actor tolerates; one more and it
+    exits (its restart ends the threads)."""
 
 
 @dataclass
@@ -340,6 +354,9 @@ class JudgesConfig:
 class GatewayConfig:
     """The OpenAI-compatible gateway (gateway/): agent code written against the OpenAI API plays episodes through it."""
 
+    enabled: bool = False
+    """Start the gateway (process gateway-0) in the local launch; its URL is printed and written to RUN/gateway_url.
+    With it on, actors.count may be 0 (agent code alone plays the episodes)."""
     host: str = "127.0.0.1"
     """Interface the gateway's HTTP server binds to (loopback only, until per-run keys exist)."""
     port: int = 0

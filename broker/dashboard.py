@@ -3,8 +3,8 @@
 The broker owns the run's state; this module only reads it through `state_fn() -> dict`, a snapshot with
 the keys time, run{name,status,reason,wall_s,total_steps}, learner{version,step_time_s,loss,publish_s,
 batch_wait_s}, engines[{name,url,address,incarnation,version,alive,requests_in_flight,weight_sync_s,
-last_seen_s}], actors[{name,address,incarnation,alive,episodes_in_flight,requests_in_flight,version,
-last_seen_s}], envs{env: {episodes,successes,env_steps,reward_mean,success_rate,invalid_action_ratio}},
+last_seen_s}], actors[{name,address,incarnation,alive,episodes_in_flight,requests_in_flight,env_steps_hung,
+version,last_seen_s}], envs{env: {episodes,successes,env_steps,reward_mean,success_rate,invalid_action_ratio}},
 rates{...}, counters{...} (run totals), gauges{...}, staleness_hist{lag: count} and recent[point, ...]
 (the newest once-a-second points, see `broker.metrics.flatten`); `history_fn() -> [point, ...]` gives
 every point kept. Both run on the event loop per request and once per second per open stream: they must

@@ -52,15 +52,18 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 | judge_latency_s_sum_total, judge_latency_count_total, judge_score_sum_total | counter | | answered judge requests' seconds and count; the scores given (defaults included) |
 | judge_latency_s                        | gauge   |        | mean seconds of the judge requests answered in the last 60 s |
 | token_reward_steps_total, token_reward_sum_total, token_reward_failures_total, token_reward_failures_CAUSE_total | counter | | rewards on tokens (actors/token_rewards.py): steps given them, their sum; steps without them because the function failed, in all and by cause (raised, not_numbers, wrong_length, non_finite) |
-| actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version | gauge | actor | per actor |
+| gateway_requests_total, gateway_calls_total, gateway_episodes_opened_total, gateway_episodes_finished_total, gateway_prompt_tokens_total, gateway_tool_calls_total | counter | | the OpenAI-compatible gateway (gateway/server.py; an actor to the broker, whose episodes and calls also count in episodes_total and env_steps_total): HTTP requests, model calls, episodes, prompt tokens, tool calls returned |
+| gateway_rejected_total, gateway_rejected_CODE_total, gateway_tool_parse_failures_total, gateway_tool_parse_REASON_total, gateway_prompts_rendered_anew_total, gateway_prompts_extended_total, gateway_internal_errors_total | counter | | its refusals (4xx) in all and by code (docs/gateway.md), tool calls that did not parse in all and by reason, prompts rendered whole again vs extended token-exactly, 500s |
+| engine_failovers_total, engine_stalls_total, episode_retries_total, infra_failures_total, infra_failures_CAUSE_total, episodes_cut_total | counter | | faults outside the model (actors/actor.py, docs/reliability.md): requests moved off a failed or stalled engine; episodes played again on their seed; episode attempts failed by their env or engines, in all and by cause (timeout, raised, engine); episodes stopped because their group was given up |
+| actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version, actor_env_steps_hung | gauge | actor | per actor (env_steps_hung: env calls left running after env.step_timeout_s) |
 | engine_alive, engine_version, engine_requests_in_flight, engine_weight_sync_s | gauge | engine | per engine (requests: vLLM running+waiting, -1 unknown) |
 | run_wall_s, run_total_steps            | gauge   |        | seconds since the broker started; configured steps        |
-
-Any other counter or gauge a process reports still appears, under its sanitized name, with a generic HELP.
-"""
 | wal_failing                            | gauge   |        | 1 while the write-ahead log cannot be written (full disk) |
 | wal_stalled_s, wal_pending_bytes       | gauge   |        | seconds stalled on it in all; bytes waiting to be written |
 | wal_write_errors_total                 | counter |        | failed writes of the write-ahead log (and compactions)    |
+
+Any other counter or gauge a process reports still appears, under its sanitized name, with a generic HELP.
+"""
 
 from __future__ import annotations
 
@@ -81,9 +84,29 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agentstream.config import BrokerConfig
+from broker.stats import GATEWAY_REJECT_CODES
 
 PREFIX = "agentstream_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
+
+# The gateway's counters (broker.stats.GATEWAY_COUNTERS), one HELP line each.
+GATEWAY_HELP: dict[str, str] = {
+    "gateway_requests": "HTTP requests the OpenAI-compatible gateway handled (answered or refused).",
+    "gateway_calls": "Model calls the gateway answered (each one transition; also counted in env_steps).",
+    "gateway_episodes_opened": "Episodes opened at the gateway.",
+    "gateway_episodes_finished": "Episodes finished at the gateway (also counted in episodes).",
+    "gateway_prompt_tokens": "Prompt tokens of the gateway's model calls.",
+    "gateway_tool_calls": "Tool calls the gateway parsed from answers and returned as OpenAI tool_calls.",
+    "gateway_tool_parse_failures": "Answers whose tool calls did not parse (returned as text; the step is invalid).",
+    "gateway_prompts_extended": "Gateway calls whose prompt extended the previous prompt and answer token-exactly.",
+    "gateway_prompts_rendered_anew": "Gateway calls rendered whole again (history edited, tools changed).",
+    "gateway_internal_errors": "Gateway requests that failed inside it (500, logged with the trace).",
+    "gateway_rejected": "Gateway requests refused with a 4xx (all codes).",
+    **{f"gateway_tool_parse_{r}": f"Gateway answers whose tool calls did not parse: {r}." for r in
+       ("truncated", "bad_json", "bad_call", "unknown_tool")},
+    **{f"gateway_rejected_{c}": f"Gateway requests refused with code {c} (docs/gateway.md, Bad input)."
+       for c in GATEWAY_REJECT_CODES},
+}
 
 # HELP text per name (without prefix and without `_total`); an unknown name gets a generic line.
 HELP: dict[str, str] = {
@@ -115,7 +138,16 @@ HELP: dict[str, str] = {
     "token_reward_failures_not_numbers": "Token reward function calls that returned no sequence of numbers.",
     "token_reward_failures_wrong_length": "Token reward function calls that returned more or fewer values than tokens.",
     "token_reward_failures_non_finite": "Token reward function calls that returned nan, inf or values beyond float32.",
+    **GATEWAY_HELP,
     "judge_latency_s": "Mean seconds of the judge requests answered in the last 60 s.",
+    "engine_failovers": "Engine requests moved to another engine after a failure or a stall.",
+    "engine_stalls": "Engine requests unanswered for engines.stall_timeout_s whose engine then missed a probe too.",
+    "episode_retries": "Episodes played again on their seed after an infrastructure failure.",
+    "infra_failures": "Episode attempts failed by the env or the engines (not the model), in all.",
+    "infra_failures_timeout": "Episode attempts failed because an env step outlasted env.step_timeout_s.",
+    "infra_failures_raised": "Episode attempts failed because an env step raised.",
+    "infra_failures_engine": "Episode attempts failed because no engine answered within engines.request_timeout_s.",
+    "episodes_cut": "Episodes stopped early because another episode of their group gave up (the group is dropped).",
     "malformed_messages": "Messages the broker could not decode.",
     "buffered_transitions": "Transitions held by the broker, not yet trained on.",
     "groups_ready": "Complete groups waiting to be served.",
@@ -140,6 +172,10 @@ HELP: dict[str, str] = {
     "learner_publish_s": "Seconds the learner took to publish the last weights.",
     "run_wall_s": "Seconds since the broker started.",
     "run_total_steps": "Learner steps the run is configured to take.",
+    "wal_failing": "1 while the broker's write-ahead log cannot be written (a full disk): nothing is acknowledged.",
+    "wal_stalled_s": "Seconds the broker has stalled on an unwritable write-ahead log, in all.",
+    "wal_pending_bytes": "Bytes of write-ahead log records waiting to be written.",
+    "wal_write_errors": "Failed writes of the write-ahead log (and failed compactions).",
     "engine_version": "Policy version an engine is serving.",
     "engine_alive": "1 if the engine reported within 10 s.",
     "engine_requests_in_flight": "Requests the engine's vLLM server is running or queueing (-1: unknown).",
@@ -147,6 +183,7 @@ HELP: dict[str, str] = {
     "actor_alive": "1 if the actor reported within 10 s and has not said goodbye.",
     "actor_episodes_in_flight": "Episodes an actor is running now.",
     "actor_requests_in_flight": "Engine requests an actor is waiting on now.",
+    "actor_env_steps_hung": "Env calls of an actor still running after env.step_timeout_s.",
     "actor_policy_version": "Newest policy version an actor's responses came from.",
     "staleness_count": "Trained transitions per policy lag (label lag).",
     "env_reward_mean": "Mean episode return over the last 60 s, per environment.",
@@ -172,10 +209,6 @@ def _counter(name: str) -> CounterMetricFamily:
     base = sanitize(name).removesuffix("_total")
     return CounterMetricFamily(PREFIX + base, _help(base), labels=())
 
-    "wal_failing": "1 while the broker's write-ahead log cannot be written (a full disk): nothing is acknowledged.",
-    "wal_stalled_s": "Seconds the broker has stalled on an unwritable write-ahead log, in all.",
-    "wal_pending_bytes": "Bytes of write-ahead log records waiting to be written.",
-    "wal_write_errors": "Failed writes of the write-ahead log (and failed compactions).",
 
 def _gauge(name: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(PREFIX + name, _help(name), labels=labels)
@@ -216,7 +249,8 @@ def _labelled(state: dict[str, Any]) -> Iterator[Metric]:
                   "requests_in_flight", "engine_weight_sync_s": "weight_sync_s"}
     yield from _per_row(state["engines"], "engine", per_engine)
     per_actor = {"actor_alive": "alive", "actor_episodes_in_flight": "episodes_in_flight",
-                 "actor_requests_in_flight": "requests_in_flight", "actor_policy_version": "version"}
+                 "actor_requests_in_flight": "requests_in_flight", "actor_policy_version": "version",
+                 "actor_env_steps_hung": "env_steps_hung"}
     yield from _per_row(state["actors"], "actor", per_actor)
     staleness = _gauge("staleness_count", ("lag",))
     for lag, count in sorted(state["staleness_hist"].items(), key=lambda kv: int(kv[0])):
@@ -282,8 +316,11 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
         **{k: g.get(k) for k in ("buffered_transitions", "groups_ready", "staleness_mean", "staleness_max",
                                  "reward_mean", "success_rate", "invalid_action_ratio", "actors_alive",
                                  "engines_alive", "val_success_rate", "val_return", "val_version",
-                                 "judge_latency_s")},
-        **{k: state.get("counters", {}).get(k) for k in ("judge_requests", "judge_parse_failures", "judge_errors")},
+                                 "judge_latency_s", "wal_failing")},
+        **{k: state.get("counters", {}).get(k) for k in (
+            "judge_requests", "judge_parse_failures", "judge_errors", "gateway_requests", "gateway_rejected",
+            "gateway_tool_parse_failures", "gateway_prompts_rendered_anew", "engine_stalls", "episode_retries",
+            "infra_failures_timeout", "infra_failures_raised", "infra_failures_engine")},
     }
     for e in state["engines"]:
         point[f"engine_version/{e['name']}"] = e["version"]

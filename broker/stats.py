@@ -21,9 +21,25 @@ JUDGE_COUNTERS = ("judge_requests", "judge_parsed", "judge_parse_failures", "jud
 TOKEN_REWARD_COUNTERS = ("token_reward_steps", "token_reward_sum", "token_reward_failures",
                          "token_reward_failures_raised", "token_reward_failures_not_numbers",
                          "token_reward_failures_wrong_length", "token_reward_failures_non_finite")
+# The OpenAI-compatible gateway (gateway/server.py), which reports as an actor: its episodes and calls count as
+# actors' episodes and env steps; these are its own. rejected = the sum of rejected_<code> (one per 4xx code),
+# tool_parse_failures = the sum of tool_parse_<reason> (= its invalid actions); prompts_rendered_anew: calls whose
+# prompt could not extend the previous one token-exactly (re-renders).
+GATEWAY_REJECT_CODES = ("unknown_episode", "no_episode", "invalid_json", "invalid_request", "context_length_exceeded",
+                        "body_too_large", "episode_finished", "no_step", "busy", "unknown_route", "method_not_allowed")
+GATEWAY_COUNTERS = ("gateway_requests", "gateway_calls", "gateway_episodes_opened", "gateway_episodes_finished",
+                    "gateway_prompt_tokens", "gateway_tool_calls", "gateway_tool_parse_failures",
+                    *(f"gateway_tool_parse_{r}" for r in ("truncated", "bad_json", "bad_call", "unknown_tool")),
+                    "gateway_prompts_extended", "gateway_prompts_rendered_anew", "gateway_internal_errors",
+                    "gateway_rejected", *(f"gateway_rejected_{c}" for c in GATEWAY_REJECT_CODES))
+# Faults outside the model (actors/actor.py): engine failovers and stalls, episodes retried on their seed, episodes
+# failed by their env or engines (in all and by cause), episodes cut short because their group was dropped.
+INFRA_COUNTERS = ("engine_failovers", "engine_stalls", "episode_retries", "infra_failures", "infra_failures_timeout",
+                  "infra_failures_raised", "infra_failures_engine", "episodes_cut")
 # Counter names summed over every process of a role, as they appear on the dashboard and in /metrics.
 ACTOR_COUNTERS = ("env_steps", "tokens_generated", "transitions_sent", "episodes", "successes",
-                  "episode_return_sum", "invalid_actions", "engine_errors", *JUDGE_COUNTERS, *TOKEN_REWARD_COUNTERS)
+                  "episode_return_sum", "invalid_actions", "engine_errors", *JUDGE_COUNTERS, *TOKEN_REWARD_COUNTERS,
+                  *GATEWAY_COUNTERS, *INFRA_COUNTERS)
 ENV_PREFIX = "env/"
 RATE_WINDOW_S = 10.0  # throughputs: short, so the charts react
 OUTCOME_WINDOW_S = 60.0  # rewards and success rates: long enough to hold a few episodes

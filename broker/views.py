@@ -152,5 +152,6 @@ def _actor_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
              "incarnation": p.incarnation, "alive": not p.final and now - p.last_seen < 10,
              "episodes_in_flight": int(p.gauges.get("episodes_in_flight", 0)),
              "requests_in_flight": int(p.gauges.get("requests_in_flight", 0)),
+             "env_steps_hung": int(p.gauges.get("env_steps_hung", 0)),
              "version": int(p.gauges.get("policy_version", -1)), "last_seen_s": now - p.last_seen}
             for p in sorted(broker.stats.peers.values(), key=lambda p: p.name) if p.role == "actor"]

@@ -76,6 +76,10 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tup
         "--dtype", model.dtype,
         "--max-model-len", str(engines.max_model_len),
         "--worker-extension-cls", WORKER_EXTENSION,
+        # Structured outputs (the gateway's forced tool calls) as compact JSON: with vLLM's default, any whitespace
+        # between JSON tokens, a weak model pads a call with it up to max_tokens (vLLM honours this per server only,
+        # with the xgrammar or guidance backend; guidance takes the widest range of JSON schemas).
+        "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
     ]
     env = {
         # Exposes /pause, /resume, /collective_rpc, /update_weight_version, /weight_info.

@@ -1,5 +1,11 @@
 """The OpenAI-compatible gateway: agent code written against the OpenAI API plays training episodes through it.
 
+    python -m gateway.server --config RUN/config.yaml --name gateway-0 --incarnation 0 \
+        --broker tcp://127.0.0.1:5555 [--engine http://127.0.0.1:8000 ...] [--port 8100]
+
+(the launcher starts it so with gateway.enabled=true, or role=gateway; without --engine it asks the broker).
+SIGTERM: stop serving, wait for the broker's acknowledgements, send the final stats, exit 0. In a program:
+
     gw = Gateway(GatewaySpec.from_config(cfg), broker, [EngineClient(url, session, 120)], tokenizer)
     url = await gw.start()                      # http://127.0.0.1:PORT
     ...                                         # agents: gateway.episode_client.open_episode(url, task_id)
@@ -24,25 +30,30 @@ with an OpenAI error body and is counted (`Gateway.counters`, `rejected_<code>`)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
 import secrets
+import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import numpy as np
 from aiohttp import web
 
+from agentstream import config as config_mod
 from agentstream.config import SamplingConfig
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Stats
-from engines.client import EngineClient, EngineError, Generation
+from engines.client import EngineClient, EngineError, Generation, engines_from_broker, follow_engines
 from gateway import protocol
 from gateway.episodes import Episode, Slot, Turn
 from gateway.protocol import ApiError, Sampling
@@ -53,6 +64,8 @@ from gateway.toolcalls import ToolCall, get_parser
 log = logging.getLogger("gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SHARED_COUNTERS = ("tokens_generated", "transitions_sent", "episode_return_sum", "engine_errors")
+"""Counters reported under the names actors use (the others as gateway_<name>)."""
 
 
 def tool_call_schema(tools: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
@@ -97,9 +110,11 @@ class Gateway:
             app.router.add_get(prefix + "/models", self._models)
         return app
 
-    async def start(self) -> str:
-        """Say hello to the broker, start reporting stats, serve HTTP; returns the gateway's base URL."""
-        await self.broker.send(Hello(role="actor", name=self.name, incarnation=self.incarnation, pid=os.getpid()))
+    async def start(self, hello: bool = True) -> str:
+        """Say hello to the broker (unless the caller did: `main` does, to learn the engines), start reporting
+        stats, serve HTTP; returns the gateway's base URL."""
+        if hello:
+            await self.broker.send(Hello(role="actor", name=self.name, incarnation=self.incarnation, pid=os.getpid()))
         self._reporter = asyncio.create_task(self._report_loop(), name=f"{self.name}-stats")
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
@@ -127,8 +142,20 @@ class Gateway:
             await self.broker.send(self.stats(final=True))
 
     def stats(self, final: bool = False) -> Stats:
+        """Reported as an actor's: the counters actors share under their names (an episode is one finished
+        episode, a step one model call; a call whose tool calls did not parse is an invalid action), again under
+        env/gateway/ (the dashboard's per-environment rows), and the gateway's own as gateway_<name>."""
+        c = self.counters
         delivery = {k: float(v) for k, v in self.broker.counters.items()}
-        return Stats(source=self.name, role="actor", counters={**self.counters, **delivery},
+        shared = {"episodes": c["episodes_finished"], "env_steps": c["calls"],
+                  "invalid_actions": sum(v for k, v in c.items() if k.startswith("tool_parse_")),
+                  **{k: c[k] for k in SHARED_COUNTERS}}
+        per_env = {f"env/gateway/{k}": shared[k] for k in ("episodes", "episode_return_sum", "env_steps",
+                                                            "invalid_actions")}
+        own = {f"gateway_{k}": v for k, v in c.items() if k not in SHARED_COUNTERS}
+        own.update(gateway_rejected=sum(v for k, v in c.items() if k.startswith("rejected_")),
+                   gateway_tool_parse_failures=shared["invalid_actions"])
+        return Stats(source=self.name, role="actor", counters={**shared, **per_env, **own, **delivery},
                      gauges={"episodes_in_flight": sum(not e.finished for e in self.episodes.values()),
                              "requests_in_flight": self.requests_in_flight, "incarnation": self.incarnation,
                              "unacked_transitions": self.broker.unacked}, final=final)
@@ -142,6 +169,7 @@ class Gateway:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every refusal as an OpenAI error body, counted under rejected_<code>; never a bare 500."""
+        self.counters["requests"] += 1
         try:
             return await handler(request)
         except ApiError as exc:
@@ -295,7 +323,8 @@ class Gateway:
             forced = [req.tool_choice] if req.tool_choice not in ("none", "auto", "required") else (
                 req.tool_names if req.tool_choice == "required" else [])
             extra: dict[str, Any] = {"stop": req.sampling.stop} if req.sampling.stop else {}
-            if forced:  # the engine writes one call as JSON under its schema (vLLM structured outputs)
+            if forced:  # the engine writes one call as JSON under its schema (vLLM structured outputs; compact
+                # with the engines' --structured-outputs-config, engines/server.py)
                 extra["structured_outputs"] = {"json": tool_call_schema(req.tools, forced)}
             gen = await self._generate(episode, prompt, req.sampling, extra)
             parsed = None
@@ -387,4 +416,80 @@ class Gateway:
         return out
 
 
-__all__ = ["Gateway", "tool_call_schema"]
+# ---------------------------------------------------------------------------------------------- the process
+async def serve(spec: GatewaySpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],
+                shutdown_timeout_s: float) -> int:
+    """The gateway process until SIGTERM/SIGINT: then it stops serving, waits (bounded) for the broker's
+    acknowledgements, sends its final stats and returns 0. 3: it could not serve (its port taken, ...)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+    broker = AsyncClient(broker_address, name=name, curve_keys_dir=spec.curve_keys_dir)
+    await broker.start(incarnation, spec.max_unacked, spec.ack_timeout_s)
+    await broker.send(Hello(role="actor", name=name, incarnation=incarnation, pid=os.getpid(),
+                            want_welcome=True))  # the broker's Welcome lists the engines (and later joiners)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
+    code, gw, follower = 0, None, None
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        def client(url: str) -> EngineClient:
+            return EngineClient(url, session, spec.request_timeout_s, model=spec.model_name,
+                                base_model=spec.base_model_name)
+
+        try:
+            urls = engine_urls or await _until(stop, engines_from_broker(broker))
+            if urls:
+                gw = Gateway(spec, broker, [client(u) for u in urls], tokenizer, name, incarnation)
+                follower = asyncio.create_task(follow_engines(broker, gw, client))
+                log.info("%s: serving on %s (engines: %s)", name, await gw.start(hello=False), ", ".join(urls))
+                await stop.wait()
+                log.info("%s: stopping (signal)", name)
+        except OSError as exc:  # the port is taken, say
+            log.error("%s: cannot serve: %r", name, exc)
+            code = 3
+        finally:
+            if follower is not None:
+                follower.cancel()
+            if gw is not None:
+                await gw.close(shutdown_timeout_s / 2)
+            await broker.close()
+    return code
+
+
+async def _until(stop: asyncio.Event, coro: Awaitable[list[str]]) -> list[str]:
+    """`coro`'s result, or [] if `stop` is set first."""
+    task, stopped = asyncio.ensure_future(coro), asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (task, stopped):
+        t.cancel()
+    return task.result() if task.done() and not task.cancelled() else []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="run config written by the launcher")
+    parser.add_argument("--name", default="gateway-0", help="its identity at the broker (an actor's name)")
+    parser.add_argument("--incarnation", type=int, default=0, help="how many times it was restarted")
+    parser.add_argument("--broker", required=True, help="broker ZeroMQ address")
+    parser.add_argument("--engine", action="append", default=[],
+                        help="engine base URL (repeatable); none: learn them from the broker")
+    parser.add_argument("--port", type=int, default=None, help="HTTP port (default: gateway.port; 0 picks one)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = config_mod.load(args.config)
+    spec = GatewaySpec.from_config(cfg)
+    if args.port is not None:
+        spec = dataclasses.replace(spec, gateway=dataclasses.replace(spec.gateway, port=args.port))
+    started = time.time()
+    code = asyncio.run(serve(spec, args.name, args.incarnation, args.broker, args.engine, cfg.run.shutdown_timeout_s))
+    log.info("%s: exit %d after %.1fs", args.name, code, time.time() - started)
+    raise SystemExit(code)
+
+
+__all__ = ["Gateway", "main", "serve", "tool_call_schema"]
+
+if __name__ == "__main__":
+    main()

@@ -127,8 +127,10 @@ def _model_errors(cfg: Config) -> list[str]:
 def _scale_errors(cfg: Config) -> list[str]:
     """Process counts, batch sizes, staleness, reuse and delivery."""
     errors: list[str] = []
+    if cfg.actors.count < (0 if cfg.gateway.enabled else 1):  # with the gateway, agent code alone may play
+        errors.append(f"actors.count={cfg.actors.count}: must be at least 1 (or 0 with gateway.enabled=true, when "
+                      f"agent code plays every episode through the gateway).")
     for name, value in [
-        ("actors.count", cfg.actors.count),
         ("learner.world_size", cfg.learner.world_size),
         ("trainer.total_steps", cfg.trainer.total_steps),
     ]:
@@ -155,6 +157,13 @@ def _scale_errors(cfg: Config) -> list[str]:
     if cfg.actors.max_unacked < 1 or cfg.actors.ack_timeout_s <= 0:
         errors.append(f"actors.max_unacked={cfg.actors.max_unacked}, actors.ack_timeout_s={cfg.actors.ack_timeout_s}: "
                       f"both must be positive.")
+    if cfg.actors.episode_retries < 0 or cfg.actors.max_hung_steps < 0 or cfg.env.step_timeout_s < 0:
+        errors.append(f"actors.episode_retries={cfg.actors.episode_retries}, actors.max_hung_steps="
+                      f"{cfg.actors.max_hung_steps}, env.step_timeout_s={cfg.env.step_timeout_s}: none may be "
+                      f"negative.")
+    if not 0 < cfg.engines.stall_timeout_s < cfg.engines.request_timeout_s:
+        errors.append(f"engines.stall_timeout_s={cfg.engines.stall_timeout_s} must be positive and below "
+                      f"engines.request_timeout_s={cfg.engines.request_timeout_s} (a stalled engine is left after it).")
     return errors
 
 
@@ -239,8 +248,8 @@ def gateway_errors(cfg: Config) -> list[str]:
     return errors
 
 
-ROLES = ("all", "actors", "engines", "learner")
-"""What one launch starts: the whole run, or more actors / engines / learner ranks for a running one."""
+ROLES = ("all", "actors", "engines", "learner", "gateway")
+"""What one launch starts: the whole run, or more actors / engines / learner ranks / a gateway for a running one."""
 
 
 def _role_errors(cfg: Config) -> list[str]:
@@ -251,8 +260,8 @@ def _role_errors(cfg: Config) -> list[str]:
         return [f"run.role={role} joins a running run: set broker.address=tcp://HOST:PORT (the main launch prints "
                 f"it as `broker:`); got broker.address={address!r}."]
     if role == "all" and address:
-        return [f"broker.address={address!r} is only for role=actors, engines or learner; role=all starts its own "
-                f"broker (set broker.host/broker.port to choose where it listens)."]
+        return [f"broker.address={address!r} is only for role=actors, engines, learner or gateway; role=all starts its "
+                f"own broker (set broker.host/broker.port to choose where it listens)."]
     return _learner_node_errors(cfg.learner, role)
 
 

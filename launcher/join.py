@@ -3,10 +3,11 @@
     python scripts/launch.py role=actors  broker.address=tcp://HOST:PORT actors.count=4
     python scripts/launch.py role=engines broker.address=tcp://HOST:PORT engines.count=1
     python scripts/launch.py role=learner broker.address=tcp://HOST:PORT learner.node_rank=1
+    python scripts/launch.py role=gateway broker.address=tcp://HOST:PORT [gateway.port=8100]
 
 The launch says Hello to the broker and gets its Welcome: the run's config (so the joiners play the same env
 with the same model and sampling), the engines serving recent weights, the learner's weight address and the
-dashboard's URL. From the local command line only `run.*`, `actors.*`, `broker.*`, where the engines
+dashboard's URL. From the local command line only `run.*`, `actors.*`, `broker.*`, `gateway.*`, where the engines
 run (`engines.count/host/base_port/kv_cache_gib/cpu_*/gpu_memory_utilization/extra_args`) and a `model.path` other
 than the default (the same model at another path on this host) are taken.
 
@@ -20,6 +21,9 @@ once it serves recent weights.
 role=learner: node learner.node_rank of a learner that spans learner.nnodes hosts (multi-node torchrun): its
 world_size/nnodes ranks meet node 0 (the main launch's) at its rendezvous; the learner trains once every node
 has joined. Its own fields: learner.node_rank and learner.torch_threads.
+role=gateway: one OpenAI-compatible gateway (`gateway-<host>-<pid>-0`, gateway/server.py) on this host, its
+`gateway.*` from the local command line; it asks the broker for the engines, reports as an actor, is restarted
+like one, and its URL is printed and written to RUN/gateway_url once it answers.
 
 The launch ends when the run finishes (the learner reached trainer.total_steps), when the broker stops
 answering (15 s), or
@@ -110,7 +114,7 @@ def joined_config(local: Config, welcome: Welcome) -> Config:
                                   torch_threads=local.learner.torch_threads)
     # broker.*: this host's own (address to join, its CURVE key folder, socket limits), not the broker's.
     return dataclasses.replace(run_cfg, run=local.run, actors=local.actors, engines=engines, model=model,
-                               broker=local.broker, learner=learner)
+                               broker=local.broker, learner=learner, gateway=local.gateway)
 
 
 def joining(cfg: Config) -> str:
@@ -118,6 +122,8 @@ def joining(cfg: Config) -> str:
     if cfg.run.role == "learner":
         return (f"learner node {cfg.learner.node_rank} of {cfg.learner.nnodes} "
                 f"({cfg.learner.world_size // cfg.learner.nnodes} ranks)")
+    if cfg.run.role == "gateway":
+        return "a gateway"
     return f"{cfg.actors.count if cfg.run.role == 'actors' else cfg.engines.count} {cfg.run.role}"
 
 
@@ -128,6 +134,7 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
         host, base = advertised_host(cfg.engines.host), cfg.engines.base_port
         urls = [f"http://{host}:{base + 2 * i if base else free_port(cfg.engines.host)}" for i in range(cfg.engines.count)]
     learner_host = welcome.weights.split("//", 1)[-1].rsplit(":", 1)[0]  # node 0's host (rank 0 publishes there)
+    gw_port = (cfg.gateway.port or free_port(cfg.gateway.host)) if cfg.run.role == "gateway" else 0
     return Wiring(
         broker=cfg.broker.address, broker_port=0,  # actors, weight sidecars, learner ranks -> the run's broker
         dashboard=welcome.dashboard.rstrip("/"), dashboard_port=0,  # this launch -> the run's state
@@ -138,14 +145,20 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
         # node 0, which binds it) publishes, so that they join its collective gathers of the weights
         rdzv=f"{learner_host}:{cfg.learner.rdzv_port}" if cfg.run.role == "learner" else "",
         weights_bind=welcome.weights if cfg.run.role == "learner" else "",
+        # agent code -> this host's new gateway (HTTP); it asks the broker for the engines
+        gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "", gateway_port=gw_port,
     )
 
 
-async def _start(launcher: Launcher) -> None:
-    """Start this launch's processes: engines (and, once each is ready, its weight sidecar) or actors."""
+async def _start(launcher: Launcher, session: aiohttp.ClientSession) -> None:
+    """Start this launch's processes: engines (and, once each is ready, its weight sidecar), actors or a gateway."""
     from engines.server import wait_ready
 
-    if launcher.cfg.run.role == "learner":
+    if launcher.cfg.run.role == "gateway":
+        await launcher.start_gateway(session)
+        print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (URL in {launcher.run_dir / 'gateway_url'})",
+              flush=True)
+    elif launcher.cfg.run.role == "learner":
         await launcher.spawn(launcher.learner_child())
     elif launcher.cfg.run.role == "engines":
         if not launcher.wiring.weights:
@@ -203,7 +216,7 @@ async def run_join(local: Config, run_dir: Path) -> int:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
             try:
-                await _start(launcher)
+                await _start(launcher, session)
                 reason = await _supervise_until_over(launcher, link)
             finally:
                 progress.cancel()

@@ -35,7 +35,8 @@ async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> 
     """The broker's summary once every actor's final stats arrived (bounded wait)."""
     deadline = time.monotonic() + 15
     summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
-    while summary["actors_final"] < launcher.cfg.actors.count and time.monotonic() < deadline:
+    reporters = launcher.cfg.actors.count + int(launcher.cfg.gateway.enabled)  # the gateway reports as an actor
+    while summary["actors_final"] < reporters and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
         summary = await get_json(session, f"{launcher.wiring.dashboard}/api/summary")
     async with session.get(f"{launcher.wiring.dashboard}/metrics") as resp:  # the final numbers, kept
@@ -65,6 +66,9 @@ async def run_local(cfg: Config, run_dir: Path) -> int:
           flush=True)
     print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
           f"broker.address={launcher.wiring.broker} actors.count=N)", flush=True)
+    if launcher.wiring.gateway:
+        print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (agent code: open episodes there; the URL is in "
+              f"{run_dir / 'gateway_url'} once it answers; docs/gateway.md)", flush=True)
     if cfg.learner.nnodes > 1:
         print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each other "
               f"host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
@@ -79,7 +83,7 @@ async def run_local(cfg: Config, run_dir: Path) -> int:
             await launcher.supervise()
             if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
                 launcher._stopping = True
-                await launcher.stop_roles(("actor",))
+                await launcher.stop_roles(("actor", "gateway"))
                 await launcher.wait_evaluator()
         except RunFailed as exc:
             status, reason, code = "failed", str(exc), 1
@@ -90,7 +94,7 @@ async def run_local(cfg: Config, run_dir: Path) -> int:
             if progress is not None:
                 progress.cancel()
         launcher._stopping = True
-        await launcher.stop_roles(("actor",))  # their final stats reach the broker before it is asked
+        await launcher.stop_roles(("actor", "gateway"))  # their final stats reach the broker before it is asked
         try:
             summary = await _final_summary(session, launcher)
         except (TimeoutError, aiohttp.ClientError, KeyError) as exc:

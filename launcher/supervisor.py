@@ -44,7 +44,7 @@ class RunFailed(RuntimeError):
 @dataclass
 class Child:
     name: str
-    role: str  # broker | engine | sidecar | judge | learner | actor | evaluator
+    role: str  # broker | engine | sidecar | judge | learner | actor | gateway | evaluator
     argv: list[str]
     env: dict[str, str]
     log_path: Path
@@ -213,6 +213,25 @@ class Launcher:
         child.incarnation = incarnation
         return child
 
+    def gateway_child(self, incarnation: int = 0) -> Child:
+        """The OpenAI-compatible gateway (gateway/server.py): to the broker an actor, restarted like one, on the
+        same port (agent code keeps its URL; episodes open in the dead incarnation are its groups' loss)."""
+        name = f"gateway-{self.prefix}0"
+        argv = [PY, "-m", "gateway.server", "--config", str(self.config_path), "--name", name,
+                "--incarnation", str(incarnation), "--broker", self.wiring.broker,
+                "--port", str(self.wiring.gateway_port)]
+        for url in self.wiring.engines:  # none (a joining launch): the gateway asks the broker
+            argv += ["--engine", url]
+        child = self._child(name, "gateway", argv)
+        child.incarnation = incarnation
+        return child
+
+    async def start_gateway(self, session: aiohttp.ClientSession) -> None:
+        """Start the gateway, wait until it answers, then write its URL to RUN/gateway_url (agent code reads it)."""
+        await self.spawn(self.gateway_child())
+        await self._wait_http(session, f"{self.wiring.gateway}/health", "gateway")
+        (self.run_dir / "gateway_url").write_text(self.wiring.gateway + "\n")
+
     def evaluator_child(self) -> Child:  # validation (actors/evaluate.py): held-out seeds, never trained on
         return self._child("evaluator", "evaluator", [
             PY, "-m", "actors.evaluate", "--config", str(self.config_path), "--broker", self.wiring.broker,
@@ -257,6 +276,8 @@ class Launcher:
             await self.spawn(self.sidecar_child(i))
         for i in range(self.cfg.actors.count):
             await self.spawn(self.actor_child(i))
+        if self.cfg.gateway.enabled:
+            await self.start_gateway(session)
         if self.cfg.validation.every > 0:
             await self.spawn(self.evaluator_child())
 
@@ -303,7 +324,7 @@ class Launcher:
                 return
             if child in self.children and not self._stopping:
                 await child.end_leftovers()  # before any next incarnation: nothing of this one may go on
-            if child.role == "actor" and child in self.children and not self._stopping:
+            if child.role in ("actor", "gateway") and child in self.children and not self._stopping:
                 await self._restart_actor(child, code)
                 continue
             if child.role == "evaluator" and code == 0:  # it validated the final version
@@ -322,6 +343,11 @@ class Launcher:
                             f"{self.cfg.actors.max_restarts} restarts are used up. Its log ends with:\n{child.log_tail()}")
         self.actor_restarts += 1
         self.children.remove(child)
+        if child.role == "gateway":  # counted as an actor's restart, as the broker counts it as an actor
+            log.warning("%s died (exit code %s); restarting it as incarnation %d", child.name, code,
+                        child.incarnation + 1)
+            await self.spawn(self.gateway_child(child.incarnation + 1))
+            return
         i = int(child.name.rsplit("-", 1)[1])
         log.warning("%s died (exit code %s); restarting it as incarnation %d", child.name, code, child.incarnation + 1)
         await self.spawn(self.actor_child(i, child.incarnation + 1))
@@ -400,7 +426,7 @@ class Launcher:
         for task in self._restarting:  # first: a restart in flight must not start a server after its role stopped
             task.cancel()
         await asyncio.gather(*self._restarting, return_exceptions=True)
-        for roles in (("actor", "evaluator"), ("learner",), ("sidecar",), ("engine", "judge"), ("broker",)):
+        for roles in (("actor", "gateway", "evaluator"), ("learner",), ("sidecar",), ("engine", "judge"), ("broker",)):
             await self.stop_roles(roles)
         for task in self._watchers:
             task.cancel()

@@ -26,6 +26,8 @@ class Wiring:
     weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
     rdzv: str = ""  # learner nodes 1.. -> node 0's torchrun rendezvous (host:port); only with learner.nnodes > 1
     judges: list[str] = field(default_factory=list)  # actors -> LLM judge vLLM servers (HTTP); no sidecar, no weights
+    gateway: str = ""  # agent code -> the OpenAI-compatible gateway (HTTP); only with gateway.enabled / role=gateway
+    gateway_port: int = 0
 
 
 def wire(cfg: Config) -> Wiring:
@@ -40,11 +42,13 @@ def wire(cfg: Config) -> Wiring:
     engine_host = advertised_host(cfg.engines.host)
     engine_urls = list(cfg.engines.external_urls) or [f"http://{engine_host}:{p}" for p in engine_ports]
     rdzv = f"{advertised_host(wh)}:{cfg.learner.rdzv_port or free_port(wh)}" if cfg.learner.nnodes > 1 else ""
+    gw_port = (cfg.gateway.port or free_port(cfg.gateway.host)) if cfg.gateway.enabled else 0  # a restart keeps it
     return Wiring(
         broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
         dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
         weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
         engines=engine_urls, rdzv=rdzv, judges=judge_urls(cfg),
+        gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "", gateway_port=gw_port,
     )
 
 
@@ -64,6 +68,8 @@ def resolved(cfg: Config, w: Wiring) -> Config:
         w.broker_port, w.dashboard_port, int(w.weights.rsplit(":", 1)[1]))
     if w.rdzv:
         out.learner.rdzv_port = int(w.rdzv.rsplit(":", 1)[1])
+    if w.gateway_port:
+        out.gateway.port = w.gateway_port
     return out
 
 

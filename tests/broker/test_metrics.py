@@ -217,7 +217,7 @@ async def test_broker_views_from_real_messages(tmp_path: Path) -> None:
     broker._sample()
     snap = broker.snapshot()
     assert snap["actors"] == [{"name": "actor-0", "address": "pid 42", "incarnation": 1, "alive": True,
-                               "episodes_in_flight": 6, "requests_in_flight": 1, "version": 0,
+                               "episodes_in_flight": 6, "requests_in_flight": 1, "env_steps_hung": 0, "version": 0,
                                "last_seen_s": snap["actors"][0]["last_seen_s"]}]
     engine = snap["engines"][0]
     assert (engine["address"], engine["requests_in_flight"], engine["weight_sync_s"], engine["alive"]) == (

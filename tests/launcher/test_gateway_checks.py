@@ -39,3 +39,35 @@ def test_each_bad_value_is_named_with_what_to_change(values: dict, needle: str) 
     errors = gateway_errors(cfg)
     assert len(errors) == 1 and needle in errors[0], errors
     assert errors[0] in config_errors(cfg)  # and the launch's checks include it
+
+
+def test_no_actors_only_with_the_gateway_and_role_gateway_joins_by_address() -> None:
+    cfg = Config()
+    cfg.actors.count = 0
+    assert any("actors.count=0: must be at least 1 (or 0 with gateway.enabled=true" in e for e in config_errors(cfg))
+    cfg.gateway.enabled = True
+    assert config_errors(cfg) == []  # agent code alone plays the episodes
+    cfg.run.role = "gateway"
+    assert any("run.role=gateway joins a running run: set broker.address" in e for e in config_errors(cfg))
+    cfg.broker.address = "tcp://127.0.0.1:5555"
+    assert config_errors(cfg) == []
+
+
+def test_the_gateway_is_wired_on_a_fixed_port_and_started_like_an_actor(tmp_path) -> None:
+    from launcher.supervisor import Launcher
+    from launcher.wiring import resolved, wire
+
+    cfg = Config()
+    assert wire(cfg).gateway == "" and wire(cfg).gateway_port == 0  # off: no gateway, no port taken
+    cfg.gateway.enabled = True
+    cfg.engines.external_urls, cfg.engines.count = ["http://127.0.0.1:9"], 1
+    w = wire(cfg)
+    assert w.gateway == f"http://127.0.0.1:{w.gateway_port}" and w.gateway_port > 0
+    assert resolved(cfg, w).gateway.port == w.gateway_port  # the run's config.yaml names the port in use
+    launcher = Launcher(cfg, tmp_path, w)
+    child = launcher.gateway_child(incarnation=2)
+    assert (child.name, child.role, child.incarnation) == ("gateway-0", "gateway", 2)
+    argv = child.argv[child.argv.index("-m") + 1:]
+    assert argv == ["gateway.server", "--config", str(tmp_path / "config.yaml"), "--name", "gateway-0",
+                    "--incarnation", "2", "--broker", w.broker, "--port", str(w.gateway_port),
+                    "--engine", "http://127.0.0.1:9"]

@@ -79,7 +79,7 @@ def test_attribute_docs_reads_the_string_under_each_field() -> None:
 @pytest.mark.parametrize("role, extra, needle", [
     ("actors", [], "set broker.address=tcp://HOST:PORT"),
     ("workers", [], "run.role='workers' is unknown; use one of all, actors, engines, learner"),
-    ("all", ["broker.address=tcp://h:1"], "is only for role=actors, engines or learner"),
+    ("all", ["broker.address=tcp://h:1"], "is only for role=actors, engines, learner or gateway"),
     ("engines", ["broker.address=tcp://h:1", "engines.count=0"], "engines.count=0: must be at least 1"),
     ("all", ["learner.world_size=3", "learner.nnodes=2"], "world_size must be a multiple of nnodes"),
     ("all", ["learner.nnodes=2", "learner.node_rank=1"], "the main launch runs node 0"),

@@ -116,3 +116,18 @@ def test_bench_weights_one_full_update_reaches_the_engine() -> None:
     assert 0 <= gather <= total and 0 <= send <= total  # gather and send are parts of step -> serving
     assert mb > 0 and rate == pytest.approx(mb / total, rel=0.05) and loopback > 0 and pause >= 0
     assert lines[-1].startswith("step->serving: tiny/full ")
+
+
+@pytest.mark.e2e
+def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> None:
+    model, url = tiny_engine
+    lines = run_script("scripts/bench_gateway.py", "--episodes", "4", "--rounds", "1", "--turns", "2",
+                       "--max-tokens", "8", "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
+    labels = ("gateway (openai client)", "engine driven directly")
+    rates = {label: numbers(line)[0] for line in lines for label in labels if line.startswith(label)}
+    assert set(rates) == set(labels) and all(r > 0 for r in rates.values())
+    replayed = next(line for line in lines if line.startswith("engine driven directly"))
+    assert numbers(replayed)[1] == 4 * 2  # the ceiling replayed every call the gateway logged: 4 episodes x 2 turns
+    assert lines[-1].startswith("gateway/ceiling:")
+    assert numbers(lines[-1])[0] == pytest.approx(rates["gateway (openai client)"] / rates["engine driven directly"],
+                                                  abs=0.01)
