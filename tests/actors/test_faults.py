@@ -206,7 +206,9 @@ async def test_a_hung_or_failing_env_step_retries_the_episode_then_drops_its_gro
         async with actor_run(cfg, spec, [url]) as run:
             b = run.broker.buffer
             await run.until(lambda: b.counts["groups_completed"] >= 4 and b.counts["groups_dropped_infra_raised"] == 1
-                            and run.actor.counters["infra_failures_timeout"] == 1, 60, "4 groups, one dropped")
+                            and run.actor.counters["infra_failures_timeout"] == 1
+                            and any(g.group_id == 0 for g in b.ready),  # its retry, the last to end, ended too
+                            60, "4 groups and group 0 complete, group 1 dropped")
             c = run.actor.counters
             # Group 0: the episode whose second step hung was played again (.r1) and the group is whole: G
             # trajectories of 3 steps, the retry in the hung attempt's place, nothing of the hung attempt.
