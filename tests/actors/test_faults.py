@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from e2e_testing import check_accounting
 
 from actors.actor import Actor
 from actors.episode import EnvCalls, TooManyHungSteps
@@ -171,16 +172,6 @@ async def actor_run(cfg: Config, spec: ActorSpec, engine_urls: list[str]) -> Asy
             await client.close()
             broker.stop()
             await serving
-
-
-def check_accounting(s: dict) -> None:
-    """The chaos test's accounting, from the broker's summary."""
-    rel, keys = s["reliability"], s["reliability"]["keys"]
-    assert rel["transitions_acked"] == s["transitions_ingested"] + sum(rel["transitions_rejected"].values())
-    assert s["transitions_ingested"] == (s["transitions_trained"] + s["transitions_buffered"]
-                                         + sum(s["transitions_dropped"].values()))
-    assert keys["settled_twice"] == 0
-    assert keys["tracked"] == keys["trained"] + keys["dropped"] + keys["buffered"] == rel["transitions_acked"]
 
 
 def metric(text: str, name: str) -> float:

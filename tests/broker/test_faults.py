@@ -33,6 +33,7 @@ import aiohttp
 import numpy as np
 import psutil
 import pytest
+from e2e_testing import check_accounting
 
 from agentstream import config as config_mod
 from agentstream.config import Config
@@ -180,16 +181,6 @@ async def running(run_dir: Path, cfg: Config, step_s: float, steps: int) -> Asyn
         finally:
             await run.stop_actors()
             run.kill()
-
-
-def check_accounting(s: dict) -> None:
-    """The chaos test's accounting, from the broker's summary."""
-    rel, keys = s["reliability"], s["reliability"]["keys"]
-    assert rel["transitions_acked"] == s["transitions_ingested"] + sum(rel["transitions_rejected"].values())
-    assert s["transitions_ingested"] == (s["transitions_trained"] + s["transitions_buffered"]
-                                         + sum(s["transitions_dropped"].values()))
-    assert keys["settled_twice"] == 0
-    assert keys["tracked"] == keys["trained"] + keys["dropped"] + keys["buffered"] == rel["transitions_acked"]
 
 
 MAX_BUFFERED, T = 48, 4
