@@ -19,8 +19,9 @@ def tokenizer():
     from transformers import AutoTokenizer
 
     from agentstream.config import TINY_MODEL_DIR
+    from launcher.tiny_model import ensure_tiny_model
 
-    return AutoTokenizer.from_pretrained(TINY_MODEL_DIR)  # the run's tiny model (scripts/setup.sh makes it)
+    return AutoTokenizer.from_pretrained(ensure_tiny_model(TINY_MODEL_DIR))  # the run's tiny model, made if absent
 
 
 def step_of(text: str, tokenizer) -> TokenRewardStep:
