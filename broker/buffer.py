@@ -157,7 +157,8 @@ class ReplayBuffer:
         self.max_samples = max_samples_per_group
         self.samples_per_insert = samples_per_insert
         self.reuse: deque[Group] = deque()  # trained groups that may be sampled again, newest last
-        self.fates: dict[str, str] | None = {} if track_keys else None  # key -> "trained:<step>" | "dropped:<why>"
+        # key -> "trained:<step>" | "dropped:<why>" | "rejected:<why>"
+        self.fates: dict[str, str] | None = {} if track_keys else None
         self.learner_version = 0
         self.engine_versions: dict[str, int] = {}
         self.open: dict[int, Group] = {}  # admitted, not complete
@@ -295,7 +296,7 @@ class ReplayBuffer:
                 self.staleness_hist.update(lags)
                 self.last_staleness += lags
                 if first:
-                    self._settle(steps, f"trained:{step}")
+                    self.settle(steps, f"trained:{step}")
             if group.samples < self.max_samples:
                 self.reuse.append(group)
         return True
@@ -369,9 +370,10 @@ class ReplayBuffer:
     def _count_drop(self, steps: list[Transition], reason: str) -> None:
         self.counts[f"transitions_dropped_{reason}"] += len(steps)
         self.dropped_total += len(steps)
-        self._settle(steps, f"dropped:{reason}")
+        self.settle(steps, f"dropped:{reason}")
 
-    def _settle(self, steps: list[Transition], fate: str) -> None:
+    def settle(self, steps: list[Transition], fate: str) -> None:
+        """Record the fate of these keyed transitions (with track_keys): trained, dropped or rejected."""
         if self.fates is None:
             return
         for t in steps:

@@ -53,6 +53,7 @@ from agentstream.wire.messages import (
     decode,
     encode,
 )
+from agentstream.wire.reconnect import take_over_reconnects
 from broker import dashboard, metrics, views
 from broker.buffer import ReplayBuffer
 from broker.sockets import recv_frames, send_frames
@@ -124,6 +125,7 @@ class Broker:
         # guard); anything between the limit and that is received, rejected and counted by `decode`.
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
         self._sock.setsockopt(zmq.LINGER, 1000)
+        take_over_reconnects(self._sock)  # a client back from a partition replaces its old connection
         self._sock.bind(f"tcp://{self.cfg.host}:{self.port}")
         # Replies go out through a plain (shadow) socket, without an asyncio future per message (measured by
         # scripts/bench_broker.py). A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
@@ -513,7 +515,7 @@ class Broker:
             run_name=self.run_name, status=self.status, reason=self.reason, started=self.started,
             total_steps=self.total_steps, buffer=self.buffer, stats=self.stats, engines=self.engines,
             rejected=self.rejected, learner_metrics=self.learner_metrics, group_waiters=len(self._group_waiters),
-            audit=self.state.audit, wal=self._wal_stats())
+            audit=self.state.audit, dead=frozenset(self._dead), wal=self._wal_stats())
 
     def _wal_stats(self) -> dict[str, float]:
         wal = self.state.wal

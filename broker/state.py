@@ -207,6 +207,7 @@ class BrokerState:
             completed = self.buffer.add(t)
         except RejectedTransition as exc:
             self.buffer.counts[f"transitions_rejected_{exc.reason}"] += 1
+            self.buffer.settle([t], f"rejected:{exc.reason}")  # acknowledged, so accounted for per key too
             return Ingested("rejected", ack=t.seq if t.seq >= 0 else None, detail=f"{exc.reason}: {exc}")
         return Ingested("completed" if completed else "taken", ack=t.seq if t.seq >= 0 else None)
 
@@ -303,7 +304,8 @@ class BrokerState:
                     for steps in g.trajectories.values() for t in steps if t.seq >= 0}
             fates = [f.split(":", 1)[0] for f in b.fates.values()]
             out["keys"] = {"tracked": len(b.fates) + len(held - b.fates.keys()), "trained": fates.count("trained"),
-                           "dropped": fates.count("dropped"), "buffered": len(held - b.fates.keys()),
+                           "dropped": fates.count("dropped"), "rejected": fates.count("rejected"),
+                           "buffered": len(held - b.fates.keys()),
                            "settled_twice": c["keys_settled_twice"]}
         return out
 

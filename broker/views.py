@@ -10,7 +10,7 @@ from typing import Any
 
 from agentstream.wire.messages import EngineStatus
 from broker.buffer import ReplayBuffer
-from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, StatsBook, env_outcomes
+from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, Peer, StatsBook, env_outcomes
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class BrokerView:
     group_waiters: int
     audit: Callable[[], dict[str, Any]]
     """The delivery accounting (computed only for the summary: it walks every buffered key)."""
+    dead: frozenset[str] = frozenset()
+    """Actors and engines the broker declared gone (silent for broker.heartbeat_timeout_s), until they report again."""
     wal: Mapping[str, float] = field(default_factory=dict)
     """The write-ahead log's health: wal_failing (1 while it cannot be written: a full disk), wal_stalled_s,
     wal_pending_bytes, wal_write_errors (empty without a log)."""
@@ -134,13 +136,18 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     }
 
 
+def _alive(broker: BrokerView, p: Peer, now: float) -> bool:
+    """Reporting (heard from in the last 10 s), not exited, and not declared gone by the broker's heartbeat check."""
+    return not p.final and now - p.last_seen < 10 and p.name not in broker.dead
+
+
 def _engine_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
     rows = []
     for name, e in sorted(broker.engines.items()):
         p = broker.stats.peers.get(name)
         rows.append({
             "name": name, "url": e.url, "address": e.url, "incarnation": p.incarnation if p else 0,
-            "version": e.version, "alive": bool(p and not p.final and now - p.last_seen < 10),
+            "version": e.version, "alive": p is not None and _alive(broker, p, now),
             "requests_in_flight": int(p.gauges.get("requests_in_flight", -1)) if p else -1,
             "weight_sync_s": p.gauges.get("weight_sync_s", 0.0) if p else 0.0,
             "last_seen_s": now - p.last_seen if p else -1.0})
@@ -149,7 +156,7 @@ def _engine_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
 
 def _actor_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
     return [{"name": p.name, "address": p.address or (f"pid {p.pid}" if p.pid else ""),
-             "incarnation": p.incarnation, "alive": not p.final and now - p.last_seen < 10,
+             "incarnation": p.incarnation, "alive": _alive(broker, p, now),
              "episodes_in_flight": int(p.gauges.get("episodes_in_flight", 0)),
              "requests_in_flight": int(p.gauges.get("requests_in_flight", 0)),
              "env_steps_hung": int(p.gauges.get("env_steps_hung", 0)),

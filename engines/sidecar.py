@@ -48,6 +48,7 @@ from agentstream.wire.client import AsyncClient
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
 from agentstream.wire.messages import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
+from agentstream.wire.reconnect import keep_alive
 from engines.server import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME, ServerNotReady, wait_ready
 
 log = logging.getLogger("engines.sidecar")
@@ -222,6 +223,8 @@ class WeightSidecar:
         self._wake = asyncio.Event()
         self._apply_lock = asyncio.Lock()  # held while an update is applied; shutdown waits for it
         self._learner: zmq.asyncio.Socket | None = None
+        self._learner_events: zmq.asyncio.Socket | None = None  # its monitor: each time the connection is made
+        self.link = 0  # times the connection to the learner was made (EngineStatus.link)
         self._broker: AsyncClient | None = None
         self._server: ServerControl | None = None
 
@@ -238,6 +241,7 @@ class WeightSidecar:
                     tg.create_task(self._stop_on(stop))
                     await self._start()
                     tg.create_task(self._receive())
+                    tg.create_task(self._watch_link())
                     tg.create_task(self._apply_loop())
                     tg.create_task(self._report_loop())
             except* _Stop:
@@ -263,6 +267,8 @@ class WeightSidecar:
         self._learner.setsockopt(zmq.SNDHWM, 16)  # statuses only; see _to_learner
         self._learner.setsockopt(zmq.LINGER, 1000)
         self._learner.setsockopt(zmq.MAXMSGSIZE, self.spec.max_weight_bytes)
+        keep_alive(self._learner)
+        self._learner_events = self._learner.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         if self.spec.curve_keys_dir:
             secure_client(self._learner, load_client_keys(self.spec.curve_keys_dir))
         self._learner.connect(self.spec.learner)
@@ -291,6 +297,18 @@ class WeightSidecar:
                 log.warning("unexpected %s from the learner ignored", msg.kind)
                 continue
             self.offer(msg)
+
+    async def _watch_link(self) -> None:
+        """Count the connections made to the learner and say so at once: after a partition (or a learner that
+        came back), the updates queued on the old connection are lost, and the new `link` number asks for the
+        newest weights again (engines.weights.WeightPublisher)."""
+        assert self._learner_events is not None
+        while True:
+            await self._learner_events.recv_multipart()
+            self.link += 1
+            if self.link > 1:
+                log.info("connected to the learner again (connection %d)", self.link)
+            await self._to_learner(self._status())
 
     def offer(self, update: WeightUpdate) -> None:
         """Keep `update` as the one to apply next unless something at least as new is here already."""
@@ -357,7 +375,8 @@ class WeightSidecar:
                 )
 
     def _status(self) -> EngineStatus:
-        return EngineStatus(engine=self.spec.name, url=self.spec.url, version=self.version, epoch=self.epoch)
+        return EngineStatus(engine=self.spec.name, url=self.spec.url, version=self.version, epoch=self.epoch,
+                            link=self.link)
 
     async def _send_status(self) -> None:
         assert self._broker is not None
@@ -392,6 +411,9 @@ class WeightSidecar:
         if self._broker is not None:
             await self._broker.close()
         if self._learner is not None:
+            self._learner.disable_monitor()
+            if self._learner_events is not None:
+                self._learner_events.close()
             self._learner.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -28,6 +28,7 @@ from safetensors.torch import save
 
 from agentstream.wire.curve import CurveServer
 from agentstream.wire.messages import EngineStatus, ProtocolError, WeightUpdate, decode, encode
+from agentstream.wire.reconnect import take_over_reconnects
 from engines.server import ADAPTER_CONFIG_KEY
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class WeightPublisher:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
         self._sock.setsockopt(zmq.LINGER, linger_ms)
+        take_over_reconnects(self._sock)  # a sidecar back from a partition replaces its old connection
         self._sock.bind(bind_address)
         # The address sidecars connect to: with port 0 or "*" in bind_address, the port the OS picked.
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -108,6 +110,7 @@ class WeightPublisher:
         self._acked: dict[str, int] = {}  # engine -> version its server runs (last EngineStatus; -1: another epoch)
         self.epoch = epoch  # sent with every update: sidecars running another learner process's weights take ours
         self._sent: dict[str, int] = {}  # engine -> newest version queued to it
+        self._links: dict[str, int] = {}  # engine -> EngineStatus.link: its connection's number
         self._closed = False
 
     # ------------------------------------------------------------------------------------- public
@@ -195,9 +198,13 @@ class WeightPublisher:
         previous = self._acked.get(engine)
         # Weights of another learner process (before a restart from a checkpoint) count as none of ours.
         self._acked[engine] = msg.version if msg.epoch == self.epoch or msg.epoch == 0 and msg.version <= 0 else -1
+        link, self._links[engine] = self._links.get(engine, 0), msg.link
         if previous is None or msg.version < previous:
             # New sidecar, or a restarted one (its version went back): whatever we sent it is gone.
             log.info("engine %r registered at version %d (%s)", engine, msg.version, msg.url)
+            self._sent.pop(engine, None)
+        elif link not in (0, msg.link):  # connected again (after a partition): what was queued went with the old one
+            log.info("engine %r connected again at version %d: it gets the newest weights again", engine, msg.version)
             self._sent.pop(engine, None)
         self._send_latest(engine)
 

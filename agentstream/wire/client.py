@@ -36,6 +36,7 @@ from agentstream.wire.messages import (
     decode,
     encode,
 )
+from agentstream.wire.reconnect import keep_alive
 
 
 class BrokerUnavailable(RuntimeError):
@@ -52,6 +53,7 @@ def _configure(sock: zmq.Socket, name: str, hwm: int, curve_keys_dir: str = "", 
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, 5000)  # on close, flush what was sent (bounded)
+    keep_alive(sock)  # a connection lost to a partition is made again
 
 
 class SyncClient:

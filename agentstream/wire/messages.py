@@ -290,6 +290,7 @@ class EngineStatus:
     url: str
     version: int
     epoch: int = 0  # WeightUpdate.epoch of the weights it runs (0: its initial weights)
+    link: int = 0  # times its connection to the learner was made (0: not yet); what was queued on an older one is lost
     kind: Literal["engine_status"] = "engine_status"
 
 

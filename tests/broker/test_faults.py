@@ -8,7 +8,11 @@ model, so that each test takes seconds rather than a launcher run's minutes):
 - the broker's disk fills (its write-ahead log on a small tmpfs, a ballast file taking the rest): the broker
   stops acknowledging and says why (dashboard, /metrics, log), the actors back off under their
   unacknowledged limit, the run goes on once the ballast is deleted, and a kill -9 right after loses nothing
-  that was acknowledged.
+  that was acknowledged;
+- a network partition (network namespaces and veth pairs the test makes, packets dropped with tc) cuts an actor
+  and a real weight sidecar (on the session's spare vLLM server) off the broker and the learner for longer than
+  the heartbeat timeout: both are declared gone, and both come back once it heals (the learner here also
+  publishes weights, with the real WeightPublisher).
 
 Each ends with the chaos test's accounting: acknowledged = ingested + rejected, ingested = trained + buffered +
 dropped, and, per delivery key (broker.track_keys), nothing settled twice.
@@ -25,7 +29,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +43,7 @@ from agentstream import config as config_mod
 from agentstream.config import Config
 from agentstream.wire.addresses import free_port
 from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import Transition
+from agentstream.wire.messages import Stats, Transition
 from launcher import procs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,13 +56,20 @@ LEARNER = r"""
 import sys, time
 from agentstream.wire.client import SyncClient
 from agentstream.wire.messages import Batch, BatchRequest, VersionUpdate
-client, step = SyncClient(sys.argv[1], "learner-0"), 0
+client, step, publisher = SyncClient(sys.argv[1], "learner-0"), 0, None
+if len(sys.argv) > 3:  # weights for the engines' sidecars, sent as rank 0 sends them (the model's own, each step)
+    from safetensors.torch import load_file
+    from engines.weights import WeightPublisher
+    publisher, weights = WeightPublisher(sys.argv[3]), load_file(sys.argv[4])
 while True:  # a learner rank: batch `step`, a "training step", the next version
     batch = client.request(BatchRequest(step=step, rank=0, world_size=1), resend_every_s=2.0,
-                           accept=lambda m: getattr(m, "step", step) == step)  # not a repeat of an older answer
+                           accept=lambda m: getattr(m, "step", step) == step,  # not a repeat of an older answer
+                           on_wait=publisher.service if publisher else None)
     assert isinstance(batch, Batch), batch
     time.sleep(float(sys.argv[2]))
     step += 1
+    if publisher:
+        publisher.publish(step, weights)
     client.send(VersionUpdate(version=step))
 """
 
@@ -78,10 +89,16 @@ def config(max_buffered: int, max_staleness: int) -> Config:
 
 @dataclass
 class Run:
-    """A broker process, a stand-in learner process, and ACTORS actor clients in this test's event loop."""
+    """A broker process, a stand-in learner process, and ACTORS actor clients in this test's event loop (each
+    reporting Stats every half second, as actors do: the broker's heartbeat). With `netns`, the broker and
+    the learner run in that network namespace, bound to all of its interfaces, and actor i reaches the broker
+    at `hosts[i]`."""
 
     run_dir: Path
     steps: int  # per trajectory
+    netns: str = ""
+    hosts: tuple[str, ...] = ("127.0.0.1",) * ACTORS
+    weights: tuple[str, str] = ("", "")  # (bind address, safetensors file): the learner publishes weights
     port: int = field(default_factory=free_port)
     dashboard: int = field(default_factory=free_port)
     broker: subprocess.Popen | None = None
@@ -93,23 +110,27 @@ class Run:
 
     @property
     def address(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
+        return f"tcp://127.0.0.1:{self.port}"  # (from inside the namespace too, with `netns`)
+
+    def _inside(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
 
     async def start_broker(self) -> None:
-        self.broker = procs.start([sys.executable, "-m", "broker.server", "--config", str(self.run_dir / "config.yaml"),
-                                   "--port", str(self.port), "--dashboard-port", str(self.dashboard)],
-                                  self.run_dir / "broker.log", cwd=ROOT)
+        argv = [sys.executable, "-m", "broker.server", "--config", str(self.run_dir / "config.yaml"),
+                "--port", str(self.port), "--dashboard-port", str(self.dashboard)]
+        self.broker = procs.start(self._inside(argv), self.run_dir / "broker.log", cwd=ROOT)
         await self.until(lambda st: st["run"]["status"] == "running", 30, "the broker up")
 
     async def start(self, step_s: float) -> None:
         await self.start_broker()
-        self.learner = procs.start([sys.executable, "-c", LEARNER, self.address, str(step_s)],
-                                   self.run_dir / "learner.log", cwd=ROOT)
-        for i in range(ACTORS):
-            client = AsyncClient(self.address, f"actor-{i}")
+        argv = [sys.executable, "-c", LEARNER, self.address, str(step_s), *(w for w in self.weights if w)]
+        self.learner = procs.start(self._inside(argv), self.run_dir / "learner.log", cwd=ROOT)
+        for i, host in enumerate(self.hosts):
+            client = AsyncClient(f"tcp://{host}:{self.port}", f"actor-{i}")
             await client.start(max_unacked=MAX_UNACKED, ack_timeout_s=2.0)
             self.clients.append(client)
             self.tasks += [asyncio.create_task(self._play(client)) for _ in range(PARALLEL)]
+            self.tasks.append(asyncio.create_task(self._report(client)))
 
     async def _play(self, client: AsyncClient) -> None:
         """One episode loop of an actor: a group at a time, its G trajectories of T steps each."""
@@ -126,6 +147,11 @@ class Run:
                         valid=True))
                     self.sent += 1
 
+    async def _report(self, client: AsyncClient) -> None:
+        while True:
+            await client.send(Stats(source=client.name, role="actor", counters=dict(client.counters)))
+            await asyncio.sleep(0.5)
+
     def acked_by_clients(self) -> int:
         """Transitions the broker told the clients it took (keys below the oldest unacknowledged one)."""
         return self.sent - sum(c.unacked for c in self.clients)
@@ -133,14 +159,14 @@ class Run:
     async def state(self) -> dict | None:
         assert self.http is not None
         try:
-            async with self.http.get(f"http://127.0.0.1:{self.dashboard}/api/state") as resp:
+            async with self.http.get(f"http://{self.hosts[-1]}:{self.dashboard}/api/state") as resp:
                 return await resp.json() if resp.status == 200 else None
         except aiohttp.ClientError:
             return None
 
     async def get(self, path: str) -> str:
         assert self.http is not None
-        async with self.http.get(f"http://127.0.0.1:{self.dashboard}{path}") as resp:
+        async with self.http.get(f"http://{self.hosts[-1]}:{self.dashboard}{path}") as resp:
             assert resp.status == 200, path
             return await resp.text()
 
@@ -168,12 +194,13 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def running(run_dir: Path, cfg: Config, step_s: float, steps: int) -> AsyncIterator[Run]:
-    """Broker, learner (a step every `step_s`) and actors (trajectories of `steps` steps), stopped on exit."""
+async def running(run_dir: Path, cfg: Config, step_s: float, steps: int, **where: object) -> AsyncIterator[Run]:
+    """Broker, learner (a step every `step_s`) and actors (trajectories of `steps` steps), stopped on exit;
+    `where`: Run's netns, hosts and weights."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run.output_dir = str(run_dir)  # (the default names a new folder after the time)
     config_mod.save(cfg, run_dir / "config.yaml")
-    run = Run(run_dir, steps)
+    run = Run(run_dir, steps, **where)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as run.http:
         try:
             await run.start(step_s)
@@ -291,3 +318,127 @@ async def test_a_full_disk_stops_acknowledgements_loses_nothing_and_recovers(tmp
         check_accounting(after)
     finally:
         subprocess.run(["umount", "-l", str(wal)], capture_output=True)
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A network namespace this test made, joined to this one by two veth pairs: `cut_ip` (the far end of the
+    pair that `cut` partitions) and `kept_ip` (the other's, which stays up). Traffic only ever crosses these
+    pairs or a loopback device."""
+
+    name: str
+    near: str  # this namespace's end of the pair that is cut
+    cut_ip: str
+    kept_ip: str
+
+    def cut(self) -> None:
+        """Drop every packet either end of the pair sends: a pfifo queue of 0 packets (tc) on both ends (this
+        kernel has no netem and iptables is not installed; the effect is the same, the link stays up)."""
+        drop_all = ["root", "pfifo", "limit", "0"]
+        for argv in (["tc", "qdisc", "add", "dev", self.near, *drop_all],
+                     ["ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "far0", *drop_all]):
+            subprocess.run(argv, check=True, capture_output=True)
+
+    def heal(self) -> None:
+        for argv in (["tc", "qdisc", "del", "dev", self.near, "root"],
+                     ["ip", "netns", "exec", self.name, "tc", "qdisc", "del", "dev", "far0", "root"]):
+            subprocess.run(argv, check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def namespace() -> Iterator[Namespace]:
+    name, tag, octet = f"agentstream-{os.getpid()}", f"as{os.getpid() % 10**6}", 1 + os.getpid() % 250
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here ({made.stderr.strip() or made.returncode}): the "
+                    "partition test needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN)")
+    inside = ["ip", "netns", "exec", name]
+    try:
+        for i in (0, 1):  # 10.213.<octet>.0/30 (cut) and .4/30 (kept): addresses of these pairs only
+            near, base = f"{tag}n{i}", 4 * i
+            for argv in (["ip", "link", "add", near, "type", "veth", "peer", "name", f"far{i}", "netns", name],
+                         ["ip", "addr", "add", f"10.213.{octet}.{base + 1}/30", "dev", near],
+                         ["ip", "link", "set", near, "up"],
+                         [*inside, "ip", "addr", "add", f"10.213.{octet}.{base + 2}/30", "dev", f"far{i}"],
+                         [*inside, "ip", "link", "set", f"far{i}", "up"]):
+                subprocess.run(argv, check=True, capture_output=True)
+        subprocess.run([*inside, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
+        yield Namespace(name, f"{tag}n0", f"10.213.{octet}.2", f"10.213.{octet}.6")
+    finally:
+        for i in (0, 1):
+            subprocess.run(["ip", "link", "del", f"{tag}n{i}"], capture_output=True)  # (and its far end)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def actor_row(st: dict, name: str) -> dict:
+    return next(a for a in st["actors"] if a["name"] == name)
+
+
+def engine_row(st: dict, name: str) -> dict | None:
+    return next((e for e in st["engines"] if e["name"] == name), None)
+
+
+HEARTBEAT_S, PARTITION_S = 3.0, 8.0
+
+
+@pytest.mark.e2e
+async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_trained_twice(
+        tmp_path: Path, spare_engine) -> None:
+    """The broker and the learner in a network namespace; in this one, actor-0 and an engine's weight sidecar
+    (the session's spare vLLM server) reach them over the link that is cut, actor-1 over the one that stays up.
+    For PARTITION_S (> broker.heartbeat_timeout_s) every packet on the cut link is dropped: the run goes on with
+    actor-1, the broker declares actor-0 and the engine gone (actor-0's open groups dropped as `actor_silent`),
+    and the learner's new weights wait. Once it heals, actor-0's resent transitions of the dropped groups are
+    acknowledged and rejected (counted), it plays new groups, and the engine catches up to the learner's
+    weights; the accounting holds and no key is settled twice."""
+    cfg = config(10_000, max_staleness=1000)  # admission never waits for the cut engine: only heartbeats decide
+    cfg.broker.heartbeat_timeout_s, cfg.broker.host, cfg.broker.dashboard_host = HEARTBEAT_S, "0.0.0.0", "0.0.0.0"
+    cfg.broker.allow_insecure_bind = True  # (bound in the test's own namespace: its loopback and the two pairs)
+    weights = free_port()
+    with namespace() as ns:
+        where = dict(netns=ns.name, hosts=(ns.cut_ip, ns.kept_ip),
+                     weights=(f"tcp://*:{weights}", str(Path(spare_engine.model) / "model.safetensors")))
+        async with running(tmp_path / "run", cfg, step_s=0.3, steps=T, **where) as run:
+            sidecar = procs.start([sys.executable, "-m", "engines.sidecar", "--name", "engine-p",
+                                   "--url", spare_engine.url, "--learner", f"tcp://{ns.cut_ip}:{weights}",
+                                   "--broker", f"tcp://{ns.cut_ip}:{run.port}", "--stats-interval", "0.5",
+                                   "--workdir", str(tmp_path / "sidecar")], tmp_path / "sidecar.log", cwd=ROOT)
+            try:
+                st = await run.until(lambda st: st["learner"]["version"] >= 3 and (e := engine_row(st, "engine-p"))
+                                     is not None and e["version"] >= 1, 90, "the engine serving the learner's weights")
+                before = {c.name: c.counters["transitions_resent"] for c in run.clients}
+                ns.cut()
+                cut_at, cut_version = asyncio.get_running_loop().time(), st["learner"]["version"]
+                try:
+                    st = await run.until(lambda st: not actor_row(st, "actor-0")["alive"]
+                                         and not engine_row(st, "engine-p")["alive"]
+                                         and st["learner"]["version"] >= cut_version + 3, PARTITION_S + 20,
+                                         "actor-0 and the engine declared gone while the run goes on with actor-1")
+                    await asyncio.sleep(max(0.0, cut_at + PARTITION_S - asyncio.get_running_loop().time()))
+                    st = await run.until(lambda st: True, 5, "the dashboard, over the link that stays up")
+                    healed_version, acks = st["learner"]["version"], run.clients[0].counters["acks"]
+                    assert run.clients[0].unacked == MAX_UNACKED  # actor-0 filled its window: nothing came back
+                    assert st["learner"]["version"] >= cut_version + 5, (cut_version, st["learner"])
+                    assert engine_row(st, "engine-p")["version"] <= cut_version  # its new weights are cut off
+                finally:
+                    ns.heal()
+                st = await run.until(lambda st: actor_row(st, "actor-0")["alive"] and (e := engine_row(st, "engine-p"))
+                                     is not None and e["version"] >= healed_version, 60,
+                                     "actor-0 back and the engine at the weights published during the partition")
+                c0 = run.clients[0]  # its resent transitions (go-back-N, every ack_timeout_s) acknowledged at last:
+                await run.until(lambda st: c0.counters["acks"] > acks and c0.unacked < MAX_UNACKED
+                                and st["learner"]["version"] >= healed_version + 3, 30, "actor-0's sends acknowledged")
+                await run.stop_actors()
+                resent = {c.name: c.counters["transitions_resent"] - before[c.name] for c in run.clients}
+                summary = json.loads(await run.get("/api/summary"))
+            finally:
+                procs.stop(sidecar, 10)
+    print(f"partition: resent {resent}; dropped {summary['transitions_dropped']}; rejected "
+          f"{summary['reliability']['transitions_rejected']}")
+    check_accounting(summary)
+    assert resent["actor-0"] > 0 and resent["actor-1"] == 0
+    assert summary["transitions_dropped"].get("actor_silent", 0) > 0
+    assert summary["reliability"]["transitions_rejected"].get("unknown_group", 0) > 0
+    assert "actor-0 silent" in (tmp_path / "run" / "broker.log").read_text()
+    # The sidecar's connection to the learner ended in the partition; made again, it asked for the newest weights.
+    assert "connected to the learner again" in (tmp_path / "sidecar.log").read_text()

@@ -128,6 +128,29 @@ def test_publisher_late_registration_restart_and_timeout():
         agent.close()
 
 
+def test_publisher_sends_the_newest_again_on_a_new_connection_and_only_then():
+    """A sidecar whose connection to the learner was made again (EngineStatus.link went up: a partition, a
+    handover) lost what was queued on the old one: the newest weights go out again. Its first connection (link
+    0 -> 1) and heartbeats on the same link do not resend."""
+    with WeightPublisher("tcp://127.0.0.1:*") as pub:
+        old = _fake_agent(pub.address, "engine-a")
+        old.send_multipart(encode(EngineStatus(engine="engine-a", url="", version=0)))  # before its handshake
+        pub.wait_for(0, 1, 5)
+        pub.publish(1, {"w": torch.zeros(2)})
+        assert _recv_update(old).version == 1
+        for link in (1, 1):  # its first connection counted, then a heartbeat: the update is on its way already
+            old.send_multipart(encode(EngineStatus(engine="engine-a", url="", version=0, link=link)))
+            time.sleep(0.2)
+            assert pub.engine_versions() == {"engine-a": 0} and not old.poll(200)
+        new = _fake_agent(pub.address, "engine-a")  # the same sidecar, connected again (ROUTER_HANDOVER)
+        new.send_multipart(encode(EngineStatus(engine="engine-a", url="", version=0, link=2)))
+        time.sleep(0.2)
+        assert pub.engine_versions() == {"engine-a": 0}
+        assert _recv_update(new).version == 1  # (to the new connection: the old one was handed over)
+        for sock in (old, new):
+            sock.close()
+
+
 def test_publisher_sends_each_version_to_every_agent():
     with WeightPublisher("tcp://127.0.0.1:*") as pub:
         agents = [_fake_agent(pub.address, f"engine-{i}") for i in range(2)]

@@ -10,6 +10,7 @@ import zmq.asyncio
 
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Ack, Transition, Transitions, decode, encode
+from agentstream.wire.reconnect import take_over_reconnects
 
 
 def tr(i: int) -> Transition:
@@ -60,3 +61,26 @@ def test_transitions_sent_together_arrive_bundled_in_order_and_are_resent_until_
             router.close(linger=0)
 
     asyncio.run(main())
+
+
+def test_a_router_hands_an_identity_over_to_its_new_connection() -> None:
+    """take_over_reconnects: a client that connects again under its identity while its old connection still looks
+    open to the server (a partition ended only the client's end of it) is served on the new one. Without
+    ROUTER_HANDOVER the server ignores it for as long as the old connection lasts."""
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    take_over_reconnects(server)
+    server.bind("tcp://127.0.0.1:*")
+    clients = []
+    for n in range(2):
+        client = ctx.socket(zmq.DEALER)
+        client.setsockopt(zmq.IDENTITY, b"actor-0")
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+        client.send(f"hello {n}".encode())
+        assert server.poll(5000) and server.recv_multipart() == [b"actor-0", f"hello {n}".encode()]
+        clients.append(client)
+    server.send_multipart([b"actor-0", b"ack"])
+    assert clients[1].poll(5000) and clients[1].recv() == b"ack" and not clients[0].poll(100)
+    for sock in (*clients, server):
+        sock.close(0)
