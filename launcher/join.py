@@ -20,7 +20,8 @@ gets the newest weights at the learner's next step) and with the broker, which l
 once it serves recent weights.
 role=learner: node learner.node_rank of a learner that spans learner.nnodes hosts (multi-node torchrun): its
 world_size/nnodes ranks meet node 0 (the main launch's) at its rendezvous; the learner trains once every node
-has joined. Its own fields: learner.node_rank and learner.torch_threads.
+has joined. Its own fields: learner.node_rank and learner.torch_threads; its `engines.*` are the run's (it starts
+none, and its ranks publish version 0 with node 0's when the run's engines are `engines.external_urls`).
 role=gateway: one OpenAI-compatible gateway (`gateway-<host>-<pid>-0`, gateway/server.py) on this host, its
 `gateway.*` from the local command line; it asks the broker for the engines, reports as an actor, is restarted
 like one, and its URL is printed and written to RUN/gateway_url once it answers.
@@ -107,6 +108,10 @@ def joined_config(local: Config, welcome: Welcome) -> Config:
     run_cfg = config_mod.to_object(OmegaConf.create(welcome.config))
     engines = dataclasses.replace(run_cfg.engines, external_urls=[],
                                   **{f: getattr(local.engines, f) for f in _LOCAL_ENGINE_FIELDS})
+    if local.run.role == "learner":
+        # A learner node starts no engine, and its ranks must do what node 0's do about the run's: whether the
+        # initial weights go out as version 0 first (engines.external_urls) is a gather that every rank joins.
+        engines = run_cfg.engines
     model = run_cfg.model
     if Path(local.model.path).resolve() != config_mod.TINY_MODEL_DIR.resolve():
         model = dataclasses.replace(model, path=local.model.path)

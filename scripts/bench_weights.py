@@ -2,6 +2,7 @@
 generation pauses, for full weights and for a LoRA adapter, at two model sizes.
 
     .venv/bin/python scripts/bench_weights.py [--updates 3] [--sizes tiny,small] [--modes full,lora]
+    .venv/bin/python scripts/bench_weights.py --modes full --model DIR --engine-url URL   # a server already up
 
 Per (size, mode): a real vLLM server (LoRA enabled for `lora`), its real weight sidecar (`python -m
 engines.sidecar`) and a real broker; here, a one-rank FSDP2 policy (`learner.model.load_policy`) takes an
@@ -144,7 +145,9 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     optimizer.zero_grad(set_to_none=True)
 
 
-def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path) -> SyncResult:
+def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path, engine_url: str = "") -> SyncResult:
+    """One (size, mode); `engine_url`: a vLLM server of `model_dir` that is already up (full weights only) instead of
+    one started here. It is left running, serving the benchmark's last weights."""
     from engines.server import (
         LORA_ADAPTER_NAME,
         SERVED_MODEL_NAME,
@@ -161,6 +164,7 @@ def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path
         trainable_parameters,
     )
 
+    folder.mkdir(parents=True, exist_ok=True)
     cfg = Config()
     cfg.run.output_dir = str(folder)
     cfg.model.path = str(model_dir)
@@ -171,8 +175,8 @@ def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path
     params = sum(p.numel() for p in model.parameters())
     eport, bport = free_port(), free_port()
     argv, env = server_command(cfg.model, cfg.engines, eport)
-    url = f"http://127.0.0.1:{eport}"
-    procs = [start(argv, folder / "engine.log", env=env)]
+    url = engine_url or f"http://127.0.0.1:{eport}"
+    procs = [] if engine_url else [start(argv, folder / "engine.log", env=env)]
     publisher = WeightPublisher("tcp://127.0.0.1:*")
     try:
         from agentstream import config as config_mod
@@ -180,7 +184,7 @@ def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path
         config_mod.save(cfg, folder / "config.yaml")
         procs.append(start([sys.executable, "-m", "broker.server", "--config", str(folder / "config.yaml"), "--port",
                             str(bport), "--dashboard-port", str(free_port())], folder / "broker.log", cwd=ROOT))
-        asyncio.run(wait_ready(url, 400, proc=procs[0]))
+        asyncio.run(wait_ready(url, 400, proc=procs[0] if procs else None))
         procs.append(start([sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", url, "--learner",
                             publisher.address, "--broker", f"tcp://127.0.0.1:{bport}", "--workdir",
                             str(folder / "weights")], folder / "sidecar.log", cwd=ROOT))
@@ -222,7 +226,12 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="weight updates per case (median reported)")
     parser.add_argument("--sizes", default="tiny,small", help=f"comma-separated: {', '.join(SIZES)}")
     parser.add_argument("--modes", default="full,lora", help="comma-separated: full, lora")
+    parser.add_argument("--model", default="", help="a model directory instead of --sizes' tiny models")
+    parser.add_argument("--engine-url", default="", help="a vLLM server of --model already up (--modes full only)")
     args = parser.parse_args()
+    if args.engine_url and (not args.model or args.modes != "full"):
+        parser.error("--engine-url needs --model (the server's model) and --modes full (LoRA needs a server started "
+                     "with LoRA enabled: leave --engine-url out and the benchmark starts one)")
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
@@ -234,10 +243,11 @@ def main() -> None:
     print(f"{'size':<6} {'mode':<5} {'params':>8} {'MB':>7} {'gather s':>8} {'send s':>7} {'step->serve s':>13} "
           f"{'pause s':>8} {'MB/s':>8} {'loopback MB/s':>13}", flush=True)
     results = []
-    for size in args.sizes.split(","):
-        model_dir = make_tiny_model(folder / f"model-{size}", **SIZES[size])
+    models = {"given": Path(args.model)} if args.model else {
+        size: make_tiny_model(folder / f"model-{size}", **SIZES[size]) for size in args.sizes.split(",")}
+    for size, model_dir in models.items():
         for mode in args.modes.split(","):
-            r = bench_case(size, mode, model_dir, args.updates, folder / f"{size}-{mode}")
+            r = bench_case(size, mode, model_dir, args.updates, folder / f"{size}-{mode}", args.engine_url)
             results.append(r)
             print(f"{r.size:<6} {r.mode:<5} {r.params / 1e6:>7.2f}M {r.payload_mb:>7.2f} {r.gather_s:>8.3f} "
                   f"{r.publish_s:>7.3f} {r.total_s:>13.3f} {r.pause_s:>8.3f} {r.payload_mb / r.total_s:>8.1f} "

@@ -65,6 +65,7 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def spare_engine(tmp_path_factory: pytest.TempPathFactory):
     """A second vLLM server (`VllmServer`) of a tiny model of its own (max_model_len 1024), up for the whole
-    session, for tests that change its weights (tests/engines/test_engines_vllm.py) or stop it for a while and
+    session, for tests that change its weights (tests/engines/test_engines_vllm.py, the weight benchmark in
+    tests/scripts/test_benchmarks.py, the partition test in tests/broker/test_faults.py) or stop it for a while and
     resume it (tests/actors/test_faults.py: a stalled engine). Any order of those tests works."""
     yield from serve_tiny_model(tmp_path_factory, max_model_len=1024)
