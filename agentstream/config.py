@@ -369,6 +369,9 @@ class GatewayConfig:
     """Opening an episode waits this long for the broker to admit its group (staleness bound), then answers 429."""
     retry_after_s: int = 1
     """The Retry-After (seconds) of a 429."""
+    episode_idle_timeout_s: float = 600.0
+    """An open episode with no request for this long is taken for a dead agent: its group is dropped whole (counted as
+    `gateway_episodes_abandoned`, and by the broker as `infra_agent_silent`); a later call gets 410."""
     tool_parser: str = "hermes"
     """How tool calls are read from the model's text (gateway.toolcalls.TOOL_PARSERS: hermes, qwen, json)."""
     chat_template: str = ""

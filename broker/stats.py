@@ -26,8 +26,10 @@ TOKEN_REWARD_COUNTERS = ("token_reward_steps", "token_reward_sum", "token_reward
 # tool_parse_failures = the sum of tool_parse_<reason> (= its invalid actions); prompts_rendered_anew: calls whose
 # prompt could not extend the previous one token-exactly (re-renders).
 GATEWAY_REJECT_CODES = ("unknown_episode", "no_episode", "invalid_json", "invalid_request", "context_length_exceeded",
-                        "body_too_large", "episode_finished", "no_step", "busy", "unknown_route", "method_not_allowed")
+                        "body_too_large", "episode_finished", "episode_abandoned", "no_step", "busy", "unknown_route",
+                        "method_not_allowed")
 GATEWAY_COUNTERS = ("gateway_requests", "gateway_calls", "gateway_episodes_opened", "gateway_episodes_finished",
+                    "gateway_episodes_abandoned",
                     "gateway_prompt_tokens", "gateway_tool_calls", "gateway_tool_parse_failures",
                     *(f"gateway_tool_parse_{r}" for r in ("truncated", "bad_json", "bad_call", "unknown_tool")),
                     "gateway_prompts_extended", "gateway_prompts_rendered_anew", "gateway_internal_errors",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,15 @@ class Episode:
     last: Turn | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One call at a time: each answer extends the token chain the next call builds on."""
+    last_request: float = field(default_factory=time.monotonic)
+    abandoned: str = ""
+    """Why the gateway gave up on it (its agent went silent): its group was dropped; empty while it was not."""
+
+    def abandon(self, why: str) -> int:
+        """Give up on this episode (its group is dropped): the held step is never sent. Returns the steps sent."""
+        sent = self.steps - (self.pending is not None)
+        self.pending, self.finished, self.last, self.abandoned = None, True, None, why
+        return sent
 
     def next_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         """The messages added since the last answer when `messages` continue the last call exactly (same

@@ -52,7 +52,7 @@ from aiohttp import web
 from agentstream import config as config_mod
 from agentstream.config import SamplingConfig
 from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import Hello, Stats
+from agentstream.wire.messages import ABANDON, ABANDON_GROUP, Hello, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation, engines_from_broker, follow_engines
 from gateway import protocol
 from gateway.episodes import Episode, Slot, Turn
@@ -96,6 +96,7 @@ class Gateway:
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._reporter: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------ lifecycle
     def app(self) -> web.Application:
@@ -116,6 +117,7 @@ class Gateway:
         if hello:
             await self.broker.send(Hello(role="actor", name=self.name, incarnation=self.incarnation, pid=os.getpid()))
         self._reporter = asyncio.create_task(self._report_loop(), name=f"{self.name}-stats")
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name=f"{self.name}-idle-episodes")
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
@@ -131,10 +133,11 @@ class Gateway:
             return
         await self._runner.cleanup()
         self._runner = None
-        if self._reporter is not None:
-            self._reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reporter
+        for task in (self._reporter, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for slot in self._slots.values():
             slot.grant.cancel()
         with contextlib.suppress(Exception):
@@ -164,6 +167,39 @@ class Gateway:
         while True:
             await self.broker.send(self.stats())
             await asyncio.sleep(self.spec.log_interval_s)
+
+    async def _sweep_loop(self) -> None:
+        """Once a second: an open episode with no request for gateway.episode_idle_timeout_s (and none in progress)
+        belongs to an agent taken for dead, and its group goes whole, as a dead actor's does."""
+        while True:
+            await asyncio.sleep(1.0)
+            limit = time.monotonic() - self.cfg.episode_idle_timeout_s
+            silent = [e for e in self.episodes.values() if not e.finished and not e.lock.locked()
+                      and e.last_request < limit]
+            for episode in silent:
+                if not episode.finished:  # (an earlier one of its group took it along)
+                    await self._abandon_group(episode)
+
+    async def _abandon_group(self, silent: Episode) -> None:
+        """Drop `silent`'s group whole: an abandon marker for it (agentstream.wire.messages.ABANDON_GROUP; the
+        broker counts what it held as dropped `infra_agent_silent`), its open episodes refused from now on (410),
+        and no new episode joins the group."""
+        gid = silent.grant.group_id
+        why = (f"its group {gid} was dropped: episode {silent.id[:12]}... made no request for "
+               f"{self.cfg.episode_idle_timeout_s:g} s (gateway.episode_idle_timeout_s), its agent taken for dead")
+        log.warning("%s", why)
+        for task_id, slot in list(self._slots.items()):
+            if slot.grant.done() and not slot.grant.cancelled() and slot.grant.result().group_id == gid:
+                del self._slots[task_id]
+        members = [e for e in self.episodes.values() if e.grant.group_id == gid and not e.finished]
+        sent = {e.id: e.abandon(why) for e in members}
+        self.counters["episodes_abandoned"] += len(members)
+        await self.broker.send_transition(Transition(
+            traj_id=silent.traj_id, group_id=gid, actor=self.name, step=sent[silent.id],
+            prompt_ids=np.zeros(0, np.int32), response_ids=np.zeros(0, np.int32), logprobs=np.zeros(0, np.float32),
+            version_lo=silent.grant.min_version, version_hi=silent.grant.min_version, reward=0.0, done=False,
+            truncated=False, valid=False, info={ABANDON: "agent_silent", ABANDON_GROUP: True}))
+        self.counters["transitions_sent"] += 1
 
     # ------------------------------------------------------------------------------------ errors
     @web.middleware
@@ -214,8 +250,12 @@ class Gateway:
         episode = self.episodes.get(eid)
         if episode is None:
             raise ApiError(404, f"no episode {eid[:40]!r}: open one with POST /episodes", "unknown_episode")
+        if episode.abandoned:
+            raise ApiError(410, f"episode {eid[:40]!r} was given up: {episode.abandoned}; open a new one",
+                           "episode_abandoned")
         if episode.finished:
             raise ApiError(409, f"episode {eid[:40]!r} is finished; open a new one for more calls", "episode_finished")
+        episode.last_request = time.monotonic()
         return episode
 
     # ------------------------------------------------------------------------------------ episodes

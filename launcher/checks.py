@@ -236,9 +236,10 @@ def gateway_errors(cfg: Config) -> list[str]:
     if g.max_body_bytes < 1024 or g.max_episodes < 1:
         errors.append(f"gateway.max_body_bytes={g.max_body_bytes} (>= 1024), gateway.max_episodes={g.max_episodes} "
                       f"(>= 1): one of them is too small to serve a chat request.")
-    if g.admission_timeout_s <= 0 or g.retry_after_s < 1:
+    if g.admission_timeout_s <= 0 or g.retry_after_s < 1 or g.episode_idle_timeout_s <= 0:
         errors.append(f"gateway.admission_timeout_s={g.admission_timeout_s} (> 0), gateway.retry_after_s="
-                      f"{g.retry_after_s} (>= 1): one of them is out of range.")
+                      f"{g.retry_after_s} (>= 1), gateway.episode_idle_timeout_s={g.episode_idle_timeout_s} (> 0): "
+                      f"one of them is out of range.")
     if g.tool_parser not in TOOL_PARSERS:
         errors.append(f"gateway.tool_parser={g.tool_parser!r} is unknown; use one of "
                       f"{', '.join(sorted(TOOL_PARSERS))}.")

@@ -262,3 +262,47 @@ async def test_every_bad_input_gets_its_4xx_and_count_and_admission_holds_or_ans
             break
         await asyncio.sleep(0.05)
     assert not stack.broker.buffer.open
+
+
+async def test_a_silent_agents_group_is_dropped_whole_and_its_late_calls_refused(stack: Stack) -> None:
+    """An agent that stops calling (dead, or hung) would hold its group open for good: after
+    gateway.episode_idle_timeout_s without a request the gateway drops the group whole with an abandon marker (the
+    broker counts what it held as dropped `infra_agent_silent`, as a dead actor's groups), and a late call gets 410."""
+    url, gw, buffer = stack.url, stack.gateway, stack.broker.buffer
+    user = [{"role": "user", "content": "hi"}]
+
+    def agent() -> tuple:
+        done, silent = open_episode(url, "t0"), open_episode(url, "t0")  # group 0, both of its places
+        chat(done.base_url, "x", messages=user, max_tokens=4)
+        done.finish(reward=1.0)  # a whole trajectory: its one step goes to the broker
+        chat(silent.base_url, "x", messages=user, max_tokens=4)  # its step is held until the next call... none comes
+        return done, silent
+
+    done, silent = await asyncio.to_thread(agent)
+    gw.cfg.episode_idle_timeout_s = 1.5  # (only now: a slow call of `done` must not make `silent` look dead)
+    assert buffer.open and buffer.counts["transitions_ingested"] == 1
+    for _ in range(60):
+        if buffer.counts["groups_dropped_infra_agent_silent"]:
+            break
+        await asyncio.sleep(0.25)
+    assert gw.counters["episodes_abandoned"] == 1  # (the finished one was not open)
+    # Dropped: the finished trajectory's step and the marker (ingested, so that acked = ingested + rejected holds);
+    # the silent episode's held step was never sent. Nothing of the group is served.
+    assert buffer.counts["groups_dropped_infra_agent_silent"] == 1
+    assert buffer.counts["transitions_dropped_infra_agent_silent"] == 2 == buffer.counts["transitions_ingested"]
+    assert not buffer.open and not buffer.ready
+
+    def late() -> list:
+        codes = []
+        for call in (lambda: chat(silent.base_url, "x", messages=user, max_tokens=4), lambda: silent.finish(1.0)):
+            try:
+                call()
+            except openai.APIStatusError as exc:
+                codes.append((exc.status_code, exc.body.get("code")))
+            except GatewayError as exc:
+                codes.append((410, str(exc)))
+        return codes
+
+    codes = await asyncio.to_thread(late)
+    assert codes[0] == (410, "episode_abandoned") and "given up" in codes[1][1]
+    assert gw.counters["rejected_episode_abandoned"] == 2
