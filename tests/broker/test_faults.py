@@ -109,6 +109,11 @@ class Run:
     http: aiohttp.ClientSession | None = None
 
     @property
+    def marker(self) -> dict[str, str]:
+        """In the environment of every process the test starts (and so of their descendants): none may outlive it."""
+        return {procs.RUN_ENV: str(self.run_dir)}
+
+    @property
     def address(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"  # (from inside the namespace too, with `netns`)
 
@@ -118,13 +123,13 @@ class Run:
     async def start_broker(self) -> None:
         argv = [sys.executable, "-m", "broker.server", "--config", str(self.run_dir / "config.yaml"),
                 "--port", str(self.port), "--dashboard-port", str(self.dashboard)]
-        self.broker = procs.start(self._inside(argv), self.run_dir / "broker.log", cwd=ROOT)
+        self.broker = procs.start(self._inside(argv), self.run_dir / "broker.log", env=self.marker, cwd=ROOT)
         await self.until(lambda st: st["run"]["status"] == "running", 30, "the broker up")
 
     async def start(self, step_s: float) -> None:
         await self.start_broker()
         argv = [sys.executable, "-c", LEARNER, self.address, str(step_s), *(w for w in self.weights if w)]
-        self.learner = procs.start(self._inside(argv), self.run_dir / "learner.log", cwd=ROOT)
+        self.learner = procs.start(self._inside(argv), self.run_dir / "learner.log", env=self.marker, cwd=ROOT)
         for i, host in enumerate(self.hosts):
             client = AsyncClient(f"tcp://{host}:{self.port}", f"actor-{i}")
             await client.start(max_unacked=MAX_UNACKED, ack_timeout_s=2.0)
@@ -191,6 +196,7 @@ class Run:
         for proc in (self.learner, self.broker):
             if proc is not None:
                 procs.stop(proc, 5)
+        assert procs.marked(procs.RUN_ENV, str(self.run_dir)) == {}, "a process of the test outlived it"
 
 
 @contextlib.asynccontextmanager
@@ -402,7 +408,8 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
             sidecar = procs.start([sys.executable, "-m", "engines.sidecar", "--name", "engine-p",
                                    "--url", spare_engine.url, "--learner", f"tcp://{ns.cut_ip}:{weights}",
                                    "--broker", f"tcp://{ns.cut_ip}:{run.port}", "--stats-interval", "0.5",
-                                   "--workdir", str(tmp_path / "sidecar")], tmp_path / "sidecar.log", cwd=ROOT)
+                                   "--workdir", str(tmp_path / "sidecar")], tmp_path / "sidecar.log", env=run.marker,
+                                  cwd=ROOT)
             try:
                 st = await run.until(lambda st: st["learner"]["version"] >= 3 and (e := engine_row(st, "engine-p"))
                                      is not None and e["version"] >= 1, 90, "the engine serving the learner's weights")
