@@ -358,7 +358,10 @@ class GatewayConfig:
     """Start the gateway (process gateway-0) in the local launch; its URL is printed and written to RUN/gateway_url.
     With it on, actors.count may be 0 (agent code alone plays the episodes)."""
     host: str = "127.0.0.1"
-    """Interface the gateway's HTTP server binds to (loopback only, until per-run keys exist)."""
+    """Interface the gateway's HTTP server binds to; off loopback only with gateway.key_file."""
+    key_file: str = ""
+    """A file whose first line is the run's gateway key (32+ characters): opening an episode then needs
+    `Authorization: Bearer <key>` (an episode's calls are authorized by its own key, returned on opening)."""
     port: int = 0
     """Its HTTP port; 0 picks a free one."""
     max_body_bytes: int = 4 * 1024 * 1024

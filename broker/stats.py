@@ -27,7 +27,7 @@ TOKEN_REWARD_COUNTERS = ("token_reward_steps", "token_reward_sum", "token_reward
 # prompt could not extend the previous one token-exactly (re-renders).
 GATEWAY_REJECT_CODES = ("unknown_episode", "no_episode", "invalid_json", "invalid_request", "context_length_exceeded",
                         "body_too_large", "episode_finished", "episode_abandoned", "no_step", "busy", "unknown_route",
-                        "method_not_allowed")
+                        "method_not_allowed", "bad_key")
 GATEWAY_COUNTERS = ("gateway_requests", "gateway_calls", "gateway_episodes_opened", "gateway_episodes_finished",
                     "gateway_episodes_abandoned",
                     "gateway_prompt_tokens", "gateway_tool_calls", "gateway_tool_parse_failures",

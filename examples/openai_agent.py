@@ -126,6 +126,7 @@ class Settings:
     temperature: float = 1.0
     first_tool_choice: str = "required"
     record: Path | None = None
+    key: str = ""  # the run's gateway key (its gateway.key_file), if it has one
 
 
 class Recorder:
@@ -144,7 +145,7 @@ class Recorder:
 
 def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> dict:
     """One episode: think, act (tool calls), observe, until an answer without tool calls or max_turns."""
-    with open_episode(gateway, task_id) as ep:
+    with open_episode(gateway, task_id, key=s.key) as ep:
         client = OpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=2)
         messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.question}]
         answer, calls, answered = "", 0, False
@@ -248,6 +249,7 @@ def main() -> int:
                    help="tool_choice of each episode's first call (required: act before answering)")
     p.add_argument("--model", default="policy", help="the model name sent (the gateway serves the run's policy)")
     p.add_argument("--record", type=Path, default=None, help="write every call's token ids here (JSON lines)")
+    p.add_argument("--key-file", type=Path, default=None, help="the run's gateway key file (gateway.key_file), if any")
     p.add_argument("overrides", nargs="*", help="with --launch: run config overrides (key=value)")
     args = p.parse_args()
     episodes = args.episodes if args.episodes is not None else (0 if args.launch else 16)
@@ -255,8 +257,9 @@ def main() -> int:
         p.error(f"--episodes={episodes} must be a multiple of --group-size={args.group_size} (whole groups)")
     if bool(args.gateway) == args.launch:
         p.error("give either --gateway URL (a run that is up) or --launch (start one here)")
+    key = args.key_file.read_text().splitlines()[0].strip() if args.key_file else ""
     settings = Settings(args.model, args.max_turns, args.max_tokens, args.temperature, args.first_tool_choice,
-                        args.record)
+                        args.record, key)
     stop, proc = threading.Event(), None
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     gateway = args.gateway

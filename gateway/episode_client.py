@@ -31,9 +31,10 @@ class GatewayError(RuntimeError):
         self.status, self.code = status, code
 
 
-def _post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[int, dict[str, Any], dict[str, str]]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict[str, Any], timeout_s: float, key: str = "",
+          ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, json.loads(resp.read() or b"{}"), dict(resp.headers)
@@ -89,13 +90,13 @@ class Episode:
             raise RuntimeError(f"episode {self.id} left its `with` block unfinished: call ep.finish(reward)")
 
 
-def open_episode(gateway: str, task_id: str, wait_s: float = 600.0, timeout_s: float = 60.0) -> Episode:
+def open_episode(gateway: str, task_id: str, wait_s: float = 600.0, timeout_s: float = 60.0, key: str = "") -> Episode:
     """Open an episode of `task_id` (episodes sharing it form one group). While the gateway answers 429, wait as
-    its Retry-After says, up to `wait_s` in all."""
+    its Retry-After says, up to `wait_s` in all. `key`: the run's gateway key, if it has one (gateway.key_file)."""
     gateway = gateway.rstrip("/")
     deadline = time.monotonic() + wait_s
     while True:
-        status, payload, headers = _post(f"{gateway}/episodes", {"task_id": task_id}, timeout_s)
+        status, payload, headers = _post(f"{gateway}/episodes", {"task_id": task_id}, timeout_s, key)
         if status == 201:
             return Episode(gateway, payload["id"], payload["base_url"], payload["api_key"], payload["task_id"],
                            int(payload["group_id"]), int(payload["seed"]), timeout_s)

@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 import json
 import logging
 import math
@@ -74,6 +75,12 @@ def tool_call_schema(tools: list[dict[str, Any]], names: list[str]) -> dict[str,
     options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
                 "required": ["name", "arguments"], "additionalProperties": False} for n in names]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def bearer(request: web.Request) -> str:
+    """The token of an `Authorization: Bearer <token>` header, or ""."""
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else ""
 
 
 class Gateway:
@@ -242,8 +249,7 @@ class Gateway:
         """The episode a call is for: its id in the path, else the bearer key."""
         eid = request.match_info.get("eid")
         if eid is None:
-            auth = request.headers.get("Authorization", "")
-            eid = auth[7:].strip() if auth.startswith("Bearer ") else ""
+            eid = bearer(request)
             if not eid:
                 raise ApiError(401, "say which episode this call is for: use the episode's base_url "
                                     "(/episodes/<id>/v1) or its api_key as the bearer token", "no_episode")
@@ -263,6 +269,9 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def _open(self, request: web.Request) -> web.Response:
+        if self.spec.key and not hmac.compare_digest(bearer(request).encode(), self.spec.key.encode()):
+            raise ApiError(401, "opening an episode needs the run's gateway key: send `Authorization: Bearer <key>` "
+                                "with the key in the run's gateway.key_file", "bad_key")
         body = await self._json(request)
         task_id = body.get("task_id") if isinstance(body, dict) else None
         if not isinstance(task_id, str) or not task_id or len(task_id) > 200:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 from agentstream.config import REPO_ROOT, Config, GatewayConfig
 from engines.server import base_model_name, served_model_name
@@ -37,13 +38,15 @@ class GatewaySpec:
     """Transitions kept until the broker acknowledges them; at this many, sending waits (back-pressure)."""
     ack_timeout_s: float
     """No acknowledgement this long: resend everything unacknowledged."""
+    key: str = ""
+    """The run's gateway key (gateway.key_file's first line): opening an episode needs it; "": no key."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> GatewaySpec:
         return cls(copy.deepcopy(cfg.gateway), cfg.model.path, served_model_name(cfg.model),
                    base_model_name(cfg.model), cfg.broker.curve_keys_dir, cfg.engines.request_timeout_s,
                    cfg.env.group_size, cfg.engines.max_model_len, cfg.sampling.max_tokens, cfg.run.log_interval_s,
-                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
+                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s, read_key(cfg.gateway.key_file))
 
     def chat_template(self) -> str | None:
         """The override template's text (gateway.chat_template, relative to the repository), or None."""
@@ -51,4 +54,10 @@ class GatewaySpec:
         return (REPO_ROOT / path).read_text() if path else None
 
 
-__all__ = ["GatewaySpec"]
+def read_key(path: str) -> str:
+    """The first line of the key file (stripped); "" for no file (path "")."""
+    lines = Path(path).read_text().splitlines() if path else []
+    return lines[0].strip() if lines else ""
+
+
+__all__ = ["GatewaySpec", "read_key"]

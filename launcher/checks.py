@@ -22,6 +22,7 @@ from agentstream.config import (
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.metrics import logger_errors
 from envs.registry import known_envs
+from gateway.spec import read_key
 from gateway.toolcalls import TOOL_PARSERS
 from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
@@ -228,9 +229,20 @@ def gateway_errors(cfg: Config) -> list[str]:
     """What is wrong with `gateway.*`, each saying what to change."""
     g = cfg.gateway
     errors: list[str] = []
-    if not is_loopback(g.host):
-        errors.append(f"gateway.host={g.host!r} is not a loopback address, and the gateway has no per-run keys yet: "
-                      f"anyone who reaches it could open episodes and write training data; keep it on 127.0.0.1.")
+    if g.key_file:
+        try:
+            key = read_key(g.key_file)
+        except OSError as exc:
+            errors.append(f"gateway.key_file={g.key_file!r} cannot be read ({exc.strerror}).")
+        else:
+            if len(key) < 32:
+                errors.append(f"gateway.key_file={g.key_file!r}: its first line must be a key of 32 or more "
+                              f"characters; make one: python -c \"import secrets; print(secrets.token_urlsafe(32))\""
+                              f" > {g.key_file}")
+    if not is_loopback(g.host) and not g.key_file:
+        errors.append(f"gateway.host={g.host!r} is not a loopback address and gateway.key_file is empty: anyone who "
+                      f"reaches it could open episodes and write training data; give the run a key (gateway.key_file) "
+                      f"or keep the gateway on 127.0.0.1.")
     if not 0 <= g.port <= 65535:
         errors.append(f"gateway.port={g.port}: must be a TCP port (0 picks a free one).")
     if g.max_body_bytes < 1024 or g.max_episodes < 1:

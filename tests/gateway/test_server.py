@@ -13,6 +13,7 @@ staleness bound does not admit yet answers 429 with Retry-After, and a held open
 """
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -306,3 +307,24 @@ async def test_a_silent_agents_group_is_dropped_whole_and_its_late_calls_refused
     codes = await asyncio.to_thread(late)
     assert codes[0] == (410, "episode_abandoned") and "given up" in codes[1][1]
     assert gw.counters["rejected_episode_abandoned"] == 2
+
+
+async def test_with_a_run_key_only_its_holder_opens_episodes(stack: Stack) -> None:
+    """gateway.key_file: opening an episode needs `Authorization: Bearer <run key>` (401 `bad_key` without it or
+    with another); the episode's calls then go with the episode's own key, as without a run key."""
+    url, gw, key = stack.url, stack.gateway, "k" * 40
+    gw.spec = dataclasses.replace(gw.spec, key=key)
+    for headers in ({}, {"Authorization": "Bearer " + "x" * 40}, {"Authorization": key}):
+        status, body, _ = await post(url + "/episodes", json.dumps({"task_id": "t0"}).encode(), headers)
+        assert (status, body["error"]["code"]) == (401, "bad_key"), headers
+
+    def agent() -> int:
+        with pytest.raises(GatewayError, match="gateway key"):
+            open_episode(url, "t0")
+        ep = open_episode(url, "t0", key=key)
+        answer = chat(ep.base_url, ep.api_key, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        ep.finish(reward=1.0)
+        return answer.usage.completion_tokens
+
+    assert await asyncio.to_thread(agent) >= 1
+    assert gw.counters["rejected_bad_key"] == 4 and gw.counters["episodes_finished"] == 1

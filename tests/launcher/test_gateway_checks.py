@@ -23,7 +23,8 @@ def test_the_defaults_pass_and_the_bundled_tools_template_is_found() -> None:
 
 
 @pytest.mark.parametrize("values, needle", [
-    ({"host": "0.0.0.0"}, "gateway.host='0.0.0.0' is not a loopback address"),
+    ({"host": "0.0.0.0"}, "gateway.host='0.0.0.0' is not a loopback address and gateway.key_file is empty"),
+    ({"key_file": "/nonexistent/gateway.key"}, "gateway.key_file='/nonexistent/gateway.key' cannot be read"),
     ({"port": 70000}, "gateway.port=70000: must be a TCP port"),
     ({"max_body_bytes": 10}, "gateway.max_body_bytes=10 (>= 1024)"),
     ({"max_episodes": 0}, "gateway.max_episodes=0 (>= 1)"),
@@ -71,3 +72,12 @@ def test_the_gateway_is_wired_on_a_fixed_port_and_started_like_an_actor(tmp_path
     assert argv == ["gateway.server", "--config", str(tmp_path / "config.yaml"), "--name", "gateway-0",
                     "--incarnation", "2", "--broker", w.broker, "--port", str(w.gateway_port),
                     "--engine", "http://127.0.0.1:9"]
+
+
+def test_a_gateway_off_loopback_needs_a_key_of_32_characters(tmp_path) -> None:
+    cfg = Config()
+    cfg.gateway.host, cfg.gateway.key_file = "0.0.0.0", str(tmp_path / "gateway.key")
+    (tmp_path / "gateway.key").write_text("short\n")
+    assert [e for e in gateway_errors(cfg) if "first line must be a key of 32 or more" in e]
+    (tmp_path / "gateway.key").write_text("k" * 32 + "\nanything after the first line is ignored\n")
+    assert gateway_errors(cfg) == [] and GatewaySpec.from_config(cfg).key == "k" * 32
