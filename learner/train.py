@@ -56,7 +56,14 @@ from learner.model import (
     lora_spec,
     trainable_parameters,
 )
-from learner.step import StepModels, StepOptions, make_step_models, refresh_reference, train_step
+from learner.step import (
+    StepModels,
+    StepOptions,
+    all_reduce_dict,
+    make_step_models,
+    refresh_reference,
+    train_step,
+)
 
 log = logging.getLogger("learner")
 
@@ -288,7 +295,10 @@ def resume(r: Rank, root: Path, extras: Extras) -> int:
         # the latest iteration's model), the initial weights otherwise.
         refresh_reference(r.model, r.step_models.reference)
         r.state.reference_version = version
-    if r.spec.weights_bind and (version > 0 or publish_initial):
+    # Publishing is a gather every rank joins: all ranks do what rank 0 decides, so that ranks whose command lines
+    # disagree (another node's launch, a node restarted alone) cannot leave rank 0 waiting in it for good.
+    publish = bool(r.spec.weights_bind and (version > 0 or publish_initial)) if r.rank == 0 else False
+    if all_reduce_dict({"publish": float(publish)}, dist.ReduceOp.SUM, r.device)["publish"]:
         publish_weights(r.model, r.publisher, version)
     if (version > 0 or r.spec.restarted) and r.rank == 0:
         # The broker serves batch `version` again (it kept what this checkpoint had not consumed), and every

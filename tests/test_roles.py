@@ -279,14 +279,16 @@ def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(t
 
 
 @pytest.mark.e2e
-def test_a_learner_on_two_nodes_trains_once_the_second_node_joins(tmp_path: Path) -> None:
+def test_a_learner_on_two_nodes_trains_once_the_second_node_joins(tmp_path: Path, tiny_engine) -> None:
     """Multi-node torchrun, both "hosts" on this machine: the main launch runs node 0 (one rank), a role=learner
-    launch node 1 (the other); the run's 2-rank learner can only take a step once both are in."""
-    main_dir, node_dir = tmp_path / "main", tmp_path / "node1"
-    main = start([f"run.output_dir={main_dir}", "actors.count=1", "actors.episodes_per_actor=4", "env.group_size=4",
-                  "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1", "learner.world_size=2",
-                  "learner.nnodes=2", "trainer.groups_per_step=2", "trainer.total_steps=3",
-                  f"broker.dashboard_port={free_port()}"], tmp_path / "main.out")
+    launch node 1 (the other); the run's 2-rank learner can only take a step once both are in. The engine is the
+    session's (tests/conftest.py, through engines.external_urls): both nodes' ranks first publish version 0."""
+    (model, url), main_dir, node_dir = tiny_engine, tmp_path / "main", tmp_path / "node1"
+    main = start([f"run.output_dir={main_dir}", f"model.path={model}", "actors.count=1", "actors.episodes_per_actor=4",
+                  "env.group_size=4", "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1",
+                  f"engines.external_urls=[{url}]", "learner.world_size=2", "learner.nnodes=2",
+                  "trainer.groups_per_step=2", "trainer.total_steps=3", f"broker.dashboard_port={free_port()}"],
+                 tmp_path / "main.out")
     node = None
     try:
         out = tmp_path / "main.out"
