@@ -65,7 +65,9 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def spare_engine(tmp_path_factory: pytest.TempPathFactory):
     """A second vLLM server (`VllmServer`) of a tiny model of its own (max_model_len 1024), up for the whole
-    session, for tests that change its weights (tests/engines/test_engines_vllm.py, the weight benchmark in
-    tests/scripts/test_benchmarks.py, the partition test in tests/broker/test_faults.py) or stop it for a while and
-    resume it (tests/actors/test_faults.py: a stalled engine). Any order of those tests works."""
+    session, for tests that change its weights or stop it for a while and resume it. tests/engines/test_engines_vllm.py
+    expects the model's own weights labelled version 0 as it starts: the tests before it leave the server so
+    (tests/actors/test_faults.py only stops it, the partition test in tests/broker/test_faults.py publishes the
+    model's own weights and labels them 0 again); the weight benchmark (tests/scripts/test_benchmarks.py, after it)
+    trains them."""
     yield from serve_tiny_model(tmp_path_factory, max_model_len=1024)

@@ -440,6 +440,10 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
                 summary = json.loads(await run.get("/api/summary"))
             finally:
                 procs.stop(sidecar, 10)
+                # The shared server as the next test expects it: the model's own weights (all this test published),
+                # labelled version 0 as a server no sidecar touched (tests/engines/test_engines_vllm.py).
+                async with run.http.post(spare_engine.url + "/update_weight_version", json={"new_version": "0"}) as r:
+                    assert r.status == 200, await r.text()
     print(f"partition: resent {resent}; dropped {summary['transitions_dropped']}; rejected "
           f"{summary['reliability']['transitions_rejected']}")
     check_accounting(summary)
