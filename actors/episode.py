@@ -169,7 +169,10 @@ class EnvCalls:
         threading.Thread(target=run, name=f"env-{name}-{self._ids}", daemon=True).start()
         try:
             if self.timeout_s > 0:
-                return await asyncio.wait_for(asyncio.shield(done), self.timeout_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that comes as the
+                # call ends, and the lane then plays on while its actor waits for it to stop.
+                async with asyncio.timeout(self.timeout_s):
+                    return await asyncio.shield(done)
             return await done
         except TimeoutError:
             self.hung += 1

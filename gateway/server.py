@@ -284,8 +284,9 @@ class Gateway:
             if slot is None or slot.members >= self.spec.group_size:
                 slot = self._slots[task_id] = Slot(task_id, asyncio.create_task(self.broker.request_group()))
             try:
-                grant = await asyncio.wait_for(asyncio.shield(slot.grant), self.cfg.admission_timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.cfg.admission_timeout_s):  # (not wait_for: see actors/episode.py)
+                    grant = await asyncio.shield(slot.grant)
+            except TimeoutError:
                 raise self._busy("the broker admits no new group now (the learner is behind: staleness bound); "
                                  "retry after Retry-After seconds") from None
             if slot.members < self.spec.group_size:  # others waiting on the same grant may have filled it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -213,3 +214,24 @@ async def test_the_evaluator_plays_through_the_loop(spec: tuple[ActorSpec, list[
     assert calls == ["evaluator"]
     assert engine.prompts == [list(p.encode()) for p in PROMPTS]  # exactly the actor's prompts
     assert result == Episode(success=True, env_return=1.0, steps=3, invalid=1)  # env reward only: no penalty
+
+
+async def test_a_cancel_that_comes_as_an_env_call_ends_is_never_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EnvCalls.call with a timeout, cancelled in the very loop turn in which its call's answer arrives, raises
+    CancelledError. With asyncio.wait_for (Python 3.11) it returned the answer instead: the cancel was lost, and the
+    actor's lane played on while its actor (or a test) waited for it to stop."""
+    import types
+
+    class InlineThread:  # the call runs at once; its answer, then the cancel, are queued for the next loop turn
+        def __init__(self, target: Callable[[], None], **_: object) -> None:
+            self.target = target
+
+        def start(self) -> None:
+            self.target()  # (its answer goes through loop.call_soon_threadsafe)
+            asyncio.get_running_loop().call_soon(asyncio.current_task().cancel)
+
+    monkeypatch.setattr(actors.episode, "threading", types.SimpleNamespace(Thread=InlineThread))
+    calls = actors.episode.EnvCalls(timeout_s=10.0)
+    for _ in range(5):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(calls.call(True, lambda: "answer"))
