@@ -41,6 +41,29 @@ class RunConfig:
     """How long the launcher waits for the broker, engines and learner to become ready."""
 
 
+def _ray_resources() -> dict[str, dict[str, float]]:
+    return {"broker": {"CPU": 1.0}, "engine": {"CPU": 1.0}, "learner": {"CPU": 1.0}, "actor": {"CPU": 1.0}}
+
+
+@dataclass
+class LauncherConfig:
+    """Where the run's processes run: on this host (`local`), or placed on a Ray cluster (`ray`)."""
+
+    backend: str = "local"
+    """`local`: every process on this host. `ray`: every process on a node of a Ray cluster that Ray chooses from
+    `launcher.resources` (docs/deployment.md); addresses, restarts and accounting stay the same."""
+    ray_address: str = ""
+    """backend=ray: the cluster to join (`ray.init(address=...)`, e.g. `10.0.0.5:6379` or `auto`); empty starts a
+    Ray instance on this host for the run."""
+    ray_node_ip: str = ""
+    """backend=ray: this host's IP as the cluster knows it (`ray start --node-ip-address`); empty: Ray's guess."""
+    resources: dict[str, dict[str, float]] = field(default_factory=_ray_resources)
+    """backend=ray: the Ray resources one process of each role asks for: broker, engine (also an LLM judge), learner
+    (per rank) and actor (also a gateway and the evaluator). Hydra adds keys with `++`:
+    `++launcher.resources.engine.GPU=1`, `++launcher.resources.broker={CPU:1,run_disk:1}`; a custom resource pins a
+    role to the nodes that offer it (`ray start --resources='{"run_disk": 1}'`)."""
+
+
 @dataclass
 class ModelConfig:
     """The policy: any Hugging Face causal-LM directory with a chat template."""
@@ -466,6 +489,7 @@ class Config:
     """The whole run."""
 
     run: RunConfig = field(default_factory=RunConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -20,6 +20,7 @@ transitions_ingested == transitions_trained + buffered + transitions_dropped_*.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,7 +307,9 @@ class BrokerState:
             out["keys"] = {"tracked": len(b.fates) + len(held - b.fates.keys()), "trained": fates.count("trained"),
                            "dropped": fates.count("dropped"), "rejected": fates.count("rejected"),
                            "buffered": len(held - b.fates.keys()),
-                           "settled_twice": c["keys_settled_twice"]}
+                           "settled_twice": c["keys_settled_twice"],
+                           "trained_by_actor": dict(Counter(k.split("/", 1)[0] for k, f in b.fates.items()
+                                                            if f.startswith("trained")))}
         return out
 
 

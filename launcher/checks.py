@@ -68,6 +68,7 @@ def config_errors(cfg: Config) -> list[str]:
     errors += judges_errors(cfg)
     errors += gateway_errors(cfg)
     errors += _role_errors(cfg)
+    errors += backend_errors(cfg)
     errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
     return errors
 
@@ -276,6 +277,33 @@ def _role_errors(cfg: Config) -> list[str]:
         return [f"broker.address={address!r} is only for role=actors, engines, learner or gateway; role=all starts its "
                 f"own broker (set broker.host/broker.port to choose where it listens)."]
     return _learner_node_errors(cfg.learner, role)
+
+
+def backend_errors(cfg: Config) -> list[str]:
+    """launcher.backend: local, or ray with Ray installed and the parts the Ray backend places."""
+    b = cfg.launcher.backend
+    if b not in ("local", "ray"):
+        return [f"launcher.backend={b!r} is unknown; use local (this host) or ray (a Ray cluster)."]
+    if b == "local":
+        return []
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return ["launcher.backend=ray needs Ray: run bash scripts/setup.sh (it installs the project's [ray] extra)."]
+    errors = []
+    if cfg.run.role not in ("all", "actors"):
+        errors.append(f"launcher.backend=ray places a whole run (role=all) or more actors (role=actors); role="
+                      f"{cfg.run.role} joins a run from one host: use launcher.backend=local on that host.")
+    if cfg.judges.count:
+        errors.append("launcher.backend=ray does not place LLM judges yet: set judges.count=0, or use "
+                      "launcher.backend=local.")
+    unknown = sorted(set(cfg.launcher.resources) - {"broker", "engine", "learner", "actor"})
+    if unknown:
+        errors.append(f"launcher.resources has {unknown}: its roles are broker, engine, learner and actor.")
+    bad = {f"{role}.{k}": v for role, res in cfg.launcher.resources.items() for k, v in res.items() if v < 0}
+    if bad:
+        errors.append(f"launcher.resources asks negative amounts {bad}: every amount is >= 0.")
+    return errors
 
 
 def _learner_node_errors(c: LearnerConfig, role: str) -> list[str]:

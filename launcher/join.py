@@ -119,7 +119,7 @@ def joined_config(local: Config, welcome: Welcome) -> Config:
                                   torch_threads=local.learner.torch_threads)
     # broker.*: this host's own (address to join, its CURVE key folder, socket limits), not the broker's.
     return dataclasses.replace(run_cfg, run=local.run, actors=local.actors, engines=engines, model=model,
-                               broker=local.broker, learner=learner, gateway=local.gateway)
+                               broker=local.broker, learner=learner, gateway=local.gateway, launcher=local.launcher)
 
 
 def joining(cfg: Config) -> str:
@@ -180,6 +180,18 @@ async def _start(launcher: Launcher, session: aiohttp.ClientSession) -> None:
             await launcher.spawn(launcher.actor_child(i))
 
 
+async def _launcher(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> Launcher:
+    """This launch's supervisor: its processes on this host, or (launcher.backend=ray, role=actors) on the nodes of
+    the Ray cluster at launcher.ray_address."""
+    if cfg.launcher.backend != "ray":
+        return Launcher(cfg, run_dir, wiring, prefix=prefix)
+    from launcher.ray_backend import RayBackend, RayLauncher
+
+    backend = RayBackend(cfg.launcher, cfg.run.startup_timeout_s)
+    await asyncio.to_thread(backend.connect)
+    return RayLauncher(cfg, run_dir, backend, wiring, {}, prefix=prefix)
+
+
 async def _supervise_until_over(launcher: Launcher, link: BrokerLink) -> str:
     """Restart dead actors (fail on any other death) until the run is over; returns why it is."""
     # A learner node ends with its ranks (torchrun's exit barrier waits for every node's), not at the last step.
@@ -213,7 +225,7 @@ async def run_join(local: Config, run_dir: Path) -> int:
             raise config_mod.ConfigError("role=learner: the run's learner runs on one host (learner.nnodes=1); "
                                          "start the run with learner.nnodes=N to spread it over N hosts")
         check_config(cfg)
-        launcher = Launcher(cfg, run_dir, join_wiring(cfg, welcome), prefix=name)
+        launcher = await _launcher(cfg, run_dir, join_wiring(cfg, welcome), name)
         config_mod.save(cfg, launcher.config_path)
         print(f"[agentstream] joined the run at {cfg.broker.address} (learner at version {welcome.learner_version}) "
               f"with {joining(cfg)}", flush=True)

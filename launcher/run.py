@@ -44,10 +44,11 @@ async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> 
     return summary
 
 
-async def run_local(cfg: Config, run_dir: Path) -> int:
-    """Launch, supervise and finish one run. Returns the process exit code."""
-    launcher = Launcher(cfg, run_dir)
-    config_mod.save(resolved(cfg, launcher.wiring), launcher.config_path)
+async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None) -> int:
+    """Launch, supervise and finish one run (`launcher`: its processes placed elsewhere, e.g. on Ray; None: on
+    this host). Returns the process exit code."""
+    launcher = launcher or Launcher(cfg, run_dir)
+    config_mod.save(resolved(launcher.cfg, launcher.wiring), launcher.config_path)
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     shutting_down = [False]
@@ -69,9 +70,9 @@ async def run_local(cfg: Config, run_dir: Path) -> int:
     if launcher.wiring.gateway:
         print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (agent code: open episodes there; the URL is in "
               f"{run_dir / 'gateway_url'} once it answers; docs/gateway.md)", flush=True)
-    if cfg.learner.nnodes > 1:
-        print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each other "
-              f"host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
+    if cfg.learner.nnodes > 1 and cfg.launcher.backend == "local":
+        print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each "
+              f"other host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
               f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})", flush=True)
     status, reason, code = "finished", "", 0
     summary: dict = {}
@@ -103,7 +104,7 @@ async def run_local(cfg: Config, run_dir: Path) -> int:
 
     summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
     summary.update(status=status, reason=reason, actor_restarts=launcher.actor_restarts, run_dir=str(run_dir),
-                   restarts=dict(launcher.restarts),
+                   restarts=dict(launcher.restarts), lost_with_node=launcher.lost,
                    processes_left=left, launcher_wall_s=time.time() - launcher.started)
     write_summary(run_dir / "summary.json", summary)
     if reason:
@@ -129,6 +130,14 @@ def run(cfg: Config, run_dir: Path) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run
         return asyncio.run(run_join(cfg, run_dir))
+    if cfg.launcher.backend == "ray":  # the processes that bind are placed first: their addresses are the run's
+        from launcher.ray_backend import place_run
+
+        try:
+            return asyncio.run(run_local(cfg, run_dir, place_run(cfg, run_dir)))
+        except RunFailed as exc:  # (placement; a failure once running is the summary's)
+            print(f"[agentstream] {exc}", file=sys.stderr, flush=True)
+            return 1
     return asyncio.run(run_local(cfg, run_dir))
 
 

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import aiohttp
 
@@ -51,6 +52,7 @@ class Child:
     proc: asyncio.subprocess.Process | None = None
     incarnation: int = 0
     marker: str = ""  # CHILD_ENV of the started process: every descendant inherits it
+    local: ClassVar[bool] = True  # its process runs on this host (launcher.ray_backend's may not)
 
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +129,7 @@ class Launcher:
         self.restarts: Counter[str] = Counter()  # broker, engine, learner restarts (supervise)
         self._restarting: set[asyncio.Task[None]] = set()  # engine restarts in flight
         self._failed: RunFailed | None = None  # a background restart that failed
+        self.lost: list[dict[str, str]] = []  # children whose node died (Ray): summary.json's lost_with_node
         self.started = time.time()
         self._exits: asyncio.Queue[Child] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
@@ -148,9 +151,14 @@ class Launcher:
         if self.cfg.engines.external_urls:  # running servers: only their weight sidecars are ours
             return out
         for i, url in enumerate(self.wiring.engines):
-            argv, env = server_command(self.cfg.model, self.cfg.engines, int(url.rsplit(":", 1)[1]))
+            engines = dataclasses.replace(self.cfg.engines, host=self.engine_host(i))
+            argv, env = server_command(self.cfg.model, engines, int(url.rsplit(":", 1)[1]))
             out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, env))
         return out
+
+    def engine_host(self, i: int) -> str:
+        """The interface engine i binds (on Ray: its node's IP)."""
+        return self.cfg.engines.host
 
     def judge_children(self) -> list[Child]:
         """The LLM judges' vLLM servers: the engines' command on the judge's model (judges.model, else the run's
@@ -185,12 +193,17 @@ class Launcher:
         keys = self.cfg.broker.curve_keys_dir
         return ["--curve-keys", str(Path(keys).resolve())] if keys else []
 
-    def learner_child(self, resume: bool = False) -> Child:
-        """torchrun with this host's ranks of the learner: all of them, or (learner.nnodes > 1) node
-        learner.node_rank's share, which meets the other nodes at node 0's rendezvous (`Wiring.rdzv`)."""
+    def learner_children(self) -> list[Child]:
+        """The learner's nodes this launch starts: its own (node learner.node_rank; the others join by role=learner)."""
+        return [self.learner_child()]
+
+    def learner_child(self, resume: bool = False, node_rank: int | None = None) -> Child:
+        """torchrun with one node's ranks of the learner: all of them, or (learner.nnodes > 1) node `node_rank`'s
+        share (default learner.node_rank), which meets the other nodes at node 0's rendezvous (`Wiring.rdzv`)."""
         c = self.cfg.learner
+        node = c.node_rank if node_rank is None else node_rank
         master, port = self.wiring.rdzv.rsplit(":", 1) if self.wiring.rdzv else ("127.0.0.1", str(free_port()))
-        argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(c.nnodes), "--node-rank", str(c.node_rank),
+        argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(c.nnodes), "--node-rank", str(node),
                 "--nproc-per-node", str(c.world_size // c.nnodes), "--master-addr", master, "--master-port", port,
                 "-m", "learner.train", "--config", str(self.config_path), "--broker", self.wiring.broker,
                 "--weights-bind", self.wiring.weights_bind, "--out", str(self.run_dir)]
@@ -198,7 +211,7 @@ class Launcher:
             argv.append("--publish-initial")  # servers started elsewhere may hold other weights
         if resume:
             argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
-        name = "learner" if c.nnodes == 1 else f"learner-node{c.node_rank}"
+        name = "learner" if c.nnodes == 1 else f"learner-node{node}"
         return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(c.torch_threads)})
 
     def actor_child(self, i: int, incarnation: int = 0) -> Child:
@@ -267,7 +280,8 @@ class Launcher:
         await self._wait_http(session, f"{self.wiring.dashboard}/api/state", "broker")
         engines = [await self.spawn(c) for c in self.engine_children()]
         judges = [await self.spawn(c) for c in self.judge_children()]
-        await self.spawn(self.learner_child())  # loads and shards the model while the engines start
+        for child in self.learner_children():  # loads and shards the model while the engines start
+            await self.spawn(child)
         timeout = self.cfg.run.startup_timeout_s
         for child, url in zip(engines, self.wiring.engines):
             await self._guarded(wait_ready(url, timeout, proc=None), child)
@@ -332,7 +346,9 @@ class Launcher:
             if child in self.children and not self._stopping and await self._recover(child, code):
                 continue
             if child in self.children and not self._stopping:
-                raise RunFailed(f"{child.name} died (exit code {code}); the run cannot continue without it. "
+                why = self.death_reason(child)
+                raise RunFailed(f"{child.name} died (exit code {code}{'; ' + why if why else ''}); the run cannot "
+                                f"continue without it. "
                                 f"Its log ({child.log_path}) ends with:\n{child.log_tail()}")
 
     _stopping = False
@@ -371,7 +387,7 @@ class Launcher:
         if key == "broker":
             await self.spawn(self.broker_child())
         elif key == "learner":  # the dead torchrun's ranks were ended with it (supervise: end_leftovers)
-            await self.spawn(self.learner_child(resume=True))
+            await self.spawn(self.learner_child(resume=True, node_rank=_node_rank(child.name)))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
             task = asyncio.create_task(self._restart_engine_guarded(child), name=f"restart-{child.name}")
             self._restarting.add(task)
@@ -394,12 +410,20 @@ class Launcher:
             self.children.remove(partner)  # its exit is then not a death to handle
             await partner.stop(self.cfg.run.shutdown_timeout_s)
         if not self.cfg.engines.external_urls:
+            await self._reseat_engine(i)
             engine = await self.spawn(self.engine_children()[i])
             try:
                 await wait_ready(self.wiring.engines[i], self.cfg.run.startup_timeout_s, proc=None)
             except Exception as exc:
                 raise RunFailed(f"{engine.name} did not come back: {exc}\nits log ends with:\n{engine.log_tail()}") from exc
         await self.spawn(self.sidecar_child(i))
+
+    async def _reseat_engine(self, i: int) -> None:
+        """Before engine i restarts: where it goes (here: where it was; on Ray, wherever Ray finds room)."""
+
+    def death_reason(self, child: Child) -> str:
+        """Why `child` ended, when its exit code does not say (on Ray: its node died)."""
+        return ""
 
     async def _restart_judge(self, child: Child) -> None:
         """A judge comes back on its port with its own weights; meanwhile actors' requests to it fail (counted
@@ -431,7 +455,7 @@ class Launcher:
         for task in self._watchers:
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
-        groups = {c.proc.pid: c.name for c in self.children if c.proc is not None}
+        groups = {c.proc.pid: c.name for c in self.children if c.proc is not None and c.local}
         # SIGKILLed grandchildren (vLLM's EngineCore and Worker) take a moment to be reaped.
         left = await asyncio.to_thread(wait_gone, list(groups), 15.0)
         # Any incarnation, current or long replaced, in any group or session, reparented or not.
@@ -440,6 +464,11 @@ class Launcher:
             log.error("%d process(es) of this launch outlived the orderly stops: %s", len(strays), "; ".join(strays))
         return [groups[pid] for pid in left] + [f"{d}: {'still running' if d in alive else 'ended at the end'}"
                                                for d in strays]
+
+
+def _node_rank(name: str) -> int:
+    """The learner node of a learner child's name (`learner` is node 0 of 1, `learner-node<K>` node K)."""
+    return int(name.rsplit("node", 1)[1]) if "-node" in name else 0
 
 
 __all__ = ["Child", "Launcher", "RunFailed"]

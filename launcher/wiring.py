@@ -52,6 +52,33 @@ def wire(cfg: Config) -> Wiring:
     )
 
 
+@dataclass(frozen=True)
+class Places:
+    """Where Ray put the processes that bind (launcher.ray_backend): (node IP, ports picked on that node)."""
+
+    broker: tuple[str, int, int]  # IP, broker port, dashboard port
+    engines: list[tuple[str, int]]  # IP, port: one per engine
+    learner: tuple[str, int, int]  # learner node 0: IP, weight port, torchrun rendezvous port
+    gateway: tuple[str, int] | None = None  # IP, port
+
+
+def wire_placed(cfg: Config, p: Places) -> Wiring:
+    """`wire` for a run placed on Ray: every socket binds its node's IP (on a port picked there), and is reached
+    by that IP (one line per edge)."""
+    ip, broker_port, dash_port = p.broker
+    lip, weight_port, rdzv_port = p.learner
+    return Wiring(
+        broker=f"tcp://{ip}:{broker_port}", broker_port=broker_port,  # actors, learner ranks, sidecars -> broker
+        dashboard=f"http://{ip}:{dash_port}", dashboard_port=dash_port,  # browser, launcher -> broker (HTTP)
+        weights=f"tcp://{lip}:{weight_port}", weights_bind=f"tcp://{lip}:{weight_port}",  # sidecars -> learner rank 0
+        engines=list(cfg.engines.external_urls) or [f"http://{h}:{port}" for h, port in p.engines],  # actors, sidecars
+        rdzv=f"{lip}:{rdzv_port}",  # learner ranks -> torchrun's rendezvous on learner node 0 (any nnodes: its IP)
+        judges=[],  # (judges are not placed on Ray: launcher.checks)
+        gateway=f"http://{p.gateway[0]}:{p.gateway[1]}" if p.gateway else "",  # agent code -> gateway (HTTP)
+        gateway_port=p.gateway[1] if p.gateway else 0,
+    )
+
+
 def judge_urls(cfg: Config) -> list[str]:
     """The LLM judges' servers on this host (judges.count): on engines.host, at engines.base_port + 2 *
     engines.count + i after the engines' pairs, or free ports. Only actors talk to them."""
@@ -73,4 +100,4 @@ def resolved(cfg: Config, w: Wiring) -> Config:
     return out
 
 
-__all__ = ["Wiring", "judge_urls", "resolved", "wire"]
+__all__ = ["Places", "Wiring", "judge_urls", "resolved", "wire", "wire_placed"]

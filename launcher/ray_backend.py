@@ -1,0 +1,419 @@
+"""launcher.backend=ray: the same run, every process placed on a node of a Ray cluster.
+
+    python scripts/launch.py launcher.backend=ray launcher.ray_address=HEAD:6379 ++launcher.resources.engine.GPU=1
+    python scripts/launch.py launcher.backend=ray launcher.ray_address=HEAD:6379 role=actors \
+        broker.address=tcp://HOST:PORT actors.count=8                       # more actors for a running run
+
+Ray does placement, process lifetime and node-failure detection; the supervisor (`launcher.supervisor`) keeps
+its own rules for what restarts and how, exactly as on one host. Each child process of the run is started by a
+`ProcessHost`, a small Ray actor that asks for the child's resources (`launcher.resources`, per role) and runs the
+child's command on its node, in a session of its own, with every descendant marked. The learner's hosts share one
+placement group (one bundle per learner node: gang-scheduled; node 0 holds torchrun's rendezvous). A weight
+sidecar goes to its engine's node. Ports are picked on the node that binds them, and every address names that
+node's IP (`launcher.wiring.wire_placed`).
+
+A node that dies takes its processes with it: their hosts' calls fail with Ray's ActorDiedError, which the
+supervisor sees as that child's death (`RemoteProcess.lost` says why) and handles as a kill -9: an actor is
+restarted wherever Ray finds room (its groups are dropped under `actor_left`), an engine too (a new URL if it lands
+on another node; actors learn it from the broker), while the broker, the gateway and the learner may only come
+back on their own node (their addresses are the run's), else the run stops with the reason.
+
+What every node needs: the same Python environment at the same path as this host (Ray's usual assumption), and the
+run folder and the model on storage that every node sees at the same path (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentstream.config import Config, LauncherConfig
+from launcher.procs import CHILD_ENV, child_marker
+from launcher.supervisor import Child, Launcher, RunFailed, _node_rank
+from launcher.wiring import Places, Wiring, wire_placed
+
+log = logging.getLogger("launch")
+
+NODE_ENV = "AGENTSTREAM_RAY_NODE"
+"""In every child's environment under Ray: the id of the Ray node it runs on (tests stop a node's processes by it)."""
+FORWARDED_ENV = ("AGENTSTREAM", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "WANDB_", "MLFLOW_", "NCCL_", "TORCH")
+"""Variables of the launching shell that reach every child on every node (the rest is the node's own)."""
+SAME_NODE_ROLES = ("broker", "learner", "gateway")
+"""Roles whose address the whole run holds: restarted only on the node they ran on."""
+RESOURCE_ROLE = {"broker": "broker", "engine": "engine", "judge": "engine", "learner": "learner", "actor": "actor",
+                 "gateway": "actor", "evaluator": "actor"}
+"""Which entry of launcher.resources a child of each role asks for (a sidecar goes beside its engine instead)."""
+
+
+def ray_options(resources: dict[str, float]) -> dict[str, Any]:
+    """`resources` (as in launcher.resources) as Ray's actor options: CPU and GPU have keywords of their own."""
+    custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": float(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
+            "resources": custom}
+
+
+class ProcessHost:
+    """A Ray actor that runs one child process of the run on its node: started, awaited, signalled and ended here
+    (`launcher.procs`: a session of its own, its group signalled, marked descendants ended)."""
+
+    def __init__(self) -> None:
+        self.proc = None
+
+    def where(self) -> tuple[str, str]:
+        """(this node's IP as the cluster knows it, this node's Ray id)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+
+    def free_ports(self, host: str, n: int) -> list[int]:
+        """`n` distinct ports free on this node's `host` now (all held until all are chosen)."""
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+        try:
+            for s in socks:
+                s.bind((host, 0))
+            return [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> int:
+        from launcher import procs
+
+        self.proc = procs.start(argv, Path(log_path), env, Path(cwd))
+        return self.proc.pid
+
+    async def wait(self) -> int:
+        return await asyncio.to_thread(self.proc.wait)
+
+    def signal(self, sig: int) -> None:
+        from launcher import procs
+
+        if self.proc is not None:
+            procs.signal_group(self.proc, sig)
+
+    def end(self, marker: str) -> tuple[list[str], list[str]]:
+        """SIGKILL the group, then every process on this node with the incarnation's marker that is outside it
+        (torchrun's ranks, anything reparented). Returns (found outside the group, still alive after the wait)."""
+        from launcher import procs
+
+        if self.proc is None:
+            return [], []
+        procs.signal_group(self.proc, signal.SIGKILL)
+        self.proc.wait()
+        ended, _ = procs.end_marked(CHILD_ENV, marker, other_than_group=self.proc.pid)
+        _, alive = procs.end_marked(CHILD_ENV, marker)
+        return ended, alive
+
+
+@dataclass(frozen=True)
+class Node:
+    ip: str
+    id: str
+
+
+@dataclass
+class Placed:
+    """A ProcessHost and the node Ray put it on."""
+
+    host: Any  # ray.actor.ActorHandle
+    node: Node
+
+
+class RemoteProcess:
+    """The supervisor's view of a child that a ProcessHost runs: `pid`, `returncode`, `wait()`, as asyncio's."""
+
+    def __init__(self, placed: Placed, pid: int):
+        self.placed, self.pid = placed, pid
+        self.returncode: int | None = None
+        self.lost = ""  # why it ended without an exit code: its node died
+
+    async def wait(self) -> int:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        while self.returncode is None:
+            try:
+                self.returncode = await self.placed.host.wait.remote()
+            except ActorUnavailableError:  # its node stopped answering; Ray declares it dead (or back) shortly
+                await asyncio.sleep(1.0)
+            except RayActorError as exc:  # ActorDiedError: the node died, and every process on it
+                node = self.placed.node
+                self.lost = f"its Ray node {node.ip} ({node.id[:12]}) died: {exc.__class__.__name__}"
+                self.returncode = -int(signal.SIGKILL)
+        return self.returncode
+
+
+@dataclass
+class RayChild(Child):
+    """A child of the run whose process a ProcessHost runs on a Ray node."""
+
+    launcher: RayLauncher | None = None
+    placed: Placed | None = None
+    local = False  # its pid is on another node, maybe
+    released = False
+
+    async def start(self) -> None:
+        assert self.launcher is not None
+        self.marker = child_marker(self.name)
+        self.placed = await self.launcher.host_for(self)
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
+        env = {**forwarded, **self.env, CHILD_ENV: self.marker, NODE_ENV: self.placed.node.id}
+        pid = await self.placed.host.start.remote(self.argv, env, str(self.log_path.resolve()), os.getcwd())
+        self.proc = RemoteProcess(self.placed, pid)  # type: ignore[assignment]
+
+    def signal(self, sig: int) -> None:
+        if self.placed is not None and self.proc is not None and self.proc.returncode is None:
+            self.placed.host.signal.remote(sig)  # fire and forget, as os.killpg
+
+    async def end_leftovers(self) -> int | None:
+        """End what the incarnation left on its node, then free its host (and the resources it holds)."""
+        from ray.exceptions import RayActorError
+
+        if self.proc is None or self.placed is None:
+            return None
+        if self.released:
+            return await self.proc.wait()
+        self.released = True
+        try:
+            ended, alive = await self.placed.host.end.remote(self.marker)
+        except RayActorError:  # its node is gone, and its processes with it
+            ended, alive = [], []
+        code = await self.proc.wait()
+        if ended:
+            log.warning("%s left %d process(es) behind; ended: %s", self.name, len(ended), "; ".join(ended))
+        if alive:
+            log.error("%s: %d process(es) survived SIGKILL: %s", self.name, len(alive), "; ".join(alive))
+        assert self.launcher is not None
+        self.launcher.release(self)
+        return code
+
+
+@dataclass
+class RayBackend:
+    """This launch's connection to the Ray cluster: places ProcessHosts, owns the learner's placement group."""
+
+    cfg: LauncherConfig
+    timeout_s: float
+    started_ray: bool = False
+    groups: list[Any] = field(default_factory=list)  # placement groups of this launch
+    _serial: Iterator[int] = field(default_factory=itertools.count)
+
+    def connect(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.cfg.ray_address or None, _node_ip_address=self.cfg.ray_node_ip or None,
+                     log_to_driver=False, configure_logging=False)
+            self.started_ray = not self.cfg.ray_address
+
+    def place(self, role: str, name: str, node: Node | None = None, bundle: tuple[Any, int] | None = None) -> Placed:
+        """A ProcessHost for `name` with its role's resources: anywhere Ray finds them (spread over the nodes), on
+        `node` only, or in a placement group's bundle. RunFailed if Ray cannot place it within run.startup_timeout_s."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+        resources = dict(self.cfg.resources.get(RESOURCE_ROLE.get(role, "actor"), {}))
+        if bundle is not None:
+            resources = dict(bundle[0].bundle_specs[bundle[1]])
+            strategy: Any = PlacementGroupSchedulingStrategy(bundle[0], placement_group_bundle_index=bundle[1])
+        elif node is not None:
+            strategy = NodeAffinitySchedulingStrategy(node.id, soft=False)
+        else:
+            strategy = "SPREAD"
+        if role == "sidecar":  # beside its engine (`node`), on the engine's resources
+            resources = {}
+        # Named `<launcher pid>/<child>/<serial>` (as CHILD_ENV): Ray's state API tells which node runs what.
+        host = ray.remote(ProcessHost).options(name=f"{os.getpid()}/{name}/{next(self._serial)}",
+                                               scheduling_strategy=strategy, max_concurrency=16,
+                                               **ray_options(resources)).remote()
+        try:
+            ip, node_id = ray.get(host.where.remote(), timeout=self.timeout_s)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+            ray.kill(host)
+            where = f"on node {node.ip} ({node.id[:12]})" if node else "on any node"
+            key = RESOURCE_ROLE.get(role, "actor")
+            raise RunFailed(f"Ray could not place {name} ({role}, asking {resources or 'nothing'}) {where} within "
+                            f"{self.timeout_s:.0f}s ({exc.__class__.__name__}); the cluster has "
+                            f"{ray.cluster_resources()} in all, {ray.available_resources()} free. Give the nodes "
+                            f"these resources, or change launcher.resources.{key}") from None
+        return Placed(host, Node(ip, node_id))
+
+    def learner_group(self, nnodes: int, ranks_per_node: int) -> Any:
+        """One placement group for the learner: a bundle per learner node (its ranks' resources together), on
+        distinct nodes when there are several; Ray reserves all of them or none (gang scheduling)."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        per_rank = self.cfg.resources.get("learner", {})
+        bundle = {k: float(v) * ranks_per_node for k, v in per_rank.items() if float(v) > 0} or {"CPU": 0.001}
+        pg = placement_group([dict(bundle) for _ in range(nnodes)], strategy="STRICT_SPREAD" if nnodes > 1 else "PACK")
+        try:
+            ray.get(pg.ready(), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(pg)
+            raise RunFailed(f"Ray could not reserve the learner's {nnodes} bundle(s) of {bundle} within "
+                            f"{self.timeout_s:.0f}s; the cluster has {ray.cluster_resources()} in all, "
+                            f"{ray.available_resources()} free (launcher.resources.learner is per rank)") from None
+        self.groups.append(pg)
+        return pg
+
+    def release(self, placed: Placed) -> None:
+        import ray
+
+        ray.kill(placed.host, no_restart=True)
+
+    def close(self) -> None:
+        import ray
+
+        for pg in self.groups:
+            ray.util.remove_placement_group(pg)
+        if self.started_ray:
+            ray.shutdown()
+
+
+class RayLauncher(Launcher):
+    """The supervisor of `launcher.supervisor`, its children placed on a Ray cluster."""
+
+    def __init__(self, cfg: Config, run_dir: Path, backend: RayBackend, wiring: Wiring,
+                 placed: dict[str, Placed], learner_group: Any = None, prefix: str = ""):
+        super().__init__(cfg, run_dir, wiring, prefix)
+        self.backend, self.learner_group = backend, learner_group
+        self._placed = placed  # hosts placed before the start (they chose the ports in `wiring`), by child name
+        self._nodes: dict[str, Node] = {n: p.node for n, p in placed.items()}  # child name -> its last node
+
+    def _child(self, name: str, role: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        from launcher.procs import RUN_ENV
+
+        return RayChild(name, role, argv, {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
+                        self.run_dir / "logs" / f"{name}.log", launcher=self)
+
+    def engine_host(self, i: int) -> str:
+        return self.wiring.engines[i].split("//", 1)[1].rsplit(":", 1)[0]  # the node's IP (each engine its own)
+
+    def learner_children(self) -> list[Child]:
+        """Every node of the learner: Ray places them all (one bundle each of the learner's placement group)."""
+        return [self.learner_child(node_rank=k) for k in range(self.cfg.learner.nnodes)]
+
+    async def host_for(self, child: RayChild) -> Placed:
+        """The host `child` starts on: the one placed with its ports, beside its engine (a sidecar), back on its
+        node (broker, gateway, learner: the run holds their addresses), in its learner bundle, or anywhere."""
+        if child.name in self._placed:
+            return self._placed.pop(child.name)
+        node = self._nodes.get(child.name)
+        if child.role == "sidecar":
+            node = self._nodes[child.name.replace("sidecar-", "engine-", 1)]
+        elif child.role in SAME_NODE_ROLES and node is not None and not await asyncio.to_thread(_alive, node):
+            raise RunFailed(f"{child.name} cannot come back: its Ray node {node.ip} ({node.id[:12]}) is gone, and "
+                            f"the run's processes hold its address")
+        bundle = None
+        if child.role == "learner":
+            bundle = (self.learner_group, _node_rank(child.name))
+            node = None
+        elif child.role not in SAME_NODE_ROLES + ("sidecar",):
+            node = None  # anywhere
+        placed = await asyncio.to_thread(self.backend.place, child.role, child.name, node, bundle)
+        self._nodes[child.name] = placed.node
+        return placed
+
+    async def _reseat_engine(self, i: int) -> None:
+        """Before engine i restarts: a new host, on any node (the old one may be gone), binding the same port there;
+        the run's wiring then names that node (its new sidecar, and the broker, tell the actors)."""
+        name = f"engine-{self.prefix}{i}"
+        port = int(self.wiring.engines[i].rsplit(":", 1)[1])
+        placed = await asyncio.to_thread(self.backend.place, "engine", name)
+        self._placed[name], self._nodes[name] = placed, placed.node
+        self.wiring.engines[i] = f"http://{placed.node.ip}:{port}"
+
+    def release(self, child: RayChild) -> None:
+        assert child.placed is not None and child.proc is not None
+        lost = getattr(child.proc, "lost", "")
+        if lost:
+            self.lost.append({"process": child.name, "why": lost})
+            log.error("%s ended: %s", child.name, lost)
+        self.backend.release(child.placed)
+
+    def death_reason(self, child: Child) -> str:
+        return getattr(child.proc, "lost", "")
+
+    async def stop_all(self) -> list[str]:
+        left = await super().stop_all()
+        for placed in self._placed.values():  # placed, never started (a start that failed early)
+            self.backend.release(placed)
+        await asyncio.to_thread(self.backend.close)
+        return left
+
+
+def _alive(node: Node) -> bool:
+    import ray
+
+    return any(n["NodeID"] == node.id and n["Alive"] for n in ray.nodes())
+
+
+def place_run(cfg: Config, run_dir: Path) -> RayLauncher:
+    """Connect to the cluster, place the processes that bind ports (broker, engines, learner nodes, gateway), pick
+    their ports on their nodes, and wire the run on those addresses. Blocking (Ray's calls)."""
+    backend = RayBackend(cfg.launcher, cfg.run.startup_timeout_s)
+    backend.connect()
+    placed: dict[str, Placed] = {}
+    try:
+        return _place(cfg, run_dir, backend, placed)
+    except BaseException:
+        for p in placed.values():
+            backend.release(p)
+        backend.close()
+        raise
+
+
+def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Placed]) -> RayLauncher:
+    import ray
+
+    placed["broker"] = backend.place("broker", "broker")
+    b = placed["broker"]
+    picked = ray.get(b.host.free_ports.remote(b.node.ip, 2))  # configured ports win; 0 takes a free one there
+    broker_port, dashboard_port = cfg.broker.port or picked[0], cfg.broker.dashboard_port or picked[1]
+    engine_ports: list[tuple[str, int]] = []
+    for i in range(cfg.engines.count if not cfg.engines.external_urls else 0):
+        e = placed[f"engine-{i}"] = backend.place("engine", f"engine-{i}")
+        base = cfg.engines.base_port
+        engine_ports.append((e.node.ip, base + 2 * i if base else ray.get(e.host.free_ports.remote(e.node.ip, 1))[0]))
+    c = cfg.learner
+    group = backend.learner_group(c.nnodes, c.world_size // c.nnodes)
+    for k in range(c.nnodes):
+        name = "learner" if c.nnodes == 1 else f"learner-node{k}"
+        placed[name] = backend.place("learner", name, bundle=(group, k))
+    lead = placed["learner" if c.nnodes == 1 else "learner-node0"]
+    picked = ray.get(lead.host.free_ports.remote(lead.node.ip, 2))
+    weight_port, rdzv_port = c.weight_port or picked[0], c.rdzv_port or picked[1]
+    gateway: tuple[str, int] | None = None
+    if cfg.gateway.enabled:
+        g = placed["gateway-0"] = backend.place("gateway", "gateway-0")
+        gateway = (g.node.ip, cfg.gateway.port or ray.get(g.host.free_ports.remote(g.node.ip, 1))[0])
+    places = Places(broker=(b.node.ip, broker_port, dashboard_port), engines=engine_ports,
+                    learner=(lead.node.ip, weight_port, rdzv_port), gateway=gateway)
+    placed_cfg = dataclasses.replace(
+        cfg, broker=dataclasses.replace(cfg.broker, host=b.node.ip, dashboard_host=b.node.ip),
+        learner=dataclasses.replace(cfg.learner, weight_host=lead.node.ip),
+        gateway=dataclasses.replace(cfg.gateway, host=gateway[0]) if gateway else cfg.gateway)
+    log.info("placed on Ray: %s", {n: p.node.ip for n, p in placed.items()})
+    return RayLauncher(placed_cfg, run_dir, backend, wire_placed(placed_cfg, places), placed, group)
+
+
+def ray_available() -> str:
+    """Empty if Ray can be imported here, else how to install it."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return f"launcher.backend=ray needs Ray: `{sys.executable} -m pip install -e '.[ray]'` (scripts/setup.sh does)"
+    return ""
+
+
+__all__ = ["NODE_ENV", "ProcessHost", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_run"]

@@ -1,0 +1,178 @@
+"""launcher.backend=ray on a real local Ray cluster of three nodes on this machine (`ray.cluster_utils`, every node
+on 127.0.0.2: tests stay on loopback), one run for three checks (~3 min on 2 cores):
+
+- placement: the run's processes land where their resources say (Ray's state API): broker and learner on the
+  head, the two engines on two different worker nodes, the two actors on two different worker nodes;
+- scaling: a second launch, `role=actors launcher.backend=ray`, adds an actor to the running run; the broker
+  trains transitions of that actor;
+- node loss: the worker node holding engine-1 (and one actor) dies mid-run: its raylet and every process on it
+  are killed at once, as when a machine goes down. The run finishes its steps; summary.json names what was lost
+  with the node; the engine and the actor are restarted on the surviving node; every acknowledged transition was
+  trained once, dropped with a reason or is still buffered; the learner's versions have no gap and no repeat.
+
+The unit tests below (milliseconds) cover the resource translation and the config checks.
+"""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from e2e_testing import check_accounting, processes_mentioning, wait_for
+
+from agentstream import config as C
+from agentstream.wire.addresses import free_port
+from launcher.checks import backend_errors
+from launcher.procs import RUN_ENV, end_marked, marked
+from launcher.ray_backend import NODE_ENV, ray_options
+
+ROOT = Path(__file__).resolve().parents[1]
+IP = "127.0.0.2"  # Ray replaces 127.0.0.1 by the machine's other interface (FACTS.md)
+STEPS = 8
+RESOURCES = ["++launcher.resources.broker={CPU:1,head:0.1}", "++launcher.resources.learner={CPU:1,head:0.1}",
+             "++launcher.resources.engine={CPU:1,engine_slot:1}", "++launcher.resources.actor={CPU:1,actor_slot:1}"]
+
+
+def test_ray_options_split_cpu_and_gpu_from_custom_resources() -> None:
+    assert ray_options({"CPU": 2, "GPU": 1, "run_disk": 1}) == {"num_cpus": 2.0, "num_gpus": 1.0,
+                                                                "resources": {"run_disk": 1.0}}
+    assert ray_options({}) == {"num_cpus": 0.0, "num_gpus": 0.0, "resources": {}}
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"backend": "k8s"}, "launcher.backend='k8s' is unknown"),
+    ({"role": "engines"}, "role=engines joins a run from one host"),
+    ({"judges": 1}, "does not place LLM judges yet"),
+    ({"resources": {"engines": {"CPU": 1}}}, "launcher.resources has ['engines']"),
+    ({"resources": {"actor": {"CPU": -1}}}, "negative amounts {'actor.CPU': -1}"),
+])
+def test_backend_checks_say_what_to_change(overrides: dict, expected: str) -> None:
+    cfg = C.Config()
+    cfg.launcher.backend = overrides.get("backend", "ray")
+    cfg.run.role = overrides.get("role", "all")
+    cfg.judges.count = overrides.get("judges", 0)
+    cfg.launcher.resources.update(overrides.get("resources", {}))
+    errors = backend_errors(cfg)
+    assert len(errors) == 1 and expected in errors[0], errors
+    assert backend_errors(C.Config()) == []  # local: nothing to check
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (broker, learner) and two worker nodes with room for two engines (a) or one (b), and actors."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={
+        "node_ip_address": IP, "num_cpus": 4, "resources": {"head": 1}, "include_dashboard": True,
+        "dashboard_host": IP, "dashboard_port": 0})
+    nodes = {"a": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 2, "actor_slot": 4}),
+             "b": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 1, "actor_slot": 4})}
+    c.wait_for_nodes()
+    yield c, nodes
+    c.shutdown()
+
+
+def hosts(address: str) -> dict[str, str]:
+    """{child name: Ray node id} of every live ProcessHost (named `<launcher pid>/<child>/<serial>`)."""
+    from ray.util.state import list_actors
+
+    alive = list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=1000)
+    return {a.name.split("/")[1]: a.node_id for a in alive if a.class_name == "ProcessHost"}
+
+
+def kill_node(c, node) -> list[int]:
+    """The node dies: its raylet and every process below it (Ray's workers, the run's processes they started), all
+    SIGKILLed at once, then Ray forgets it. Returns the pids killed."""
+    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+    tree = [raylet, *raylet.children(recursive=True)]
+    for p in tree:
+        p.kill()
+    c.remove_node(node, allow_graceful=False)
+    end_marked(NODE_ENV, node.node_id)  # anything of the run on it that left the tree (none expected)
+    return [p.pid for p in tree]
+
+
+def launch(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "scripts/launch.py", *args], cwd=ROOT, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.e2e
+def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path) -> None:
+    c, nodes = cluster
+    run_dir, join_dir, port = tmp_path / "run", tmp_path / "join", free_port()
+    common = ["launcher.backend=ray", f"launcher.ray_address={c.address}", f"launcher.ray_node_ip={IP}", *RESOURCES]
+    main = launch([f"run.output_dir={run_dir}", *common, "engines.count=2", "actors.count=2", "learner.world_size=1",
+                   f"trainer.total_steps={STEPS}", "broker.track_keys=true", f"broker.dashboard_port={port}",
+                   "run.startup_timeout_s=300"], tmp_path / "main.out")
+    joiner = None
+    try:
+        def version() -> int:
+            s = dashboard(port, "state")
+            return s["learner"]["version"] if s else -1
+
+        wait_for(lambda: version() >= 1, 400, "the first learner step", run_dir=run_dir)
+        where = hosts(c.address)
+        head = c.head_node.node_id
+        assert where["broker"] == where["learner"] == head, where
+        assert where["engine-0"] != where["engine-1"] and head not in (where["engine-0"], where["engine-1"]), where
+        assert where["actor-0"] != where["actor-1"] and head not in (where["actor-0"], where["actor-1"]), where
+        assert where["sidecar-0"] == where["engine-0"] and where["sidecar-1"] == where["engine-1"], where
+
+        broker = re.search(r"broker:\s+(tcp://\S+)", (tmp_path / "main.out").read_text()).group(1)
+        assert broker.startswith(f"tcp://{IP}:")
+        joiner = launch([f"run.output_dir={join_dir}", "role=actors", f"broker.address={broker}", "actors.count=1",
+                         *common], tmp_path / "join.out")
+
+        def joined_sending() -> str:
+            sent = (dashboard(port, "summary") or {}).get("transitions_sent_by_actor", {})
+            return next((name for name, n in sent.items() if name not in ("actor-0", "actor-1") and n > 0), "")
+        joined = wait_for(joined_sending, 300, "the joined actor sending transitions", run_dir=run_dir)
+
+        victim = next(n for n in nodes.values() if n.node_id == where["engine-1"])
+        on_victim = sorted(name for name, node in hosts(c.address).items() if node == victim.node_id)
+        assert {"engine-1", "sidecar-1"} <= set(on_victim) and any(n.startswith("actor-") for n in on_victim)
+        lost_at = version()
+        killed = kill_node(c, victim)
+        assert not marked(NODE_ENV, victim.node_id), "a process of the dead node survived"
+
+        assert main.wait(timeout=600) == 0, (tmp_path / "main.out").read_text()[-3000:]
+        joiner.wait(timeout=120)
+    finally:
+        for p in (main, joiner):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.wait(timeout=120)
+
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "finished" and lost_at < STEPS, (s["reason"], lost_at)
+    lost = {x["process"] for x in s["lost_with_node"]}
+    assert {"engine-1", "sidecar-1"} <= lost, s["lost_with_node"]
+    assert all("Ray node" in x["why"] for x in s["lost_with_node"]), s["lost_with_node"]
+    assert lost - {"engine-1", "sidecar-1"} <= {"actor-0", "actor-1"} and len(lost) == 3, lost
+    assert s["restarts"].get("engine", 0) >= 1 and s["actor_restarts"] >= 1
+    check_accounting(s)
+    trained = s["reliability"]["keys"]["trained_by_actor"]
+    assert trained.get(joined, 0) > 0, (joined, trained)  # the added actor's transitions were trained
+    versions = [json.loads(ln)["version"] for ln in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
+    assert versions == list(range(1, STEPS + 1))
+    assert all(a == b for a, b in (shape.split("/") for shape in s["trained_group_shapes"]))  # whole groups only
+    assert s["processes_left"] == [] and not marked(RUN_ENV, str(run_dir.resolve()))
+    assert not [p for p in processes_mentioning(str(run_dir)) if int(p.split(":")[0]) not in killed]
+    assert not hosts(c.address)  # every ProcessHost of both launches is gone: their resources are free again
+    print(f"[ray] lost at version {lost_at}: {sorted(lost)}; joined {joined} trained {trained.get(joined)}; "
+          f"wall {s['launcher_wall_s']:.0f}s", flush=True)
+
+
+def dashboard(port: int, what: str) -> dict | None:
+    """The dashboard's /api/<what> on the broker's node (every node is 127.0.0.2 here)."""
+    try:
+        with urllib.request.urlopen(f"http://{IP}:{port}/api/{what}", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
