@@ -31,8 +31,8 @@ from launcher.procs import RUN_ENV, kill_matching, marked
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
-STEPS = 22  # enough that every kill lands while the run is still going (asserted before the learner kill: it came at
-# version 8 of 30 here, the broker kill at 10; each step after the last kill costs ~5 s of the suite)
+STEPS = 18  # enough that every kill lands while the run is still going (asserted before the learner kill: it came at
+# version 8 here, the broker kill at 10; each step after the last kill costs ~5 s of the suite)
 G, MAX_STEPS, IN_PLAY = 4, 8, 6  # group_size, max_steps, groups in play: actors x (episodes_per_actor/G + 1)
 MAX_BUFFERED = 64
 

@@ -5,7 +5,7 @@
 
 - `test_page_...` (~5 s): the page against hand-made snapshots: history then stream, a joining engine adds a
   line, and when the server goes away the page keeps the last state.
-- `test_live_run_...` (~60-80 s): a real launcher run (vLLM engine, 1 learner rank, 2 actors); the charts'
+- `test_live_run_...` (~40-50 s): a real launcher run (the session's vLLM server, 1 learner rank, 2 actors); the charts'
   data advance between two moments, the actor table lists every actor, the page shows the final state after
   the run, and /metrics, metrics.jsonl and TensorBoard hold the same numbers. Screenshot: RUN/dashboard.png,
   copied to runs/test-artifacts/dashboard.png.
@@ -197,12 +197,15 @@ def tensorboard_tags(logdir: Path) -> dict[str, list[float]]:
 
 
 @pytest.mark.e2e
-def test_live_run_dashboard_advances_lists_every_actor_and_keeps_the_final_state(browser: Any, tmp_path: Path) -> None:
+def test_live_run_dashboard_advances_lists_every_actor_and_keeps_the_final_state(browser: Any, tiny_engine,
+                                                                                 tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     run_dir, port = tmp_path / "run", free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "actors.count=2",
+    model, url = tiny_engine  # the session's server (its learner brings it to the run's weights first)
+    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", f"model.path={model}",
+            f"engines.external_urls=[{url}]", "actors.count=2",
             "actors.episodes_per_actor=8", "env.group_size=4", "learner.world_size=1",
             f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", f"broker.dashboard_port={port}",
             "run.startup_timeout_s=600"]  # a loaded 2-core machine has taken 4 min to start vLLM
