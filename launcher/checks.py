@@ -69,7 +69,7 @@ def config_errors(cfg: Config) -> list[str]:
     errors += gateway_errors(cfg)
     errors += _role_errors(cfg)
     errors += backend_errors(cfg)
-    errors += _network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
+    errors += network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
     return errors
 
 
@@ -403,7 +403,7 @@ def reference_errors(cfg: Config) -> list[str]:
     return errors
 
 
-def _network_errors(cfg: Config) -> list[str]:
+def network_errors(cfg: Config) -> list[str]:
     """Leaving loopback: ZeroMQ sockets need CURVE keys, vLLM's unauthenticated HTTP an explicit opt-in."""
     b, role = cfg.broker, cfg.run.role
     fix = (f"generate keys with `{KEYGEN_COMMAND}` and set broker.curve_keys_dir=KEYS, or set "

@@ -28,16 +28,18 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentstream.config import Config, LauncherConfig
+from agentstream.wire.curve import is_loopback
+from launcher.checks import gateway_errors, network_errors
 from launcher.procs import CHILD_ENV, child_marker
 from launcher.supervisor import Child, Launcher, RunFailed, _node_rank
 from launcher.wiring import Places, Wiring, wire_placed
@@ -142,13 +144,17 @@ class RemoteProcess:
 
         while self.returncode is None:
             try:
-                self.returncode = await self.placed.host.wait.remote()
+                code = await self.placed.host.wait.remote()
             except ActorUnavailableError:  # its node stopped answering; Ray declares it dead (or back) shortly
                 await asyncio.sleep(1.0)
+                continue
             except RayActorError as exc:  # ActorDiedError: the node died, and every process on it
+                if self.returncode is not None:  # another wait had the exit code before the host was released
+                    break
                 node = self.placed.node
                 self.lost = f"its Ray node {node.ip} ({node.id[:12]}) died: {exc.__class__.__name__}"
-                self.returncode = -int(signal.SIGKILL)
+                code = -int(signal.SIGKILL)
+            self.returncode = code
         return self.returncode
 
 
@@ -207,12 +213,15 @@ class RayBackend:
     groups: list[Any] = field(default_factory=list)  # placement groups of this launch
     _serial: Iterator[int] = field(default_factory=itertools.count)
 
-    def connect(self) -> None:
+    def connect(self, cpus_asked: float = 0.0) -> None:
+        """Join the cluster at launcher.ray_address, or start a Ray instance on this host, with room for the run's
+        `cpus_asked` (Ray's CPUs are for placement only: a small host would otherwise fit fewer processes)."""
         import ray
 
         if not ray.is_initialized():
+            local = {} if self.cfg.ray_address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(cpus_asked))}
             ray.init(address=self.cfg.ray_address or None, _node_ip_address=self.cfg.ray_node_ip or None,
-                     log_to_driver=False, configure_logging=False)
+                     log_to_driver=False, configure_logging=False, **local)
             self.started_ray = not self.cfg.ray_address
 
     def place(self, role: str, name: str, node: Node | None = None, bundle: tuple[Any, int] | None = None) -> Placed:
@@ -299,6 +308,9 @@ class RayLauncher(Launcher):
     def engine_host(self, i: int) -> str:
         return self.wiring.engines[i].split("//", 1)[1].rsplit(":", 1)[0]  # the node's IP (each engine its own)
 
+    def engine_on_gpu(self) -> bool:
+        return float(self.cfg.launcher.resources.get("engine", {}).get("GPU", 0)) > 0
+
     def learner_children(self) -> list[Child]:
         """Every node of the learner: Ray places them all (one bundle each of the learner's placement group)."""
         return [self.learner_child(node_rank=k) for k in range(self.cfg.learner.nnodes)]
@@ -309,8 +321,8 @@ class RayLauncher(Launcher):
         if child.name in self._placed:
             return self._placed.pop(child.name)
         node = self._nodes.get(child.name)
-        if child.role == "sidecar":
-            node = self._nodes[child.name.replace("sidecar-", "engine-", 1)]
+        if child.role == "sidecar":  # beside its engine; anywhere for a server started elsewhere (external_urls)
+            node = self._nodes.get(child.name.replace("sidecar-", "engine-", 1))
         elif child.role in SAME_NODE_ROLES and node is not None and not await asyncio.to_thread(_alive, node):
             raise RunFailed(f"{child.name} cannot come back: its Ray node {node.ip} ({node.id[:12]}) is gone, and "
                             f"the run's processes hold its address")
@@ -362,7 +374,10 @@ def place_run(cfg: Config, run_dir: Path) -> RayLauncher:
     """Connect to the cluster, place the processes that bind ports (broker, engines, learner nodes, gateway), pick
     their ports on their nodes, and wire the run on those addresses. Blocking (Ray's calls)."""
     backend = RayBackend(cfg.launcher, cfg.run.startup_timeout_s)
-    backend.connect()
+    cpus = {role: float(r.get("CPU", 0)) for role, r in cfg.launcher.resources.items()}
+    backend.connect(cpus.get("broker", 0) + cpus.get("engine", 0) * cfg.engines.count
+                    + cpus.get("learner", 0) * cfg.learner.world_size
+                    + cpus.get("actor", 0) * (cfg.actors.count + cfg.gateway.enabled + (cfg.validation.every > 0)))
     placed: dict[str, Placed] = {}
     try:
         return _place(cfg, run_dir, backend, placed)
@@ -403,17 +418,15 @@ def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Pl
         cfg, broker=dataclasses.replace(cfg.broker, host=b.node.ip, dashboard_host=b.node.ip),
         learner=dataclasses.replace(cfg.learner, weight_host=lead.node.ip),
         gateway=dataclasses.replace(cfg.gateway, host=gateway[0]) if gateway else cfg.gateway)
+    # The checks of the config again, on the addresses Ray gave: off loopback, CURVE keys (or an explicit opt-in).
+    off_loopback = next((ip for ip, _ in engine_ports if not is_loopback(ip)), placed_cfg.engines.host)
+    engines = dataclasses.replace(cfg.engines, host=off_loopback)
+    errors = network_errors(dataclasses.replace(placed_cfg, engines=engines)) + gateway_errors(placed_cfg)
+    if errors:
+        raise RunFailed("the run's processes landed on Ray nodes that other hosts reach, and:\n  - "
+                        + "\n  - ".join(errors))
     log.info("placed on Ray: %s", {n: p.node.ip for n, p in placed.items()})
     return RayLauncher(placed_cfg, run_dir, backend, wire_placed(placed_cfg, places), placed, group)
-
-
-def ray_available() -> str:
-    """Empty if Ray can be imported here, else how to install it."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return f"launcher.backend=ray needs Ray: `{sys.executable} -m pip install -e '.[ray]'` (scripts/setup.sh does)"
-    return ""
 
 
 __all__ = ["NODE_ENV", "ProcessHost", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_run"]

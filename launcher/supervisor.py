@@ -152,13 +152,17 @@ class Launcher:
             return out
         for i, url in enumerate(self.wiring.engines):
             engines = dataclasses.replace(self.cfg.engines, host=self.engine_host(i))
-            argv, env = server_command(self.cfg.model, engines, int(url.rsplit(":", 1)[1]))
+            argv, env = server_command(self.cfg.model, engines, int(url.rsplit(":", 1)[1]), self.engine_on_gpu())
             out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, env))
         return out
 
     def engine_host(self, i: int) -> str:
         """The interface engine i binds (on Ray: its node's IP)."""
         return self.cfg.engines.host
+
+    def engine_on_gpu(self) -> bool | None:
+        """Whether the engines run on GPUs (None: as this host; on Ray: whether they ask Ray for GPUs)."""
+        return None
 
     def judge_children(self) -> list[Child]:
         """The LLM judges' vLLM servers: the engines' command on the judge's model (judges.model, else the run's

@@ -41,6 +41,11 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   echo "[setup] installing chromium and chromium-driver from Debian"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# The Slurm test starts a one-node Slurm cluster here (scripts/slurm/local_slurm.sh): Debian's slurm-wlm, with munge.
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  echo "[setup] installing slurm-wlm from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null
+fi
 echo "[setup] installing agentstream[$EXTRA,envs,ray,test] (first run: several minutes; ALFWorld's planner compiles)"
 quiet_pip install --quiet -e "$ROOT[$EXTRA,envs,ray,test]"
 if [ "$EXTRA" = "cpu" ]; then

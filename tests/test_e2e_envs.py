@@ -1,12 +1,12 @@
-"""Every environment plays through the real engine, and whole launcher runs complete on two of them.
+"""Every environment plays through the real engine, and a whole launcher run completes on ALFWorld.
 
 One real vLLM server (the tiny model) serves every test. Each env plays episodes through the actors' own
 episode loop (`actors.evaluate.play_episode`: the env, its memory, the chat template, the engine client), a few
-seconds each. Two envs also get a whole launcher run through `engines.external_urls` (broker, weight sidecar,
-learner with 1 rank, an actor): Sokoban with PPO (a critic) and ALFWorld (a blocking env, stepped in a worker
-thread); FrozenLake runs in tests/test_e2e.py, with the GiGPO preset in tests/test_ray.py. The learner first brings
-the server to its own initial weights (version 0) before any group is admitted. What a run adds beyond the episode
-does not depend on the env, and a run costs ~30 s here: the suite's time.
+seconds each. ALFWorld (a blocking env, stepped in a worker thread) also gets a whole launcher run through
+`engines.external_urls` (broker, weight sidecar, learner with 1 rank, an actor); the learner first brings the server
+to its own initial weights (version 0) before any group is admitted. Other envs' runs: FrozenLake in
+tests/test_e2e.py, with the GiGPO preset in tests/test_ray.py, Sokoban with PPO (a critic) in tests/test_slurm.py.
+What a run adds beyond the episode does not depend on the env, and a run costs ~30 s here: the suite's time.
 """
 
 import json
@@ -55,8 +55,8 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
 
 
 # The whole runs, with the algorithm preset each also covers (one run each instead of two).
-# FrozenLake runs in tests/test_e2e.py, and with GiGPO in tests/test_ray.py.
-RUNS = {"agentstream/Sokoban-v0": "ppo", "agentstream/ALFWorld-v0": None}
+# FrozenLake runs in tests/test_e2e.py, and with GiGPO in tests/test_ray.py; Sokoban with PPO in tests/test_slurm.py.
+RUNS = {"agentstream/ALFWorld-v0": None}
 EPISODES, MAX_STEPS = 2, 3
 
 
@@ -91,11 +91,9 @@ def test_every_env_plays_episodes_through_the_engine(server, name: str) -> None:
 def test_a_run_completes(server, tmp_path: Path, name: str) -> None:
     model, url = server
     algorithm = RUNS[name]
-    summary = launch(tmp_path, model, url, f"env.name={name}", *([f"algorithm={algorithm}"] if algorithm else []))
-    if algorithm == "ppo":  # the critic trained beside the policy
-        assert any(k.startswith("critic") for k in summary["learner_metrics"]), summary["learner_metrics"]
+    launch(tmp_path, model, url, f"env.name={name}", *([f"algorithm={algorithm}"] if algorithm else []))
 
 
-def test_the_runs_cover_a_preset_and_a_blocking_env() -> None:
-    assert set(RUNS.values()) == {"ppo", None} and set(RUNS) <= set(envs.known_envs())
+def test_the_run_covers_a_blocking_env() -> None:
+    assert set(RUNS.values()) == {None} and set(RUNS) <= set(envs.known_envs())
     assert envs.make("agentstream/ALFWorld-v0").unwrapped.blocking

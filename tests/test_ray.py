@@ -32,6 +32,7 @@ from agentstream.wire.addresses import free_port
 from launcher.checks import backend_errors
 from launcher.procs import RUN_ENV, end_marked, marked
 from launcher.ray_backend import NODE_ENV, ray_options
+from launcher.wiring import Places, wire_placed
 
 ROOT = Path(__file__).resolve().parents[1]
 IP = "127.0.0.2"  # Ray replaces 127.0.0.1 by the machine's other interface (FACTS.md)
@@ -44,6 +45,19 @@ def test_ray_options_split_cpu_and_gpu_from_custom_resources() -> None:
     assert ray_options({"CPU": 2, "GPU": 1, "run_disk": 1}) == {"num_cpus": 2.0, "num_gpus": 1.0,
                                                                 "resources": {"run_disk": 1.0}}
     assert ray_options({}) == {"num_cpus": 0.0, "num_gpus": 0.0, "resources": {}}
+
+
+def test_wire_placed_names_each_node_and_its_ports() -> None:
+    cfg = C.Config()
+    cfg.engines.count = 2
+    w = wire_placed(cfg, Places(broker=("10.0.0.1", 5555, 8080), engines=[("10.0.0.2", 8000), ("10.0.0.3", 8000)],
+                                learner=("10.0.0.4", 5556, 5557), gateway=("10.0.0.5", 8100)))
+    assert (w.broker, w.dashboard) == ("tcp://10.0.0.1:5555", "http://10.0.0.1:8080")
+    assert w.engines == ["http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+    assert (w.weights, w.weights_bind, w.rdzv) == ("tcp://10.0.0.4:5556", "tcp://10.0.0.4:5556", "10.0.0.4:5557")
+    assert (w.gateway, w.gateway_port, w.judges) == ("http://10.0.0.5:8100", 8100, [])
+    cfg.engines.external_urls = ["http://gpu-box:9000"]  # servers started elsewhere keep their URLs
+    assert wire_placed(cfg, Places(("10.0.0.1", 1, 2), [], ("10.0.0.4", 3, 4))).engines == ["http://gpu-box:9000"]
 
 
 @pytest.mark.parametrize("overrides, expected", [
