@@ -227,34 +227,53 @@ class RayBackend:
     def place(self, role: str, name: str, node: Node | None = None, bundle: tuple[Any, int] | None = None) -> Placed:
         """A ProcessHost for `name` with its role's resources: anywhere Ray finds them (spread over the nodes), on
         `node` only, or in a placement group's bundle. RunFailed if Ray cannot place it within run.startup_timeout_s."""
+        return self.place_many([(role, name, node, bundle)])[0]
+
+    def place_many(self, asks: list[tuple[str, str, Node | None, tuple[Any, int] | None]]) -> list[Placed]:
+        """`place` for each (role, name, node, bundle) of `asks`, all at once: Ray starts their workers in parallel."""
+        import ray
+
+        hosts = [self._host(*ask) for ask in asks]
+        refs = [host.where.remote() for host in hosts]
+        ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        out = []
+        for (role, name, node, _), host, ref in zip(asks, hosts, refs):
+            try:
+                ip, node_id = ray.get(ref, timeout=0)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+                for h in hosts:
+                    ray.kill(h)
+                where = f"on node {node.ip} ({node.id[:12]})" if node else "on any node"
+                key = RESOURCE_ROLE.get(role, "actor")
+                asked = self._resources(role, None) or "nothing"
+                raise RunFailed(f"Ray could not place {name} ({role}, asking {asked}) {where} within "
+                                f"{self.timeout_s:.0f}s ({exc.__class__.__name__}); the cluster has "
+                                f"{ray.cluster_resources()} in all, {ray.available_resources()} free. Give the nodes "
+                                f"these resources, or change launcher.resources.{key}") from None
+            out.append(Placed(host, Node(ip, node_id)))
+        return out
+
+    def _resources(self, role: str, bundle: tuple[Any, int] | None) -> dict[str, float]:
+        if bundle is not None:
+            return dict(bundle[0].bundle_specs[bundle[1]])
+        if role == "sidecar":  # beside its engine, on the engine's resources
+            return {}
+        return dict(self.cfg.resources.get(RESOURCE_ROLE.get(role, "actor"), {}))
+
+    def _host(self, role: str, name: str, node: Node | None, bundle: tuple[Any, int] | None) -> Any:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-        resources = dict(self.cfg.resources.get(RESOURCE_ROLE.get(role, "actor"), {}))
         if bundle is not None:
-            resources = dict(bundle[0].bundle_specs[bundle[1]])
             strategy: Any = PlacementGroupSchedulingStrategy(bundle[0], placement_group_bundle_index=bundle[1])
         elif node is not None:
             strategy = NodeAffinitySchedulingStrategy(node.id, soft=False)
         else:
             strategy = "SPREAD"
-        if role == "sidecar":  # beside its engine (`node`), on the engine's resources
-            resources = {}
         # Named `<launcher pid>/<child>/<serial>` (as CHILD_ENV): Ray's state API tells which node runs what.
-        host = ray.remote(ProcessHost).options(name=f"{os.getpid()}/{name}/{next(self._serial)}",
+        return ray.remote(ProcessHost).options(name=f"{os.getpid()}/{name}/{next(self._serial)}",
                                                scheduling_strategy=strategy, max_concurrency=16,
-                                               **ray_options(resources)).remote()
-        try:
-            ip, node_id = ray.get(host.where.remote(), timeout=self.timeout_s)
-        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
-            ray.kill(host)
-            where = f"on node {node.ip} ({node.id[:12]})" if node else "on any node"
-            key = RESOURCE_ROLE.get(role, "actor")
-            raise RunFailed(f"Ray could not place {name} ({role}, asking {resources or 'nothing'}) {where} within "
-                            f"{self.timeout_s:.0f}s ({exc.__class__.__name__}); the cluster has "
-                            f"{ray.cluster_resources()} in all, {ray.available_resources()} free. Give the nodes "
-                            f"these resources, or change launcher.resources.{key}") from None
-        return Placed(host, Node(ip, node_id))
+                                               **ray_options(self._resources(role, bundle))).remote()
 
     def learner_group(self, nnodes: int, ranks_per_node: int) -> Any:
         """One placement group for the learner: a bundle per learner node (its ranks' resources together), on
@@ -389,29 +408,32 @@ def place_run(cfg: Config, run_dir: Path) -> RayLauncher:
 
 
 def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Placed]) -> RayLauncher:
+    """Every process of the run placed at once (then the sidecars, beside their engines); ports picked there."""
     import ray
 
-    placed["broker"] = backend.place("broker", "broker")
-    b = placed["broker"]
-    picked = ray.get(b.host.free_ports.remote(b.node.ip, 2))  # configured ports win; 0 takes a free one there
-    broker_port, dashboard_port = cfg.broker.port or picked[0], cfg.broker.dashboard_port or picked[1]
-    engine_ports: list[tuple[str, int]] = []
-    for i in range(cfg.engines.count if not cfg.engines.external_urls else 0):
-        e = placed[f"engine-{i}"] = backend.place("engine", f"engine-{i}")
-        base = cfg.engines.base_port
-        engine_ports.append((e.node.ip, base + 2 * i if base else ray.get(e.host.free_ports.remote(e.node.ip, 1))[0]))
     c = cfg.learner
     group = backend.learner_group(c.nnodes, c.world_size // c.nnodes)
-    for k in range(c.nnodes):
-        name = "learner" if c.nnodes == 1 else f"learner-node{k}"
-        placed[name] = backend.place("learner", name, bundle=(group, k))
-    lead = placed["learner" if c.nnodes == 1 else "learner-node0"]
-    picked = ray.get(lead.host.free_ports.remote(lead.node.ip, 2))
-    weight_port, rdzv_port = c.weight_port or picked[0], c.rdzv_port or picked[1]
+    engines = [f"engine-{i}" for i in range(cfg.engines.count if not cfg.engines.external_urls else 0)]
+    learners = ["learner"] if c.nnodes == 1 else [f"learner-node{k}" for k in range(c.nnodes)]
+    asks = [("broker", "broker", None, None), *(("engine", e, None, None) for e in engines),
+            *(("learner", n, None, (group, k)) for k, n in enumerate(learners)),
+            *(("actor", f"actor-{i}", None, None) for i in range(cfg.actors.count)),
+            *([("gateway", "gateway-0", None, None)] if cfg.gateway.enabled else []),
+            *([("evaluator", "evaluator", None, None)] if cfg.validation.every > 0 else [])]
+    placed.update(zip([name for _, name, _, _ in asks], backend.place_many(asks)))
+    sidecars = [("sidecar", e.replace("engine-", "sidecar-"), placed[e].node, None) for e in engines]
+    placed.update(zip([name for _, name, _, _ in sidecars], backend.place_many(sidecars)))
+    b, lead = placed["broker"], placed[learners[0]]
+    picks = [(b, 2), *((placed[e], 1) for e in engines), (lead, 2)]
+    picks += [(placed["gateway-0"], 1)] if cfg.gateway.enabled else []
+    picked = ray.get([p.host.free_ports.remote(p.node.ip, n) for p, n in picks])  # configured ports win over these
+    broker_port, dashboard_port = cfg.broker.port or picked[0][0], cfg.broker.dashboard_port or picked[0][1]
+    base = cfg.engines.base_port
+    engine_ports = [(placed[e].node.ip, base + 2 * i if base else picked[1 + i][0]) for i, e in enumerate(engines)]
+    weight_port, rdzv_port = c.weight_port or picked[1 + len(engines)][0], c.rdzv_port or picked[1 + len(engines)][1]
     gateway: tuple[str, int] | None = None
     if cfg.gateway.enabled:
-        g = placed["gateway-0"] = backend.place("gateway", "gateway-0")
-        gateway = (g.node.ip, cfg.gateway.port or ray.get(g.host.free_ports.remote(g.node.ip, 1))[0])
+        gateway = (placed["gateway-0"].node.ip, cfg.gateway.port or picked[-1][0])
     places = Places(broker=(b.node.ip, broker_port, dashboard_port), engines=engine_ports,
                     learner=(lead.node.ip, weight_port, rdzv_port), gateway=gateway)
     placed_cfg = dataclasses.replace(
@@ -420,8 +442,8 @@ def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Pl
         gateway=dataclasses.replace(cfg.gateway, host=gateway[0]) if gateway else cfg.gateway)
     # The checks of the config again, on the addresses Ray gave: off loopback, CURVE keys (or an explicit opt-in).
     off_loopback = next((ip for ip, _ in engine_ports if not is_loopback(ip)), placed_cfg.engines.host)
-    engines = dataclasses.replace(cfg.engines, host=off_loopback)
-    errors = network_errors(dataclasses.replace(placed_cfg, engines=engines)) + gateway_errors(placed_cfg)
+    bound = dataclasses.replace(placed_cfg, engines=dataclasses.replace(cfg.engines, host=off_loopback))
+    errors = network_errors(bound) + gateway_errors(placed_cfg)
     if errors:
         raise RunFailed("the run's processes landed on Ray nodes that other hosts reach, and:\n  - "
                         + "\n  - ".join(errors))
