@@ -291,9 +291,9 @@ def backend_errors(cfg: Config) -> list[str]:
     except ImportError:
         return ["launcher.backend=ray needs Ray: run bash scripts/setup.sh (it installs the project's [ray] extra)."]
     errors = []
-    if cfg.run.role not in ("all", "actors"):
-        errors.append(f"launcher.backend=ray places a whole run (role=all) or more actors (role=actors); role="
-                      f"{cfg.run.role} joins a run from one host: use launcher.backend=local on that host.")
+    if cfg.run.role not in ("all", "actors", "engines"):
+        errors.append(f"launcher.backend=ray places a whole run (role=all), more actors or more engines (role=actors|"
+                      f"engines); role={cfg.run.role} joins a run from one host: use launcher.backend=local there.")
     if cfg.judges.count:
         errors.append("launcher.backend=ray does not place LLM judges yet: set judges.count=0, or use "
                       "launcher.backend=local.")

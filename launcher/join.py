@@ -181,15 +181,13 @@ async def _start(launcher: Launcher, session: aiohttp.ClientSession) -> None:
 
 
 async def _launcher(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> Launcher:
-    """This launch's supervisor: its processes on this host, or (launcher.backend=ray, role=actors) on the nodes of
-    the Ray cluster at launcher.ray_address."""
+    """This launch's supervisor: its processes on this host, or (launcher.backend=ray, role=actors|engines) on the
+    nodes of the Ray cluster at launcher.ray_address."""
     if cfg.launcher.backend != "ray":
         return Launcher(cfg, run_dir, wiring, prefix=prefix)
-    from launcher.ray_backend import RayBackend, RayLauncher
+    from launcher.ray_backend import place_join
 
-    backend = RayBackend(cfg.launcher, cfg.run.startup_timeout_s)
-    await asyncio.to_thread(backend.connect)
-    return RayLauncher(cfg, run_dir, backend, wiring, {}, prefix=prefix)
+    return await asyncio.to_thread(place_join, cfg, run_dir, wiring, prefix)
 
 
 async def _supervise_until_over(launcher: Launcher, link: BrokerLink) -> str:

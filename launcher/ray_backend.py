@@ -451,4 +451,32 @@ def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Pl
     return RayLauncher(placed_cfg, run_dir, backend, wire_placed(placed_cfg, places), placed, group)
 
 
-__all__ = ["NODE_ENV", "ProcessHost", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_run"]
+def place_join(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> RayLauncher:
+    """A joining launch on Ray: more actors (placed as they start), or more engines, placed here with their sidecars
+    beside them and their ports picked on their nodes (`wiring` gets their URLs). Blocking (Ray's calls)."""
+    import ray
+
+    backend = RayBackend(cfg.launcher, cfg.run.startup_timeout_s)
+    backend.connect()
+    placed: dict[str, Placed] = {}
+    if cfg.run.role == "engines":
+        names = [f"engine-{prefix}{i}" for i in range(cfg.engines.count)]
+        placed.update(zip(names, backend.place_many([("engine", n, None, None) for n in names])))
+        sidecars = [("sidecar", n.replace("engine-", "sidecar-", 1), placed[n].node, None) for n in names]
+        placed.update(zip([s[1] for s in sidecars], backend.place_many(sidecars)))
+        picked = ray.get([placed[n].host.free_ports.remote(placed[n].node.ip, 1) for n in names])
+        base = cfg.engines.base_port
+        wiring = dataclasses.replace(wiring, engines=[
+            f"http://{placed[n].node.ip}:{base + 2 * i if base else picked[i][0]}" for i, n in enumerate(names)])
+        off_loopback = next((p.node.ip for p in placed.values() if not is_loopback(p.node.ip)), cfg.engines.host)
+        errors = network_errors(dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, host=off_loopback)))
+        if errors:
+            for p in placed.values():
+                backend.release(p)
+            raise RunFailed("the new engines landed on Ray nodes that other hosts reach, and:\n  - "
+                            + "\n  - ".join(errors))
+    return RayLauncher(cfg, run_dir, backend, wiring, placed, prefix=prefix)
+
+
+__all__ = ["NODE_ENV", "ProcessHost", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_join",
+           "place_run"]

@@ -3,8 +3,9 @@ on 127.0.0.2: tests stay on loopback), one run for three checks (~3 min on 2 cor
 
 - placement: the run's processes land where their resources say (Ray's state API): broker and learner on the
   head, the two engines on two different worker nodes, the two actors on two different worker nodes;
-- scaling: a second launch, `role=actors launcher.backend=ray`, adds an actor to the running run; the broker
-  trains transitions of that actor;
+- scaling: two more launches, `role=actors` and `role=engines` with `launcher.backend=ray`, add an actor and an
+  engine (with its sidecar beside it) to the running run; the broker trains transitions of that actor, and the
+  engine takes the learner's new weights;
 - node loss: the worker node holding engine-1 (and one actor) dies mid-run: its raylet and every process on it
   are killed at once, as when a machine goes down. The run finishes its steps; summary.json names what was lost
   with the node; the engine and the actor are restarted on the surviving node; every acknowledged transition was
@@ -62,7 +63,7 @@ def test_wire_placed_names_each_node_and_its_ports() -> None:
 
 @pytest.mark.parametrize("overrides, expected", [
     ({"backend": "k8s"}, "launcher.backend='k8s' is unknown"),
-    ({"role": "engines"}, "role=engines joins a run from one host"),
+    ({"role": "gateway"}, "role=gateway joins a run from one host"),
     ({"judges": 1}, "does not place LLM judges yet"),
     ({"resources": {"engines": {"CPU": 1}}}, "launcher.resources has ['engines']"),
     ({"resources": {"actor": {"CPU": -1}}}, "negative amounts {'actor.CPU': -1}"),
@@ -80,7 +81,7 @@ def test_backend_checks_say_what_to_change(overrides: dict, expected: str) -> No
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Head (broker, learner) and two worker nodes, each with room for two engines and four actors."""
+    """Head (broker, learner) and two worker nodes, each with room for three engines and four actors."""
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={
@@ -88,8 +89,8 @@ def cluster():
         "dashboard_host": IP, "dashboard_port": 0,
         # A dead node is declared dead after ~3 s instead of Ray's ~15-30 s (the test waits less; nothing else changes)
         "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
-    nodes = {"a": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 2, "actor_slot": 4}),
-             "b": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 2, "actor_slot": 4})}
+    nodes = {"a": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 3, "actor_slot": 4}),
+             "b": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 3, "actor_slot": 4})}
     c.wait_for_nodes()
     yield c, nodes
     c.shutdown()
@@ -129,7 +130,7 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
                    f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", "algorithm=gigpo",
                    "broker.track_keys=true", f"broker.dashboard_port={port}", "run.startup_timeout_s=300"],
                   tmp_path / "main.out")
-    joiner = None
+    joiner = engine_joiner = None
     try:
         def version() -> int:
             s = dashboard(port, "state")
@@ -141,6 +142,8 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
         assert broker.startswith(f"tcp://{IP}:")
         joiner = launch([f"run.output_dir={join_dir}", "role=actors", f"broker.address={broker}", "actors.count=1",
                          *common], tmp_path / "join.out")  # it joins while the run starts
+        engine_joiner = launch([f"run.output_dir={tmp_path / 'join-engine'}", "role=engines",
+                                f"broker.address={broker}", "engines.count=1", *common], tmp_path / "join-engine.out")
         wait_for(lambda: version() >= 1, 400, "the first learner step", run_dir=run_dir)
         where = hosts(c.address)
         head = c.head_node.node_id
@@ -148,6 +151,9 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
         assert where["engine-0"] != where["engine-1"] and head not in (where["engine-0"], where["engine-1"]), where
         assert where["actor-0"] != where["actor-1"] and head not in (where["actor-0"], where["actor-1"]), where
         assert where["sidecar-0"] == where["engine-0"] and where["sidecar-1"] == where["engine-1"], where
+        added = [n for n in where if n.startswith("engine-") and n not in ("engine-0", "engine-1")]
+        assert len(added) == 1 and where[added[0]] != head, where  # the engine added by role=engines, with its sidecar
+        assert where[added[0].replace("engine-", "sidecar-", 1)] == where[added[0]], where
 
         def joined_sending() -> str:
             sent = (dashboard(port, "summary") or {}).get("transitions_sent_by_actor", {})
@@ -163,8 +169,9 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
 
         assert main.wait(timeout=600) == 0, (tmp_path / "main.out").read_text()[-3000:]
         joiner.wait(timeout=120)
+        engine_joiner.wait(timeout=120)
     finally:
-        for p in (main, joiner):
+        for p in (main, joiner, engine_joiner):
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGINT)
                 p.wait(timeout=120)
@@ -179,6 +186,9 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
     check_accounting(s)
     trained = s["reliability"]["keys"]["trained_by_actor"]
     assert trained.get(joined, 0) > 0, (joined, trained)  # the added actor's transitions were trained
+    added = {name: v for name, v in s["engine_versions"].items() if name not in ("engine-0", "engine-1")}
+    assert len(added) == 1 and list(added.values())[0] >= 1, s["engine_versions"]  # the added engine took new weights
+    assert json.loads((tmp_path / "join-engine" / "summary.json").read_text())["status"] == "finished"
     versions = [json.loads(ln)["version"] for ln in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
     assert versions == list(range(1, STEPS + 1))
     assert all(a == b for a, b in (shape.split("/") for shape in s["trained_group_shapes"]))  # whole groups only
