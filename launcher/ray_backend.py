@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from agentstream.config import Config, LauncherConfig
 from agentstream.wire.curve import is_loopback
 from launcher.checks import gateway_errors, network_errors
 from launcher.procs import CHILD_ENV, child_marker
+from launcher.ray_host import ProcessHost
 from launcher.supervisor import Child, Launcher, RunFailed, _node_rank
 from launcher.wiring import Places, Wiring, wire_placed
 
@@ -62,59 +62,6 @@ def ray_options(resources: dict[str, float]) -> dict[str, Any]:
     custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
     return {"num_cpus": float(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
             "resources": custom}
-
-
-class ProcessHost:
-    """A Ray actor that runs one child process of the run on its node: started, awaited, signalled and ended here
-    (`launcher.procs`: a session of its own, its group signalled, marked descendants ended)."""
-
-    def __init__(self) -> None:
-        self.proc = None
-
-    def where(self) -> tuple[str, str]:
-        """(this node's IP as the cluster knows it, this node's Ray id)."""
-        import ray
-
-        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
-
-    def free_ports(self, host: str, n: int) -> list[int]:
-        """`n` distinct ports free on this node's `host` now (all held until all are chosen)."""
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-        try:
-            for s in socks:
-                s.bind((host, 0))
-            return [s.getsockname()[1] for s in socks]
-        finally:
-            for s in socks:
-                s.close()
-
-    def start(self, argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> int:
-        from launcher import procs
-
-        self.proc = procs.start(argv, Path(log_path), env, Path(cwd))
-        return self.proc.pid
-
-    async def wait(self) -> int:
-        return await asyncio.to_thread(self.proc.wait)
-
-    def signal(self, sig: int) -> None:
-        from launcher import procs
-
-        if self.proc is not None:
-            procs.signal_group(self.proc, sig)
-
-    def end(self, marker: str) -> tuple[list[str], list[str]]:
-        """SIGKILL the group, then every process on this node with the incarnation's marker that is outside it
-        (torchrun's ranks, anything reparented). Returns (found outside the group, still alive after the wait)."""
-        from launcher import procs
-
-        if self.proc is None:
-            return [], []
-        procs.signal_group(self.proc, signal.SIGKILL)
-        self.proc.wait()
-        ended, _ = procs.end_marked(CHILD_ENV, marker, other_than_group=self.proc.pid)
-        _, alive = procs.end_marked(CHILD_ENV, marker)
-        return ended, alive
 
 
 @dataclass(frozen=True)
@@ -478,5 +425,5 @@ def place_join(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> RayLa
     return RayLauncher(cfg, run_dir, backend, wiring, placed, prefix=prefix)
 
 
-__all__ = ["NODE_ENV", "ProcessHost", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_join",
+__all__ = ["NODE_ENV", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_join",
            "place_run"]
