@@ -448,8 +448,12 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
           f"{summary['reliability']['transitions_rejected']}")
     check_accounting(summary)
     assert resent["actor-0"] > 0 and resent["actor-1"] == 0
-    assert summary["transitions_dropped"].get("actor_silent", 0) > 0
-    assert summary["reliability"]["transitions_rejected"].get("unknown_group", 0) > 0
+    # actor-0's groups open at the broker when it was declared silent are dropped, and its resent transitions of them
+    # refused as unknown_group. Whether any was open then depends on timing (a clean-clone run had none): only
+    # silence may drop anything here, and a drop implies the refusals.
+    assert set(summary["transitions_dropped"]) <= {"actor_silent"}, summary["transitions_dropped"]
+    if summary["transitions_dropped"].get("actor_silent", 0):
+        assert summary["reliability"]["transitions_rejected"].get("unknown_group", 0) > 0
     assert "actor-0 silent" in (tmp_path / "run" / "broker.log").read_text()
     # The sidecar's connection to the learner ended in the partition; made again, it asked for the newest weights.
     assert "connected to the learner again" in (tmp_path / "sidecar.log").read_text()
