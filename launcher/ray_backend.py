@@ -41,7 +41,7 @@ from agentstream.wire.curve import is_loopback
 from launcher.checks import gateway_errors, network_errors
 from launcher.procs import CHILD_ENV, child_marker
 from launcher.ray_host import ProcessHost
-from launcher.supervisor import Child, Launcher, RunFailed, _node_rank
+from launcher.supervisor import Child, Launcher, RunFailed, learner_node_rank
 from launcher.wiring import Places, Wiring, wire_placed
 
 log = logging.getLogger("launch")
@@ -294,7 +294,7 @@ class RayLauncher(Launcher):
                             f"the run's processes hold its address")
         bundle = None
         if child.role == "learner":
-            bundle = (self.learner_group, _node_rank(child.name))
+            bundle = (self.learner_group, learner_node_rank(child.name))
             node = None
         elif child.role not in SAME_NODE_ROLES + ("sidecar",):
             node = None  # anywhere
@@ -334,6 +334,12 @@ def _alive(node: Node) -> bool:
     import ray
 
     return any(n["NodeID"] == node.id and n["Alive"] for n in ray.nodes())
+
+
+def _network_errors(cfg: Config, engine_ips: list[str]) -> list[str]:
+    """The config's network checks again, on the addresses Ray gave (the engines by the first off loopback)."""
+    host = next((ip for ip in engine_ips if not is_loopback(ip)), cfg.engines.host)
+    return network_errors(dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, host=host)))
 
 
 def place_run(cfg: Config, run_dir: Path) -> RayLauncher:
@@ -388,9 +394,7 @@ def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Pl
         learner=dataclasses.replace(cfg.learner, weight_host=lead.node.ip),
         gateway=dataclasses.replace(cfg.gateway, host=gateway[0]) if gateway else cfg.gateway)
     # The checks of the config again, on the addresses Ray gave: off loopback, CURVE keys (or an explicit opt-in).
-    off_loopback = next((ip for ip, _ in engine_ports if not is_loopback(ip)), placed_cfg.engines.host)
-    bound = dataclasses.replace(placed_cfg, engines=dataclasses.replace(cfg.engines, host=off_loopback))
-    errors = network_errors(bound) + gateway_errors(placed_cfg)
+    errors = _network_errors(placed_cfg, [ip for ip, _ in engine_ports]) + gateway_errors(placed_cfg)
     if errors:
         raise RunFailed("the run's processes landed on Ray nodes that other hosts reach, and:\n  - "
                         + "\n  - ".join(errors))
@@ -415,8 +419,7 @@ def place_join(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> RayLa
         base = cfg.engines.base_port
         wiring = dataclasses.replace(wiring, engines=[
             f"http://{placed[n].node.ip}:{base + 2 * i if base else picked[i][0]}" for i, n in enumerate(names)])
-        off_loopback = next((p.node.ip for p in placed.values() if not is_loopback(p.node.ip)), cfg.engines.host)
-        errors = network_errors(dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, host=off_loopback)))
+        errors = _network_errors(cfg, [p.node.ip for p in placed.values()])
         if errors:
             for p in placed.values():
                 backend.release(p)

@@ -391,7 +391,7 @@ class Launcher:
         if key == "broker":
             await self.spawn(self.broker_child())
         elif key == "learner":  # the dead torchrun's ranks were ended with it (supervise: end_leftovers)
-            await self.spawn(self.learner_child(resume=True, node_rank=_node_rank(child.name)))
+            await self.spawn(self.learner_child(resume=True, node_rank=learner_node_rank(child.name)))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
             task = asyncio.create_task(self._restart_engine_guarded(child), name=f"restart-{child.name}")
             self._restarting.add(task)
@@ -470,7 +470,7 @@ class Launcher:
                                                for d in strays]
 
 
-def _node_rank(name: str) -> int:
+def learner_node_rank(name: str) -> int:
     """The learner node of a learner child's name (`learner` is node 0 of 1, `learner-node<K>` node K)."""
     return int(name.rsplit("node", 1)[1]) if "-node" in name else 0
 
