@@ -399,7 +399,7 @@ class GatewayConfig:
     """An open episode with no request for this long is taken for a dead agent: its group is dropped whole (counted as
     `gateway_episodes_abandoned`, and by the broker as `infra_agent_silent`); a later call gets 410."""
     tool_parser: str = "hermes"
-    """How tool calls are read from the model's text (gateway.toolcalls.TOOL_PARSERS: hermes, qwen, json)."""
+    """How tool calls are read from the model's text (envs.toolcalls.TOOL_PARSERS: hermes, qwen, json)."""
     chat_template: str = ""
     """A Jinja chat-template file used instead of the model's own (e.g. gateway/templates/chatml_tools.jinja for a
     model whose template ignores tools); empty: the model's."""

@@ -4,7 +4,6 @@ episodes through it, and every call it makes becomes one transition at the broke
     server.py          Gateway: the aiohttp service (episodes, /v1/chat/completions, /v1/completions, /v1/models);
                        `python -m gateway.server`: the process the launcher starts (gateway.enabled, role=gateway)
     episode_client.py  open_episode(gateway_url, task_id) -> base_url for `openai.OpenAI`, finish(reward)
-    toolcalls.py       tool-call parsers (hermes/qwen `<tool_call>`, json): text -> OpenAI tool_calls, never raises
     render.py          chat template with tools -> prompt ids; the next turn's ids without re-tokenising answers
     protocol.py        the OpenAI request bodies, checked; ApiError (a 4xx with an OpenAI error body)
     episodes.py        an episode's group, its token chain, the step held until its reward is final

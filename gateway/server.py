@@ -60,7 +60,7 @@ from gateway.episodes import Episode, Slot, Turn
 from gateway.protocol import ApiError, Sampling
 from gateway.render import Renderer, ended_with_eos
 from gateway.spec import GatewaySpec
-from gateway.toolcalls import ToolCall, get_parser
+from envs.toolcalls import ToolCall, get_parser
 
 log = logging.getLogger("gateway")
 

@@ -23,7 +23,7 @@ from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.metrics import logger_errors
 from envs.registry import known_envs
 from gateway.spec import read_key
-from gateway.toolcalls import TOOL_PARSERS
+from envs.toolcalls import TOOL_PARSERS
 from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY

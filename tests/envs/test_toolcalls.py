@@ -1,6 +1,6 @@
-"""Tool-call parsers (gateway/toolcalls.py): well-formed, malformed, truncated and random answers; never raises.
+"""Tool-call parsers (envs/toolcalls.py): well-formed, malformed, truncated and random answers; never raises.
 
-    .venv/bin/python -m pytest tests/gateway/test_toolcalls.py -q -p no:cacheprovider      # < 2 s
+    .venv/bin/python -m pytest tests/envs/test_toolcalls.py -q -p no:cacheprovider      # < 2 s
 """
 
 import json
@@ -9,7 +9,7 @@ import string
 
 import pytest
 
-from gateway.toolcalls import PARSE_ERRORS, TOOL_PARSERS, ParsedTools, ToolCall, get_parser, parse
+from envs.toolcalls import PARSE_ERRORS, TOOL_PARSERS, ParsedTools, ToolCall, get_parser, parse
 
 TOOLS = {"lookup", "calc"}
 
