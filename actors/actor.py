@@ -46,7 +46,7 @@ from actors.spec import ActorSpec
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import ABANDON, ABANDON_GROUP, GroupGrant, Hello, Stats, Transition
+from agentstream.wire.messages import GroupGrant, Hello, Stats, Transition
 from engines.client import (
     EngineClient, EngineError, EngineStalled, Generation, engines_from_broker, follow_engines,
 )
@@ -160,12 +160,8 @@ class Actor:
                         engine = self._pick_engine()
                 sent = self._steps_sent[traj_id]
                 if sent or give_up:  # nothing sent: nothing to drop, the retry takes the place
-                    await self.broker.send_transition(Transition(
-                        traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=sent,
-                        prompt_ids=np.zeros(0, np.int32), response_ids=np.zeros(0, np.int32),
-                        logprobs=np.zeros(0, np.float32), version_lo=grant.min_version, version_hi=grant.min_version,
-                        reward=0.0, done=False, truncated=False, valid=False,
-                        info={ABANDON: cause, ABANDON_GROUP: give_up}))
+                    await self.broker.send_transition(Transition.abandon_marker(
+                        traj_id, grant.group_id, self.name, sent, grant.min_version, cause, whole_group=give_up))
             finally:
                 self._steps_sent.pop(traj_id, None)
 

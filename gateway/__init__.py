@@ -5,8 +5,8 @@ episodes through it, and every call it makes becomes one transition at the broke
                        `python -m gateway.server`: the process the launcher starts (gateway.enabled, role=gateway)
     episode_client.py  open_episode(gateway_url, task_id) -> base_url for `openai.OpenAI`, finish(reward)
     render.py          chat template with tools -> prompt ids; the next turn's ids without re-tokenising answers
-    protocol.py        the OpenAI request bodies, checked; ApiError (a 4xx with an OpenAI error body)
-    episodes.py        an episode's group, its token chain, the step held until its reward is final
+    protocol.py        the OpenAI bodies: requests checked (ApiError: a 4xx with an OpenAI error body), answers built
+    episodes.py        an episode's group, its token chain, the step held until its reward is final; the registry
     spec.py            GatewaySpec: what the gateway takes of the run config
 
 See docs/gateway.md.

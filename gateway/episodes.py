@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from agentstream.wire.messages import GroupGrant, Transition
 from engines.client import EngineClient
+from gateway.protocol import ApiError
 
 
 @dataclass
@@ -117,4 +119,44 @@ class Episode:
         return last
 
 
-__all__ = ["Episode", "Slot", "Turn", "same_answer"]
+ENDED_KEPT = 65_536
+"""Ended episodes whose ids the gateway keeps (~10 MiB); a call of an older one gets 404 unknown_episode."""
+
+
+class Registry:
+    """The gateway's episodes: the open ones, and the ids of the last `keep` ended ones, so that a late call of
+    one gets 409 (finished) or 410 (abandoned) rather than 404. Older ended ids are forgotten: memory and each
+    sweep stay bounded by what is open, not by how many episodes the run has had."""
+
+    def __init__(self, keep: int):
+        self.open: dict[str, Episode] = {}
+        self.keep = keep
+        self._ended: OrderedDict[str, str] = OrderedDict()  # id -> why it was abandoned ("" if it finished)
+
+    def __len__(self) -> int:
+        return len(self.open)
+
+    def add(self, episode: Episode) -> None:
+        self.open[episode.id] = episode
+
+    def ended(self, episode: Episode) -> None:
+        """`episode` finished or was abandoned: from now on only its id is kept."""
+        self.open.pop(episode.id, None)
+        self._ended[episode.id] = episode.abandoned
+        while len(self._ended) > self.keep:
+            self._ended.popitem(last=False)
+
+    def get(self, eid: str) -> Episode:
+        """The open episode `eid`; an ApiError says why there is none."""
+        episode = self.open.get(eid)
+        if episode is not None:
+            return episode
+        if eid not in self._ended:
+            raise ApiError(404, f"no episode {eid[:40]!r}: open one with POST /episodes", "unknown_episode")
+        if self._ended[eid]:
+            raise ApiError(410, f"episode {eid[:40]!r} was given up: {self._ended[eid]}; open a new one",
+                           "episode_abandoned")
+        raise ApiError(409, f"episode {eid[:40]!r} is finished; open a new one for more calls", "episode_finished")
+
+
+__all__ = ["ENDED_KEPT", "Episode", "Registry", "Slot", "Turn", "same_answer"]

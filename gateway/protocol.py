@@ -1,16 +1,22 @@
-"""The OpenAI request bodies the gateway takes, checked: anything it cannot serve is an `ApiError` (a 4xx with an
-OpenAI-style error body and a counter name), never a 500.
+"""The OpenAI bodies: the requests the gateway takes, checked (anything it cannot serve is an `ApiError`, a 4xx with an
+OpenAI-style error body and a counter name, never a 500), and the answers it gives.
 
     req = chat_request(body, default_max_tokens=256)    # -> ChatRequest, or raises ApiError(400, ...)
     ApiError(404, "no episode 'x'", code="unknown_episode").body()
+    envelope("chat.completion", "chatcmpl", model, prompt_ids, response_ids, choice, token_ids=False)
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from envs.toolcalls import ToolCall
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -236,4 +242,64 @@ def completion_request(body: Any, default_max_tokens: int, max_tokens_limit: int
                              bool(body.get("return_token_ids")))
 
 
-__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Sampling", "chat_request", "completion_request"]
+
+
+def bearer(headers: Mapping[str, str]) -> str:
+    """The token of an `Authorization: Bearer <token>` header, or ""."""
+    auth = headers.get("Authorization", "")
+    return auth[7:].strip() if auth.startswith("Bearer ") else ""
+
+
+def reward_of(body: Any, required: bool) -> float:
+    """The body's finite 'reward' (0 when absent and not `required`)."""
+    value = body.get("reward") if isinstance(body, dict) else None
+    if value is None and not required:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApiError(400, "'reward' must be a finite number", "invalid_request", "reward")
+    return float(value)
+
+# ---------------------------------------------------------------------------------------------- answers
+def tool_call_schema(tools: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """JSON schema of one call to one of `names` (what a forced `tool_choice` asks the engine to write)."""
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
+                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def assistant_message(content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
+    """The answer's message, its tool calls with fresh ids."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    return message
+
+
+def token_logprobs(ids: Sequence[int], logprobs: Sequence[float], decode: Callable[[list[int]], str]) -> list[dict]:
+    """Chat's `logprobs.content`: each sampled token's text and log-prob (-inf written as -9999, as OpenAI does)."""
+    out = []
+    for tid, lp in zip(ids, logprobs):
+        token = decode([tid])
+        out.append({"token": token, "logprob": lp if math.isfinite(lp) else -9999.0, "bytes": list(token.encode()),
+                    "top_logprobs": []})
+    return out
+
+
+def envelope(obj: str, prefix: str, model: str, prompt: list[int], response_ids: Any, choice: dict[str, Any],
+             token_ids: bool) -> dict[str, Any]:
+    """The response body around one choice, with usage; with `token_ids` (vLLM's `return_token_ids`) exactly
+    the ids the transition carries."""
+    n = len(response_ids)
+    out: dict[str, Any] = {"id": f"{prefix}-{secrets.token_hex(12)}", "object": obj, "created": int(time.time()),
+                           "model": model, "choices": [choice],
+                           "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                     "total_tokens": len(prompt) + n}}
+    if token_ids:
+        out["prompt_token_ids"] = list(prompt)
+        choice["token_ids"] = [int(t) for t in response_ids]
+    return out
+
+__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Sampling", "assistant_message", "bearer",
+           "chat_request", "completion_request", "envelope", "reward_of", "token_logprobs", "tool_call_schema"]

@@ -37,7 +37,6 @@ import dataclasses
 import hmac
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -47,40 +46,25 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from agentstream import config as config_mod
 from agentstream.config import SamplingConfig
 from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import ABANDON, ABANDON_GROUP, Hello, Stats, Transition
+from agentstream.wire.messages import Hello, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation, engines_from_broker, follow_engines
+from envs.toolcalls import get_parser
 from gateway import protocol
-from gateway.episodes import Episode, Slot, Turn
+from gateway.episodes import ENDED_KEPT, Episode, Registry, Slot, Turn
 from gateway.protocol import ApiError, Sampling
 from gateway.render import Renderer, ended_with_eos
 from gateway.spec import GatewaySpec
-from envs.toolcalls import ToolCall, get_parser
 
 log = logging.getLogger("gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SHARED_COUNTERS = ("tokens_generated", "transitions_sent", "episode_return_sum", "engine_errors")
 """Counters reported under the names actors use (the others as gateway_<name>)."""
-
-
-def tool_call_schema(tools: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """JSON schema of one call to one of `names` (what a forced `tool_choice` asks the engine to write)."""
-    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
-                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
-    return options[0] if len(options) == 1 else {"anyOf": options}
-
-
-def bearer(request: web.Request) -> str:
-    """The token of an `Authorization: Bearer <token>` header, or ""."""
-    auth = request.headers.get("Authorization", "")
-    return auth[7:].strip() if auth.startswith("Bearer ") else ""
 
 
 class Gateway:
@@ -96,7 +80,7 @@ class Gateway:
         self.renderer = Renderer(tokenizer, spec.chat_template())
         self.parse_tools = get_parser(self.cfg.tool_parser)
         self.counters: Counter[str] = Counter()
-        self.episodes: dict[str, Episode] = {}
+        self.episodes = Registry(ENDED_KEPT)
         self._slots: dict[str, Slot] = {}  # task id -> the group of it still taking episodes
         self._next_engine = 0
         self.requests_in_flight = 0
@@ -166,7 +150,7 @@ class Gateway:
         own.update(gateway_rejected=sum(v for k, v in c.items() if k.startswith("rejected_")),
                    gateway_tool_parse_failures=shared["invalid_actions"])
         return Stats(source=self.name, role="actor", counters={**shared, **per_env, **own, **delivery},
-                     gauges={"episodes_in_flight": sum(not e.finished for e in self.episodes.values()),
+                     gauges={"episodes_in_flight": len(self.episodes),
                              "requests_in_flight": self.requests_in_flight, "incarnation": self.incarnation,
                              "unacked_transitions": self.broker.unacked}, final=final)
 
@@ -181,8 +165,7 @@ class Gateway:
         while True:
             await asyncio.sleep(1.0)
             limit = time.monotonic() - self.cfg.episode_idle_timeout_s
-            silent = [e for e in self.episodes.values() if not e.finished and not e.lock.locked()
-                      and e.last_request < limit]
+            silent = [e for e in self.episodes.open.values() if not e.lock.locked() and e.last_request < limit]
             for episode in silent:
                 if not episode.finished:  # (an earlier one of its group took it along)
                     await self._abandon_group(episode)
@@ -198,14 +181,14 @@ class Gateway:
         for task_id, slot in list(self._slots.items()):
             if slot.grant.done() and not slot.grant.cancelled() and slot.grant.result().group_id == gid:
                 del self._slots[task_id]
-        members = [e for e in self.episodes.values() if e.grant.group_id == gid and not e.finished]
+        members = [e for e in self.episodes.open.values() if e.grant.group_id == gid]
         sent = {e.id: e.abandon(why) for e in members}
+        for e in members:
+            self.episodes.ended(e)
         self.counters["episodes_abandoned"] += len(members)
-        await self.broker.send_transition(Transition(
-            traj_id=silent.traj_id, group_id=gid, actor=self.name, step=sent[silent.id],
-            prompt_ids=np.zeros(0, np.int32), response_ids=np.zeros(0, np.int32), logprobs=np.zeros(0, np.float32),
-            version_lo=silent.grant.min_version, version_hi=silent.grant.min_version, reward=0.0, done=False,
-            truncated=False, valid=False, info={ABANDON: "agent_silent", ABANDON_GROUP: True}))
+        await self.broker.send_transition(Transition.abandon_marker(
+            silent.traj_id, gid, self.name, sent[silent.id], silent.grant.min_version, "agent_silent",
+            whole_group=True))
         self.counters["transitions_sent"] += 1
 
     # ------------------------------------------------------------------------------------ errors
@@ -249,18 +232,11 @@ class Gateway:
         """The episode a call is for: its id in the path, else the bearer key."""
         eid = request.match_info.get("eid")
         if eid is None:
-            eid = bearer(request)
+            eid = protocol.bearer(request.headers)
             if not eid:
                 raise ApiError(401, "say which episode this call is for: use the episode's base_url "
                                     "(/episodes/<id>/v1) or its api_key as the bearer token", "no_episode")
         episode = self.episodes.get(eid)
-        if episode is None:
-            raise ApiError(404, f"no episode {eid[:40]!r}: open one with POST /episodes", "unknown_episode")
-        if episode.abandoned:
-            raise ApiError(410, f"episode {eid[:40]!r} was given up: {episode.abandoned}; open a new one",
-                           "episode_abandoned")
-        if episode.finished:
-            raise ApiError(409, f"episode {eid[:40]!r} is finished; open a new one for more calls", "episode_finished")
         episode.last_request = time.monotonic()
         return episode
 
@@ -269,7 +245,8 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def _open(self, request: web.Request) -> web.Response:
-        if self.spec.key and not hmac.compare_digest(bearer(request).encode(), self.spec.key.encode()):
+        key = protocol.bearer(request.headers).encode()
+        if self.spec.key and not hmac.compare_digest(key, self.spec.key.encode()):
             raise ApiError(401, "opening an episode needs the run's gateway key: send `Authorization: Bearer <key>` "
                                 "with the key in the run's gateway.key_file", "bad_key")
         body = await self._json(request)
@@ -277,7 +254,7 @@ class Gateway:
         if not isinstance(task_id, str) or not task_id or len(task_id) > 200:
             raise ApiError(400, "POST /episodes needs {'task_id': a non-empty string of at most 200 characters}; "
                                 "episodes of one task id form a group", "invalid_request", "task_id")
-        if sum(not e.finished for e in self.episodes.values()) >= self.cfg.max_episodes:
+        if len(self.episodes) >= self.cfg.max_episodes:
             raise self._busy(f"{self.cfg.max_episodes} episodes are open (gateway.max_episodes); finish some first")
         while True:
             slot = self._slots.get(task_id)
@@ -299,7 +276,7 @@ class Gateway:
         engine = self.engines[self._next_engine % len(self.engines)]
         self._next_engine += 1
         traj_id = f"{self.name}.{self.incarnation}.g{grant.group_id}.{index}"
-        self.episodes[eid] = Episode(eid, task_id, grant, index, traj_id, engine)
+        self.episodes.add(Episode(eid, task_id, grant, index, traj_id, engine))
         self.counters["episodes_opened"] += 1
         return web.json_response({"id": eid, "api_key": eid, "base_url": f"{self.url}/episodes/{eid}/v1",
                                   "task_id": task_id, "group_id": grant.group_id, "index": index,
@@ -308,17 +285,9 @@ class Gateway:
     def _busy(self, message: str) -> ApiError:
         return ApiError(429, message, "busy", headers={"Retry-After": str(self.cfg.retry_after_s)})
 
-    def _reward_of(self, body: Any, required: bool) -> float:
-        value = body.get("reward") if isinstance(body, dict) else None
-        if value is None and not required:
-            return 0.0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ApiError(400, "'reward' must be a finite number", "invalid_request", "reward")
-        return float(value)
-
     async def _reward(self, request: web.Request) -> web.Response:
         episode = self._episode(request)
-        value = self._reward_of(await self._json(request), required=True)
+        value = protocol.reward_of(await self._json(request), required=True)
         async with episode.lock:
             if episode.pending is None:
                 raise ApiError(409, "no model call in this episode yet: a reward belongs to a step", "no_step")
@@ -328,7 +297,7 @@ class Gateway:
     async def _finish(self, request: web.Request) -> web.Response:
         episode = self._episode(request)
         body = await self._json(request)
-        value = self._reward_of(body, required=False)
+        value = protocol.reward_of(body, required=False)
         truncated = body.get("truncated", False) if isinstance(body, dict) else False
         if not isinstance(truncated, bool):
             raise ApiError(400, "'truncated' must be a boolean", "invalid_request", "truncated")
@@ -339,6 +308,7 @@ class Gateway:
                 raise ApiError(409, "this episode made no model call: it has no step to end (make one call first)",
                                "no_step")
             last = episode.finish(value, truncated)
+            self.episodes.ended(episode)
             await asyncio.shield(self.broker.send_transition(last))  # recorded as finished: it must go out
         self.counters.update(episodes_finished=1, transitions_sent=1)
         self.counters["episode_return_sum"] += episode.total_reward
@@ -375,7 +345,7 @@ class Gateway:
             extra: dict[str, Any] = {"stop": req.sampling.stop} if req.sampling.stop else {}
             if forced:  # the engine writes one call as JSON under its schema (vLLM structured outputs; compact
                 # with the engines' --structured-outputs-config, engines/server.py)
-                extra["structured_outputs"] = {"json": tool_call_schema(req.tools, forced)}
+                extra["structured_outputs"] = {"json": protocol.tool_call_schema(req.tools, forced)}
             gen = await self._generate(episode, prompt, req.sampling, extra)
             parsed = None
             if req.tools and req.tool_choice != "none":
@@ -385,7 +355,7 @@ class Gateway:
                 self.counters["tool_calls"] += len(parsed.tool_calls)
             content = gen.text if parsed is None else parsed.content
             calls = [] if parsed is None else parsed.tool_calls
-            message = self._message(content, calls)
+            message = protocol.assistant_message(content, calls)
             answer = protocol.messages([message])[0]
             episode.last = Turn(req.messages, req.tools, prompt, gen.response_ids.tolist(), answer)
             await self._record(episode, prompt, gen, valid=parsed is None or parsed.error is None,
@@ -393,7 +363,8 @@ class Gateway:
         finish = "tool_calls" if calls else gen.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
                                   "logprobs": {"content": self._logprobs(gen)} if req.sampling.logprobs else None}
-        out = self._envelope("chat.completion", "chatcmpl", prompt, gen, choice, req.return_token_ids)
+        out = protocol.envelope("chat.completion", "chatcmpl", self.spec.model_name, prompt, gen.response_ids, choice,
+                                req.return_token_ids)
         return web.json_response(out)
 
     async def _completions(self, request: web.Request) -> web.Response:
@@ -413,7 +384,8 @@ class Gateway:
             lps = self._logprobs(gen)
             choice["logprobs"] = {"tokens": [x["token"] for x in lps], "token_logprobs": [x["logprob"] for x in lps],
                                   "top_logprobs": None, "text_offset": None}
-        out = self._envelope("text_completion", "cmpl", prompt, gen, choice, req.return_token_ids)
+        out = protocol.envelope("text_completion", "cmpl", self.spec.model_name, prompt, gen.response_ids, choice,
+                                req.return_token_ids)
         return web.json_response(out)
 
     async def _generate(self, episode: Episode, prompt: list[int], s: Sampling, extra: dict[str, Any]) -> Generation:
@@ -428,6 +400,9 @@ class Gateway:
         finally:
             self.requests_in_flight -= 1
 
+    def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+        return protocol.token_logprobs(gen.response_ids.tolist(), gen.logprobs.tolist(), self.tokenizer.decode)
+
     async def _record(self, episode: Episode, prompt: list[int], gen: Generation, valid: bool,
                       info: dict[str, Any]) -> None:
         """The answered call becomes the episode's latest step; the one before it, now final, goes to the broker."""
@@ -437,34 +412,6 @@ class Gateway:
         if ready is not None:  # shielded: a caller that hangs up must not lose a step already taken from the episode
             await asyncio.shield(self.broker.send_transition(ready))
             self.counters["transitions_sent"] += 1
-
-    def _message(self, content: str | None, calls: list[ToolCall]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-        return message
-
-    def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
-        out = []
-        for tid, lp in zip(gen.response_ids.tolist(), gen.logprobs.tolist()):
-            token = self.tokenizer.decode([tid])
-            out.append({"token": token, "logprob": lp if math.isfinite(lp) else -9999.0,
-                        "bytes": list(token.encode()), "top_logprobs": []})
-        return out
-
-    def _envelope(self, obj: str, prefix: str, prompt: list[int], gen: Generation, choice: dict[str, Any],
-                  token_ids: bool) -> dict[str, Any]:
-        n = int(gen.response_ids.size)
-        out: dict[str, Any] = {"id": f"{prefix}-{secrets.token_hex(12)}", "object": obj, "created": int(time.time()),
-                               "model": self.spec.model_name, "choices": [choice],
-                               "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
-                                         "total_tokens": len(prompt) + n}}
-        if token_ids:  # vLLM's extension (`return_token_ids`): exactly the ids the transition carries
-            out["prompt_token_ids"] = list(prompt)
-            choice["token_ids"] = np.asarray(gen.response_ids).tolist()
-        return out
-
 
 # ---------------------------------------------------------------------------------------------- the process
 async def serve(spec: GatewaySpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],
@@ -539,7 +486,7 @@ def main() -> None:
     raise SystemExit(code)
 
 
-__all__ = ["Gateway", "main", "serve", "tool_call_schema"]
+__all__ = ["Gateway", "main", "serve"]
 
 if __name__ == "__main__":
     main()

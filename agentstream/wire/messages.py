@@ -130,6 +130,17 @@ class Transition:
     seq: int = -1  # 0, 1, 2, ... per actor incarnation; -1: no key (never acknowledged, never de-duplicated)
     kind: Literal["transition"] = "transition"
 
+    @classmethod
+    def abandon_marker(cls, traj_id: str, group_id: int, actor: str, step: int, version: int, cause: str,
+                       whole_group: bool) -> Transition:
+        """The abandon marker (ABANDON) that ends a failed attempt of `traj_id` after its `step` sent steps,
+        or with `whole_group` its whole group; `version`: the group's grant's min_version."""
+        empty_ids = np.zeros(0, np.int32)
+        return cls(traj_id=traj_id, group_id=group_id, actor=actor, step=step, prompt_ids=empty_ids,
+                   response_ids=empty_ids, logprobs=np.zeros(0, np.float32), version_lo=version, version_hi=version,
+                   reward=0.0, done=False, truncated=False, valid=False,
+                   info={ABANDON: cause, ABANDON_GROUP: whole_group})
+
 
 TRANSITION_ITEM_FIELDS = ("traj_id", "group_id", "step", "version_lo", "version_hi", "reward", "done", "truncated",
                           "valid", "anchor", "info", "seq")
