@@ -9,6 +9,9 @@ A task family turns a seed into a skyrl-gym env plus its prompt, and owns the pa
               HTTP; `<search>query</search>` retrieves, `<answer>...</answer>` ends (exact match)
     code      a generated stdin/stdout task, single turn, ```python ...``` graded in a sandboxed subprocess
               (`skyrl_env="lcb"` grades it with skyrl's own LiveCodeBench grader instead: a fork, no limits)
+    multitool one env, three tools (search the encyclopedia, read-only SQL on the company database, python in
+              the sandbox), each task needing one of them; Hermes/Qwen `<tool_call>{"name": ..., "arguments":
+              {...}}</tool_call>` calls, results in `<tool_response>`, `<answer>...</answer>` ends (1 if right)
 
     env = envs.make("agentstream/SkyRL-v0", task="text2sql", max_steps=5)
     obs, info = env.reset(seed=0)
@@ -72,6 +75,17 @@ parse_search_action = _tag_parser(("answer", "search"))
 _CODE_RE = re.compile(r"```(?:\w+)?\n(.*?)```", re.DOTALL)  # skyrl's lcb extractor
 
 
+def parse_multitool_action(text: str) -> ParseResult:
+    """Action(text) when `text` holds a non-empty <answer> or at least one tool call, all well formed and naming
+    known tools; else why not. Never raises."""
+    if not isinstance(text, str):
+        return ParseFailure(f"expected text, got {type(text).__name__}")
+    from envs.tools.multitool import invalid_reason  # skyrl_gym (pandas: 1.6 s) loads once this family is used
+
+    reason = invalid_reason(text)
+    return Action(text) if reason is None else ParseFailure(reason)
+
+
 def parse_code_action(text: str) -> ParseResult:
     """Action(text) when `text` holds a non-empty ``` code block. Never raises."""
     if not isinstance(text, str):
@@ -102,7 +116,8 @@ class Text2SQLFamily:
         shutil.rmtree(f"{self._root}/spider", ignore_errors=True)  # one database at a time per env
         t = sql_tasks.make_task(seed, self._root)
         prompt = f"Database schema:\n{sql_tasks.SCHEMA}\n\nQuestion: {t.question}"
-        extras = {"db_id": t.db_id, "reward_spec": {"ground_truth": t.gold_sql}, "data": "spider", "max_turns": max_steps}
+        extras = {"db_id": t.db_id, "reward_spec": {"ground_truth": t.gold_sql}, "data": "spider",
+                  "max_turns": max_steps}
         return SkyRLTask(prompt, extras, Text2SQLEnvConfig(db_path=self._root), {"sql": t.gold_sql})
 
     parse = staticmethod(parse_sql_action)
@@ -176,8 +191,46 @@ class CodeFamily:
         pass
 
 
+class MultiToolFamily:
+    skyrl_env = "agentstream_multitool"
+    instructions = (
+        "Answer the question with the tools the task lists (search, sql, python). To call one, reply "
+        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>; each result comes back inside '
+        "<tool_response>. When you know the answer, reply <answer>the answer, as short as possible</answer>."
+    )
+
+    def __init__(self, corpus_seed: int = 0, n_towns: int = 300, time_limit_s: float = 5.0, memory_mb: int = 256):
+        from envs.tools import multitool, retriever
+
+        multitool.register_skyrl_env()
+        self.time_limit_s, self.memory_mb = time_limit_s, memory_mb
+        self._towns = retriever.make_corpus(corpus_seed, n_towns)
+        self._root = tempfile.mkdtemp(prefix="agentstream-multitool-")
+        self._server = retriever.acquire_server(corpus_seed, n_towns)
+
+    def task(self, seed: int, max_steps: int) -> SkyRLTask:
+        from envs.tools import multitool
+
+        shutil.rmtree(f"{self._root}/spider", ignore_errors=True)  # one database at a time per env
+        t = multitool.make_task(seed, self._towns, self._root)
+        extras = {"reward_spec": {"ground_truth": t.answers}, "max_turns": max_steps, "db_path": t.db_path,
+                  "search_url": self._server.url, "time_limit_s": self.time_limit_s, "memory_mb": self.memory_mb}
+        gold = {"answer": t.answers[0], "tool": t.kind, "call": t.call}
+        return SkyRLTask(multitool.prompt(t.question), extras, None, gold)
+
+    parse = staticmethod(parse_multitool_action)
+
+    def close(self) -> None:
+        from envs.tools import retriever
+
+        if self._server is not None:
+            retriever.release_server(self._server)
+            self._server = None
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
 FAMILIES: dict[str, Callable[..., TaskFamily]] = {"text2sql": Text2SQLFamily, "search": SearchFamily,
-                                                  "code": CodeFamily}
+                                                  "code": CodeFamily, "multitool": MultiToolFamily}
 
 
 class SkyRLGymEnv(TextGame):
