@@ -1,8 +1,8 @@
 """The OpenAI-compatible gateway: existing agent code (a loop around the OpenAI API, with tools) plays training
 episodes through it, and every call it makes becomes one transition at the broker, token-exact.
 
-    server.py          Gateway: the aiohttp service (episodes, /v1/chat/completions, /v1/completions, /v1/models);
-                       `python -m gateway.server`: the process the launcher starts (gateway.enabled, role=gateway)
+    server.py          Gateway: the aiohttp service (episodes, /v1/chat/completions, /v1/completions, /v1/models)
+    __main__.py        `python -m gateway`: the process the launcher starts (gateway.enabled, role=gateway)
     episode_client.py  open_episode(gateway_url, task_id) -> base_url for `openai.OpenAI`, finish(reward)
     render.py          chat template with tools -> prompt ids; the next turn's ids without re-tokenising answers
     protocol.py        the OpenAI bodies: requests checked (ApiError: a 4xx with an OpenAI error body), answers built

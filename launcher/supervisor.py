@@ -234,7 +234,7 @@ class Launcher:
         """The OpenAI-compatible gateway (gateway/server.py): to the broker an actor, restarted like one, on the
         same port (agent code keeps its URL; episodes open in the dead incarnation are its groups' loss)."""
         name = f"gateway-{self.prefix}0"
-        argv = [PY, "-m", "gateway.server", "--config", str(self.config_path), "--name", name,
+        argv = [PY, "-m", "gateway", "--config", str(self.config_path), "--name", name,
                 "--incarnation", str(incarnation), "--broker", self.wiring.broker,
                 "--port", str(self.wiring.gateway_port)]
         for url in self.wiring.engines:  # none (a joining launch): the gateway asks the broker

@@ -4,7 +4,7 @@ versus the same engine driven directly with the same prompts at the same concurr
     .venv/bin/python scripts/bench_gateway.py [--episodes 32] [--rounds 4] [--turns 3] [--engine-url URL]
 
 One vLLM server (started here, or `--engine-url`), a real broker (`python -m broker.server`) and a real gateway
-(`python -m gateway.server`). Gateway path: K episodes at once (one `openai.AsyncOpenAI` client on one event loop,
+(`python -m gateway`). Gateway path: K episodes at once (one `openai.AsyncOpenAI` client on one event loop,
 each episode's calls under its own key; open and finish as the two POSTs of gateway/episode_client.py), each a
 chat of --turns calls (the answer goes back, then a new user message: every later prompt extends the previous one
 token-exactly); --rounds episodes per lane, G per task id (one group). Ceiling: the same `openai` client on the
@@ -191,7 +191,7 @@ def gateway_path(args: argparse.Namespace, cfg: Config, run_dir: Path, engine: s
     port, gw_port = free_port(), free_port()
     broker = start([sys.executable, "-m", "broker.server", "--config", str(path), "--port", str(port),
                     "--dashboard-port", str(free_port())], run_dir / "broker.log", cwd=ROOT)
-    gw = start([sys.executable, "-m", "gateway.server", "--config", str(path), "--name", "gateway-0",
+    gw = start([sys.executable, "-m", "gateway", "--config", str(path), "--name", "gateway-0",
                 "--broker", f"tcp://127.0.0.1:{port}", "--engine", engine, "--port", str(gw_port)],
                run_dir / "gateway.log", cwd=ROOT)
     try:

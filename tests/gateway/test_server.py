@@ -50,6 +50,7 @@ class Stack:
     broker_address: str
     engine: EngineClient
     tokenizer: object
+    session: aiohttp.ClientSession
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ async def stack(tiny_engine) -> AsyncIterator[Stack]:
     gw = Gateway(GatewaySpec.from_config(cfg), client, [engine], tokenizer)
     url = await gw.start()
     try:
-        yield Stack(gw, url, broker, address, engine, tokenizer)
+        yield Stack(gw, url, broker, address, engine, tokenizer, session)
     finally:
         await gw.close()
         await client.close()
@@ -328,3 +329,38 @@ async def test_with_a_run_key_only_its_holder_opens_episodes(stack: Stack) -> No
 
     assert await asyncio.to_thread(agent) >= 1
     assert gw.counters["rejected_bad_key"] == 4 and gw.counters["episodes_finished"] == 1
+
+
+async def test_an_episode_whose_engine_is_gone_moves_to_another_and_its_chain_holds(stack: Stack) -> None:
+    """Two engines, the first one gone (nothing listens at its port): an episode opened on it gets its answer from
+    the other (the same prompt ids, counted as a failover) and stays there; its next call still extends the
+    previous prompt + answer ids. With no engine left that answers, the call is a 502 `engine_error`."""
+    gw = stack.gateway
+    gone = EngineClient(f"http://127.0.0.1:{free_port()}", stack.session, 5)
+    gw.engines[:] = [gone, stack.engine]
+    gw._next_engine = 0  # the next episode opens on `gone`
+    user = [{"role": "user", "content": "hi"}]
+
+    def agent() -> tuple:
+        ep = open_episode(stack.url, "t0")
+        first = chat(ep.base_url, ep.api_key, messages=user, max_tokens=4, seed=3)
+        again = user + [{"role": "assistant", "content": first.choices[0].message.content},
+                        {"role": "user", "content": "more"}]
+        second = chat(ep.base_url, ep.api_key, messages=again, max_tokens=4, seed=4)
+        ep.finish(reward=1.0)
+        return first, second
+
+    first, second = await asyncio.to_thread(agent)
+    assert gw.counters["engine_failovers"] == 1 and gw.counters["engine_errors"] == 1
+    p1, r1 = first.prompt_token_ids, first.choices[0].token_ids
+    assert second.prompt_token_ids[:len(p1) + len(r1)] == p1 + r1
+    assert gw.counters["prompts_extended"] == 1
+    gw.engines[:] = [gone]  # no engine that answers: the agent hears so, in OpenAI's form
+
+    def lost() -> tuple:
+        ep = open_episode(stack.url, "t0")  # (the group's second place: the bound admits no second group)
+        with pytest.raises(openai.APIStatusError) as exc:
+            chat(ep.base_url, ep.api_key, messages=user, max_tokens=4)
+        return exc.value.status_code, exc.value.body.get("code")
+
+    assert await asyncio.to_thread(lost) == (502, "engine_error")
