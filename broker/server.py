@@ -366,6 +366,11 @@ class Broker:
             self._engine_followers.discard(ident)
             if self.state.drop_owner(msg.source, reason="actor_left"):
                 await self._serve_batches()
+        elif msg.final and msg.role == "engine" and msg.source in self.buffer.engine_versions:
+            # Its sidecar stopped: admission no longer waits for it and joiners are not sent to it (it counts
+            # again once it reports recent weights, as a restarted engine does).
+            self.state.engine_gone(msg.source)
+            await self._admit()
 
     async def _on_batch_request(self, ident: bytes, req: BatchRequest, _frames: list | None) -> None:
         if req.world_size != self.buffer.world_size or not 0 <= req.rank < req.world_size:

@@ -54,7 +54,7 @@ from gateway.spec import GatewaySpec
 log = logging.getLogger("gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-SHARED_COUNTERS = ("tokens_generated", "transitions_sent", "episode_return_sum", "engine_errors")
+SHARED_COUNTERS = ("tokens_generated", "transitions_sent", "episode_return_sum", "engine_errors", "engine_failovers")
 """Counters reported under the names actors use (the others as gateway_<name>)."""
 
 

@@ -158,6 +158,27 @@ async def test_a_late_engine_is_used_only_once_it_serves_recent_weights() -> Non
     assert ident == b"actor-j" and welcome.engines == ["http://a:1", "http://b:2"]
 
 
+async def test_an_engine_that_leaves_is_no_longer_waited_for_nor_sent_to_joiners() -> None:
+    from agentstream.wire.messages import EngineStatus, GroupRequest, Hello, Stats
+
+    broker, sent = make_broker(max_staleness=1)
+    for name, url, version in (("engine-0", "http://a:1", 3), ("engine-9", "http://b:2", 1)):
+        await broker.handle(name.encode(), EngineStatus(engine=name, url=url, version=version))
+    b = broker.buffer
+    b.learner_version, b.live_admitted = 3, 3 * b.groups_per_step  # the next group trains at step 3
+    await broker.handle(b"actor-0", Hello(role="actor", name="actor-0"))
+    await broker.handle(b"actor-0", GroupRequest(actor="actor-0", incarnation=0, request=0))
+    assert [m for _, m in sent if m.kind == "group_grant"] == []  # engine-9 at 1 < 3 - 1: admission waits for it
+    # engine-9's launch stops it (role=engines, Ctrl-C): its sidecar's final stats say it is leaving.
+    await broker.handle(b"engine-9", Stats(source="engine-9", role="engine", final=True))
+    assert broker.buffer.engine_versions == {"engine-0": 3}
+    (ident, grant), = [(i, m) for i, m in sent if m.kind == "group_grant"]
+    assert ident == b"actor-0" and grant.min_version == 2
+    await broker.handle(b"gateway-j", Hello(role="actor", name="gateway-j", want_welcome=True))
+    (welcome,) = [m for _, m in sent if m.kind == "welcome"]
+    assert welcome.engines == ["http://a:1"]
+
+
 async def test_an_actor_follows_engines_that_join_later() -> None:
     import asyncio
     from types import SimpleNamespace
@@ -224,7 +245,8 @@ def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(t
                   "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1", "learner.world_size=1",
                   "trainer.groups_per_step=3", "trainer.max_staleness=50", "trainer.total_steps=1000",
                   f"broker.dashboard_port={port}", "run.shutdown_timeout_s=5"], tmp_path / "main.out")
-    joiner = engines = None
+    joiner = engines = gateway = None
+    gw_dir = tmp_path / "gateway"
     try:
         out = tmp_path / "main.out"
         line = wait_for(lambda: re.search(r"broker:\s+(tcp://\S+)", out.read_text()), 120, "the broker's address")
@@ -265,9 +287,17 @@ def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(t
         joined = [n for n in sent if n != "actor-0"]
         final = get_json(f"{api}/summary")
         assert all(final["transitions_sent_by_actor"][n] >= sent[n] for n in joined)
+        gateway = start(["role=gateway", f"broker.address={line.group(1)}", f"run.output_dir={gw_dir}",
+                         "run.shutdown_timeout_s=20"], tmp_path / "gateway.out")
+        gw_name = a_gateway_is_killed_restarted_at_its_url_and_plays_a_group(gw_dir, api)
+        assert stop(gateway) == 130, (tmp_path / "gateway.out").read_text()[-3000:]
+        js = json.loads((gw_dir / "summary.json").read_text())
+        assert js["status"] == "interrupted" and js["processes_left"] == [], js
+        assert processes_mentioning(str(gw_dir)) == []
+        sent[gw_name] = G_GW
         assert stop(main) == 130, out.read_text()[-3000:]
     finally:
-        for proc in (joiner, engines, main):
+        for proc in (joiner, engines, gateway, main):
             if proc is not None and proc.poll() is None:
                 stop(proc)
     summary = json.loads((main_dir / "summary.json").read_text())
@@ -276,6 +306,50 @@ def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(t
     assert summary["transitions_ingested"] == summary["transitions_trained"] + summary["transitions_buffered"] + dropped
     assert set(summary["transitions_sent_by_actor"]) == set(sent)
     assert set(summary["trained_group_shapes"]) == {"4/4"}  # a left actor's partial groups are never trained
+    assert summary["transitions_sent_by_actor"][gw_name] == G_GW  # the restarted gateway's group, whole
+
+
+G_GW = 4  # the main run's env.group_size: the gateway's episodes of one task id
+
+
+def a_gateway_is_killed_restarted_at_its_url_and_plays_a_group(gw_dir: Path, api: str) -> str:
+    """role=gateway joined the run: an episode makes a call through it (the real `openai` client), the gateway
+    process is killed (-9), its launch restarts it at the same URL under a new incarnation, the dead one's episode
+    is unknown there (404) and its group is dropped at the broker as a dead actor's, and a new group of G_GW
+    episodes plays through the new one. Returns the gateway's name (its actor name at the broker)."""
+    from openai import NotFoundError, OpenAI
+
+    from gateway.episode_client import open_episode
+
+    url_file = gw_dir / "gateway_url"
+    url = wait_for(lambda: url_file.exists() and url_file.read_text().strip(), 120, "the gateway's URL")
+
+    def call(ep) -> None:
+        client = OpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=0)
+        answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Hello"}],
+                                                max_tokens=4)
+        assert answer.usage.completion_tokens >= 1
+
+    lost = open_episode(url, "lost-task", wait_s=120)
+    call(lost)
+    pids = [int(p.split(":")[0]) for p in processes_mentioning("-m gateway ") if str(gw_dir) in p]
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    wait_for(lambda: [p for p in processes_mentioning("-m gateway ") if str(gw_dir) in p
+                      and int(p.split(":")[0]) != pids[0]], 60, "the gateway restarted")
+    name = wait_for(lambda: next((a["name"] for a in (get_json(f"{api}/state") or {}).get("actors", [])
+                                  if a["name"].startswith("gateway-") and a["alive"] and a["incarnation"] == 1), None),
+                    120, "the restarted gateway at the broker")
+    eps = [open_episode(url, "kept-task", wait_s=120) for _ in range(G_GW)]  # the same URL answers again
+    with pytest.raises(NotFoundError) as refused:
+        call(lost)
+    assert refused.value.code == "unknown_episode", refused.value
+    for ep in eps:
+        call(ep)
+        ep.finish(reward=1.0)
+    wait_for(lambda: (get_json(f"{api}/summary") or {}).get("transitions_sent_by_actor", {}).get(name) == G_GW, 60,
+             "the restarted gateway's group at the broker")
+    return name
 
 
 @pytest.mark.e2e
