@@ -5,8 +5,11 @@
         gen = await engine.generate(prompt_ids, SamplingConfig(max_tokens=24), seed=7)
         gen.response_ids, gen.logprobs, gen.text, gen.version_lo, gen.version_hi
 
-Works with any vLLM OpenAI-compatible server (`/v1/completions` with a token-id prompt); the version
-interval needs the dev endpoint `/weight_info` (VLLM_SERVER_DEV_MODE=1, see `engines.server`).
+Token ids go to vLLM's token-in-token-out route `/inference/v1/generate` (`--enable-scale-out`, as
+`engines.server` starts every engine): its answer says which weight version sampled each token (the versions
+the weight sidecar labels with `/update_weight_version`), so the interval is exact and costs no request of its
+own. Any other vLLM OpenAI-compatible server works through `/v1/completions` with a token-id prompt; the
+interval then brackets the call with reads of the dev endpoint `/weight_info` (VLLM_SERVER_DEV_MODE=1).
 
 Shapes: T = tokens of one response.
 """
@@ -31,6 +34,14 @@ log = logging.getLogger("engines")
 
 class EngineError(RuntimeError):
     """An engine request failed; the message names the URL and what the server said."""
+
+
+class RouteMissing(EngineError):
+    """The server has no such route (FastAPI's bare 404): an engine started without `--enable-scale-out`."""
+
+
+GENERATE = "/inference/v1/generate"
+_NO_ROUTE = '{"detail":"Not Found"}'  # FastAPI's 404 body for a route it does not have
 
 
 class EngineStalled(EngineError):
@@ -96,6 +107,7 @@ class EngineClient:
         # (`_version_after`): one /weight_info request for the answers of one event-loop round.
         self._next_read: asyncio.Future[int] | None = None
         self.version_reads = 0
+        self.token_route: bool | None = None  # whether the server has GENERATE (None: not asked yet)
         self._probe: asyncio.Task[bool] | None = None  # the liveness probe under way (`alive`), shared
 
     def alive(self, timeout_s: float) -> asyncio.Task[bool]:
@@ -139,6 +151,15 @@ class EngineClient:
                 "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model, extra)
             )
             return Generation(*self._parse_choice(body), version_lo=0, version_hi=0)
+        if self.token_route is not False:
+            try:
+                gen = await self._generate_tokens(prompt_ids, sampling, seed, extra)
+                self.token_route = True
+                return gen
+            except RouteMissing:
+                self.token_route = False
+                log.info("%s has no %s (started without --enable-scale-out): /v1/completions with version reads",
+                         self.url, GENERATE)
         # Version bracketing (DESIGN.md): lo = what we knew before sending (<= the truth), hi = a fresh
         # read after the answer (>= the version of the last token, since an update is labelled before
         # the engine resumes generating).
@@ -160,6 +181,31 @@ class EngineClient:
         hi = await self._version_after()
         # hi < lo only if the engine restarted (its version went back) while we held an old read.
         return Generation(ids, logprobs, text, finish, version_lo=min(lo, hi), version_hi=hi)
+
+    async def _generate_tokens(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig,
+                               seed: int | None, extra: Mapping[str, Any] | None) -> Generation:
+        """One generation on GENERATE; its versions are the labels of the weights that sampled its tokens."""
+        if self.base_model is not None and self._known_version is None:
+            await self.version()  # (once: with LoRA, which name to ask for)
+        name = self.base_model if self.base_model is not None and self._known_version == 0 else self.model
+        try:
+            body = await self._request("POST", GENERATE, self._generate_body(prompt_ids, sampling, seed, name, extra))
+        except RouteMissing:
+            raise
+        except EngineError as exc:  # a restarted engine (back at version 0) has no adapter yet: the base model
+            if self.base_model is None or name == self.base_model or "HTTP 404" not in str(exc) or await self.version():
+                raise
+            body = await self._request("POST", GENERATE, self._generate_body(prompt_ids, sampling, seed,
+                                                                             self.base_model, extra))
+        ids, logprobs, text, finish = self._parse_choice(body)
+        try:
+            spans = body["choices"][0].get("weight_versions") or []
+            versions = [parse_version(span["version"], self.url) for span in spans] or [0]  # none: never labelled
+        except (KeyError, TypeError, AttributeError):
+            raise EngineError(f"{self.url}{GENERATE} answered weight_versions that are not spans: "
+                              f"{str(body['choices'][0].get('weight_versions'))[:200]}") from None
+        self._known_version = versions[-1]  # the engine's newest (a lower bound for its next request)
+        return Generation(ids, logprobs, text, finish, version_lo=min(versions), version_hi=max(versions))
 
     async def _version_after(self) -> int:
         """A version read that starts after this call: every caller of this event-loop round shares one
@@ -205,11 +251,22 @@ class EngineClient:
             body["seed"] = int(seed)
         return body
 
+    def _generate_body(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None,
+                       model: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """GENERATE's body: the same sampling as `_completion_body`, as vLLM's SamplingParams."""
+        params = self._completion_body(prompt_ids, sampling, seed, model, extra)
+        ids, model = params.pop("prompt"), params.pop("model")
+        params.pop("return_token_ids")
+        return {"token_ids": ids, "model": model, "sampling_params": params, "output_mode": "text",
+                "return_token_ids": True}
+
     def _parse_choice(self, body: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str, str]:
         try:
             choice = body["choices"][0]
             ids = np.asarray(choice["token_ids"], dtype=np.int32)  # [T]
-            lps = choice["logprobs"]["token_logprobs"]
+            lps = choice["logprobs"]
+            # /v1/completions: {"token_logprobs": [...]}; GENERATE (text mode): {"content": [{"logprob": ...}]}
+            lps = lps["token_logprobs"] if "token_logprobs" in lps else [x["logprob"] for x in lps["content"]]
             logprobs = np.asarray([-np.inf if x is None else x for x in lps], dtype=np.float32)  # [T]
             text, finish = str(choice.get("text") or ""), str(choice.get("finish_reason") or "")
         except (KeyError, IndexError, TypeError) as exc:
@@ -244,7 +301,8 @@ class EngineClient:
         async with self._session.request(method, url, json=json, timeout=self._timeout) as resp:
             if resp.status != 200:
                 text = await resp.text()
-                raise EngineError(f"{method} {url} failed: HTTP {resp.status}: {text[:500]}")
+                error = RouteMissing if resp.status == 404 and text.strip() == _NO_ROUTE else EngineError
+                raise error(f"{method} {url} failed: HTTP {resp.status}: {text[:500]}")
             return await resp.json()
 
 

@@ -82,6 +82,8 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
         # between JSON tokens, a weak model pads a call with it up to max_tokens (vLLM honours this per server only,
         # with the xgrammar or guidance backend; guidance takes the widest range of JSON schemas).
         "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
+        # /inference/v1/generate: token ids in and out, each token's weight version in the answer (engines.client).
+        "--enable-scale-out",
     ]
     env = {
         # Exposes /pause, /resume, /collective_rpc, /update_weight_version, /weight_info.

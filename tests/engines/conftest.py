@@ -33,6 +33,9 @@ class FakeVLLM:
         "logprobs": {"token_logprobs": [-0.5, -1.25, -0.125]},
     })
     bodies: list[Any] = field(default_factory=list)
+    token_route: bool = False  # serves /inference/v1/generate (else FastAPI's bare 404, as vLLM without
+    # --enable-scale-out); its answer's weight_versions: `spans`, or one span of the current version
+    spans: list[dict[str, Any]] | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
@@ -55,6 +58,16 @@ class FakeVLLM:
             if self.bump_on_completion:
                 self.version = str(int(self.version) + 1)
             return web.json_response({"choices": [self.completion]})
+        if path == "/inference/v1/generate":
+            if not self.token_route:
+                return web.Response(status=404, text='{"detail":"Not Found"}', content_type="application/json")
+            n = len(self.completion["token_ids"])
+            labelled = None if self.version in (None, "default") else [{"version": self.version, "start": 0, "end": n}]
+            lps = [{"token_id": t, "logprob": lp} for t, lp in zip(self.completion["token_ids"],
+                                                                  self.completion["logprobs"]["token_logprobs"])]
+            choice = {**self.completion, "logprobs": {"content": lps},
+                      "weight_versions": self.spans if self.spans is not None else labelled}
+            return web.json_response({"output_mode": "text", "choices": [choice]})
         if path == "/collective_rpc":
             return web.json_response({"results": [{"retied": True}]})
         if path == "/reset_prefix_cache":

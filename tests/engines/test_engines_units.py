@@ -31,7 +31,7 @@ def test_server_command_cpu(monkeypatch):
     argv, env = server_mod.server_command(ModelConfig(path="/m", dtype="bfloat16"), engines, port=8123)
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[-2:] == ["--seed", "7"]  # extra args come last, so they can override
-    assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
+    assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv and "--enable-scale-out" in argv
     joined = " ".join(argv)
     for part in ["--model /m", "--served-model-name policy", "--host 127.0.0.2", "--port 8123",
                  "--dtype bfloat16", "--max-model-len 512",
@@ -182,6 +182,48 @@ async def test_client_generate_brackets_versions(fake_vllm):
         gen = await client.generate([1], SamplingConfig())  # cached lo = the last read (4); hi = 5
         assert (gen.version_lo, gen.version_hi) == (4, 5)
         assert fake_vllm.calls.count("/weight_info") == 3  # one before the first call, one after each
+
+
+async def test_on_the_token_route_versions_come_from_the_answer_without_reads(fake_vllm):
+    """/inference/v1/generate (engines started with --enable-scale-out) says which weight version sampled each
+    token: the interval is its spans' (no /weight_info read), and the body asks what /v1/completions would."""
+    fake_vllm.token_route, fake_vllm.version = True, "3"
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(fake_vllm.url, session, timeout_s=5, extra_body={"ignore_eos": True, "model": "x"})
+        gen = await client.generate(np.array([1, 2, 3], dtype=np.int32), SamplingConfig(max_tokens=3), seed=9)
+        assert (gen.version_lo, gen.version_hi) == (3, 3) and client.token_route is True
+        assert gen.response_ids.tolist() == [5, 6, 2] and gen.logprobs.tolist() == [-0.5, -1.25, -0.125]
+        assert gen.logprobs.dtype == np.float32 and (gen.text, gen.finish_reason) == ("ab", "stop")
+        body = fake_vllm.bodies[fake_vllm.calls.index("/inference/v1/generate")]
+        assert body["token_ids"] == [1, 2, 3] and body["model"] == "policy" and body["output_mode"] == "text"
+        params = body["sampling_params"]
+        assert params["logprobs"] == 0 and params["seed"] == 9 and params["ignore_eos"] is True
+        assert params["max_tokens"] == 3 and "prompt" not in params and "model" not in params
+        # An update landed mid-response: tokens 0-1 of version 3, token 2 of version 4.
+        fake_vllm.spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]
+        gen = await client.generate([1], SamplingConfig())
+        assert (gen.version_lo, gen.version_hi) == (3, 4)
+        fake_vllm.spans = None
+        fake_vllm.version = "default"  # never labelled (a fresh or restarted server): version 0
+        gen = await client.generate([1], SamplingConfig())
+        assert (gen.version_lo, gen.version_hi) == (0, 0)
+        assert fake_vllm.calls.count("/weight_info") == 0 and fake_vllm.calls.count("/v1/completions") == 0
+        fake_vllm.spans = [{"version": "three", "start": 0, "end": 3}]
+        with pytest.raises(EngineError, match="not an integer"):
+            await client.generate([1], SamplingConfig())
+
+
+async def test_without_the_token_route_the_client_brackets_with_reads_from_then_on(fake_vllm):
+    """A server without --enable-scale-out answers FastAPI's bare 404: /v1/completions and version reads, and
+    the route is not asked for again."""
+    fake_vllm.version = "2"
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(fake_vllm.url, session, timeout_s=5)
+        for _ in range(3):
+            gen = await client.generate([1], SamplingConfig())
+            assert (gen.version_lo, gen.version_hi) == (2, 2)
+        assert client.token_route is False and fake_vllm.calls.count("/inference/v1/generate") == 1
+        assert fake_vllm.calls.count("/v1/completions") == 3 and fake_vllm.calls.count("/weight_info") >= 2
 
 
 async def test_an_unversioned_client_never_reads_versions(fake_vllm):
