@@ -83,7 +83,7 @@ def reset_prefix_cache(url: str) -> None:
 
 async def replay(url: str, cfg: Config, prompts: list[list[int]], concurrency: int, with_client: bool = False) -> float:
     """The ceiling: `concurrency` request loops that send every prompt once, in order, and nothing else
-    (`with_client`: through `EngineClient.generate`, which adds its version reads and parsing). Tokens/s
+    (`with_client`: through `EngineClient.generate`, the actors' route and parsing). Tokens/s
     generated over the whole replay."""
     import aiohttp
 
