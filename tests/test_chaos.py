@@ -63,7 +63,8 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
             "learner.world_size=2", f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2",
             "trainer.max_staleness=2", "checkpoint.every_steps=1", "broker.track_keys=true",
             f"broker.max_buffered_transitions={MAX_BUFFERED}", "actors.max_restarts=10", "actors.ack_timeout_s=2",
-            "run.startup_timeout_s=600", f"broker.dashboard_port={port}"]
+            "run.startup_timeout_s=600", f"broker.dashboard_port={port}",
+            "broker.heartbeat_timeout_s=600"]  # (the actors held while engine-0 restarts are not taken for dead)
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rng = random.Random(5)
     figures: dict[str, object] = {}
@@ -96,9 +97,17 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
         assert cores, "the vLLM server has no child process: is it still multiprocess?"
         os.kill(engine_pid, signal.SIGKILL)  # the API server alone: its EngineCore would live on, reparented
         progress(1, "a learner step while engine-0 is down (actors moved to engine-1)")
-        # (a new pid, not a larger one: pids wrap around)
-        wait_for(lambda: newest_pid(run_dir, "sidecar-0") != sidecar_pid and engine_serves_current(state()), 900,
-                 "engine-0 back, at the learner's current weights")
+        # The run would go on with engine-1 alone (admission does not wait for an engine that left) and could end
+        # before the learner kill: the actors are held (SIGSTOP) until engine-0 is back.
+        actors = [newest_pid(run_dir, name) for name in ("actor-0", "actor-1")]
+        for pid in actors:
+            os.kill(pid, signal.SIGSTOP)
+        try:  # (a new pid, not a larger one: pids wrap around)
+            wait_for(lambda: newest_pid(run_dir, "sidecar-0") != sidecar_pid and engine_serves_current(state()), 900,
+                     "engine-0 back, at the learner's current weights")
+        finally:
+            for pid in actors:
+                os.kill(pid, signal.SIGCONT)
         assert [p for p in cores if running(p)] == [], "the dead server's EngineCore outlived the engine's restart"
         assert version() <= STEPS - 5, "the run is nearly over before the learner kill: raise STEPS"
         learner = kill_matching("learner.train", str(run_dir))  # torchrun and both ranks (each in its own session)
