@@ -165,18 +165,9 @@ class EngineClient:
         # the engine resumes generating).
         lo = self._known_version if self._known_version is not None else await self.version()
         name = self.base_model if self.base_model is not None and lo == 0 else self.model
-        try:
-            body = await self._request(
-                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, name, extra)
-            )
-        except EngineError as exc:
-            # An engine that restarted (back at version 0) has no adapter yet: ask for the base model.
-            if self.base_model is None or name == self.base_model or "HTTP 404" not in str(exc) or await self.version():
-                raise
-            lo = 0
-            body = await self._request(
-                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.base_model, extra)
-            )
+        body, to_base = await self._post("/v1/completions", name,
+                                         lambda model: self._completion_body(prompt_ids, sampling, seed, model, extra))
+        lo = 0 if to_base else lo
         ids, logprobs, text, finish = self._parse_choice(body)
         hi = await self._version_after()
         # hi < lo only if the engine restarted (its version went back) while we held an old read.
@@ -188,15 +179,8 @@ class EngineClient:
         if self.base_model is not None and self._known_version is None:
             await self.version()  # (once: with LoRA, which name to ask for)
         name = self.base_model if self.base_model is not None and self._known_version == 0 else self.model
-        try:
-            body = await self._request("POST", GENERATE, self._generate_body(prompt_ids, sampling, seed, name, extra))
-        except RouteMissing:
-            raise
-        except EngineError as exc:  # a restarted engine (back at version 0) has no adapter yet: the base model
-            if self.base_model is None or name == self.base_model or "HTTP 404" not in str(exc) or await self.version():
-                raise
-            body = await self._request("POST", GENERATE, self._generate_body(prompt_ids, sampling, seed,
-                                                                             self.base_model, extra))
+        body, _ = await self._post(GENERATE, name,
+                                   lambda model: self._generate_body(prompt_ids, sampling, seed, model, extra))
         ids, logprobs, text, finish = self._parse_choice(body)
         try:
             spans = body["choices"][0].get("weight_versions") or []
@@ -206,6 +190,18 @@ class EngineClient:
                               f"{str(body['choices'][0].get('weight_versions'))[:200]}") from None
         self._known_version = versions[-1]  # the engine's newest (a lower bound for its next request)
         return Generation(ids, logprobs, text, finish, version_lo=min(versions), version_hi=max(versions))
+
+    async def _post(self, path: str, name: str, body: Callable[[str], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """The answer to `body(name)` at `path`, and whether it came from the base model instead: with LoRA, an
+        engine that restarted (back at version 0) has no adapter yet and answers 404 for it."""
+        try:
+            return await self._request("POST", path, body(name)), False
+        except RouteMissing:
+            raise
+        except EngineError as exc:
+            if self.base_model is None or name == self.base_model or "HTTP 404" not in str(exc) or await self.version():
+                raise
+            return await self._request("POST", path, body(self.base_model)), True
 
     async def _version_after(self) -> int:
         """A version read that starts after this call: every caller of this event-loop round shares one

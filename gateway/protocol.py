@@ -287,7 +287,7 @@ def token_logprobs(ids: Sequence[int], logprobs: Sequence[float], decode: Callab
     return out
 
 
-def envelope(obj: str, prefix: str, model: str, prompt: list[int], response_ids: Any, choice: dict[str, Any],
+def envelope(obj: str, prefix: str, model: str, prompt: list[int], response_ids: list[int], choice: dict[str, Any],
              token_ids: bool) -> dict[str, Any]:
     """The response body around one choice, with usage; with `token_ids` (vLLM's `return_token_ids`) exactly
     the ids the transition carries."""
@@ -298,7 +298,7 @@ def envelope(obj: str, prefix: str, model: str, prompt: list[int], response_ids:
                                      "total_tokens": len(prompt) + n}}
     if token_ids:
         out["prompt_token_ids"] = list(prompt)
-        choice["token_ids"] = [int(t) for t in response_ids]
+        choice["token_ids"] = response_ids
     return out
 
 __all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Sampling", "assistant_message", "bearer",

@@ -354,8 +354,8 @@ class Gateway:
         finish = "tool_calls" if calls else gen.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
                                   "logprobs": {"content": self._logprobs(gen)} if req.sampling.logprobs else None}
-        out = protocol.envelope("chat.completion", "chatcmpl", self.spec.model_name, prompt, gen.response_ids, choice,
-                                req.return_token_ids)
+        out = protocol.envelope("chat.completion", "chatcmpl", self.spec.model_name, prompt, gen.response_ids.tolist(),
+                                choice, req.return_token_ids)
         return web.json_response(out)
 
     async def _completions(self, request: web.Request) -> web.Response:
@@ -375,8 +375,8 @@ class Gateway:
             lps = self._logprobs(gen)
             choice["logprobs"] = {"tokens": [x["token"] for x in lps], "token_logprobs": [x["logprob"] for x in lps],
                                   "top_logprobs": None, "text_offset": None}
-        out = protocol.envelope("text_completion", "cmpl", self.spec.model_name, prompt, gen.response_ids, choice,
-                                req.return_token_ids)
+        out = protocol.envelope("text_completion", "cmpl", self.spec.model_name, prompt, gen.response_ids.tolist(),
+                                choice, req.return_token_ids)
         return web.json_response(out)
 
     async def _generate(self, episode: Episode, prompt: list[int], s: Sampling, extra: dict[str, Any]) -> Generation:

@@ -36,7 +36,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from skyrl_gym.tools import SearchToolGroup
 from skyrl_gym.tools.core import ToolGroup, tool
 
-from envs.toolcalls import parse_hermes
+from envs.toolcalls import ParsedTools, parse_hermes
 from envs.tools import retriever, sql_tasks
 from envs.tools.sandbox import run_python
 
@@ -256,9 +256,11 @@ _HOW = ('call a tool with <tool_call>{"name": "search", "arguments": {"query": "
 def invalid_reason(text: str) -> str | None:
     """None when the env acts on `text` (a non-empty `<answer>`, or at least one tool call with every call well
     formed and naming a known tool); else why not, worded for the model. Never raises on a str."""
-    if final_answer(text) is not None:
-        return None
-    parsed = parse_hermes(text, TOOL_NAMES)
+    return None if final_answer(text) is not None else _why_not(parse_hermes(text, TOOL_NAMES))
+
+
+def _why_not(parsed: ParsedTools) -> str | None:
+    """Why the env cannot act on these parsed tool calls (None: it can)."""
     if parsed.error is not None:
         return f"malformed tool call ({parsed.error}): {_WHY.get(parsed.error, parsed.error)}; {_HOW}"
     if not parsed.tool_calls:
@@ -366,9 +368,10 @@ class MultiToolEnv(BaseTextEnv):
         if answer is not None:
             reward = 1.0 if answer_matches(answer, self.answers) else 0.0
             return BaseTextEnvStepOutput(observations=[], reward=reward, done=True, metadata={"answer": answer})
-        reason = invalid_reason(action)
+        parsed = parse_hermes(action, TOOL_NAMES)
+        reason = _why_not(parsed)
         if reason is None:
-            calls = parse_hermes(action, TOOL_NAMES).tool_calls
+            calls = parsed.tool_calls
             text = "\n".join(f"<tool_response>\n{self._call(c.name, c.arguments, i)}\n</tool_response>"
                              for i, c in enumerate(calls))
             metadata: dict[str, Any] = {"tool_calls": [c.name for c in calls]}
