@@ -7,12 +7,15 @@ that worker imports this module (not the launcher's), so it holds ~Ray's own mem
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import socket
 from pathlib import Path
 
 from launcher import procs
 from launcher.procs import CHILD_ENV
+
+PORTS_FROM = 20_000  # above Ray's worker ports (10002-19999 by default)
 
 
 class ProcessHost:
@@ -29,12 +32,24 @@ class ProcessHost:
         return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
     def free_ports(self, host: str, n: int) -> list[int]:
-        """`n` distinct ports free on this node's `host` now (all held until all are chosen)."""
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+        """`n` distinct ports free on this node's `host` now (all held until all are chosen), drawn below the
+        kernel's ephemeral range: the Ray workers that start on the node before our processes bind (sidecars,
+        joiners) take ephemeral ports, and one of them took a port picked with bind-to-0 (a broker's dashboard)."""
+        low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        candidates = random.sample(range(PORTS_FROM, max(low, PORTS_FROM + 1000)), 200)
+        socks: list[socket.socket] = []
         try:
-            for s in socks:
-                s.bind((host, 0))
-            return [s.getsockname()[1] for s in socks]
+            for port in candidates:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    s.close()
+                    continue
+                socks.append(s)
+                if len(socks) == n:
+                    return [s.getsockname()[1] for s in socks]
+            raise OSError(f"no {n} free ports on {host} between {PORTS_FROM} and {low}")
         finally:
             for s in socks:
                 s.close()
