@@ -168,6 +168,16 @@ class EnginesConfig:
     engine a request waits up to request_timeout_s (there is no other engine to move it to)."""
     max_restarts: int = 2
     """A dead engine (server or weight sidecar) is restarted this many times in total; meanwhile actors use the others."""
+    weight_sync: str = "stream"
+    """How the learner's full weights reach the engines. `stream`: the learner's rank 0 broadcasts them in buckets over
+    a torch.distributed group to every engine worker (gloo on CPU, NCCL on GPUs), gathered parameter by parameter,
+    never written to disk. `file`: one safetensors file per update through each weight sidecar, which writes it and
+    has vLLM reload it (for servers that cannot join a process group). A LoRA adapter always goes as a file."""
+    weight_bucket_mb: int = 256
+    """`stream`: bytes per broadcast bucket (MiB); the learner's sending rank holds at most two of them."""
+    weight_sync_timeout_s: float = 120.0
+    """`stream`: forming the group and each broadcast give up after this long (an engine that never joins or stops
+    receiving); its engines get the weights again at the next update."""
 
 
 @dataclass

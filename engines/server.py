@@ -14,6 +14,7 @@ EngineCore, worker): start it in its own session and stop it by signalling the g
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,8 @@ LORA_ADAPTER_NAME = "policy-lora"
 ADAPTER_CONFIG_KEY = "adapter_config"
 """safetensors metadata key holding a peft adapter's adapter_config.json text in a "peft_adapter" update."""
 WORKER_EXTENSION = "engines.worker_ext.WeightReloadExtension"
+STREAM_BACKEND = "agentstream"
+"""vLLM weight-transfer backend `engines.worker_ext.StreamTransfer` registers under (streamed weight sync)."""
 """Qualified name vLLM imports in its worker process (so the repo root must be on its PYTHONPATH)."""
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +61,11 @@ def base_model_name(model: ModelConfig) -> str | None:
     """With LoRA, the name actors request while an engine serves version 0 (no adapter loaded yet): the
     base model. None without LoRA. Pass it as `EngineClient(base_model=...)`."""
     return SERVED_MODEL_NAME if model.lora_rank > 0 else None
+
+
+def takes_stream(model: ModelConfig, engines: EnginesConfig) -> bool:
+    """Whether the servers take streamed weights (engines.weight_sync=stream; a LoRA adapter always goes as a file)."""
+    return engines.weight_sync == "stream" and model.lora_rank == 0
 
 
 def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None
@@ -94,6 +102,9 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
         # vLLM's worker imports `engines.worker_ext` by name, whatever the server's working directory.
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
+    if takes_stream(model, engines):
+        # vLLM's weight-transfer routes with our backend (engines.worker_ext, registered when vLLM imports it).
+        argv += ["--weight-transfer-config", json.dumps({"backend": STREAM_BACKEND})]
     if model.lora_rank > 0:
         # One adapter, replaced in place by the weight sidecar at every version (POST /v1/load_lora_adapter).
         argv += ["--enable-lora", "--max-lora-rank", str(model.lora_rank), "--max-loras", "1"]

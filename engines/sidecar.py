@@ -15,6 +15,10 @@ What it does:
      -> reset the prefix cache -> resume; reports the new
      version to learner and broker and deletes older weight folders. Updates that queue up behind a
      running one are skipped in favour of the newest (each holds full weights);
+     with --stream-workers (engines.weight_sync=stream) the weights come over the learner's weight group
+     instead: "stream_join" has the server's workers join it (/init_weight_transfer_engine), "stream" takes a
+     version from its broadcast (pause keep -> /start_weight_update -> /update_weights ->
+     /finish_weight_update -> label -> reset prefix cache -> resume); nothing is written, nothing skipped;
   4. every --stats-interval: `Stats` to the broker, an `EngineStatus` heartbeat to the learner (so a
      restarted learner finds its engines again), and a /health check of the server.
 
@@ -36,6 +40,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,7 @@ from engines.server import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME, ServerNotReady
 log = logging.getLogger("engines.sidecar")
 
 RELOAD_METHOD = "agentstream_reload_weights"  # engines.worker_ext.WeightReloadExtension
+STREAM_FORMATS = ("stream_join", "stream")  # WeightUpdate formats of the streamed weight sync
 
 
 class ApplyError(RuntimeError):
@@ -84,6 +90,7 @@ class SidecarSpec:
     initial_version: int = 0  # -1: the server's weights are unknown (a server started elsewhere)
     curve_keys_dir: str = ""  # broker.curve_keys_dir (CURVE to learner and broker); "": none
     max_weight_bytes: int = 32 << 30  # a bigger frame from the learner drops the connection
+    stream_workers: int = 0  # the server's workers that join the learner's weight group (0: files only)
 
 
 # ---------------------------------------------------------------------------------- the server
@@ -128,6 +135,22 @@ class ServerControl:
             answer = await self.call(
                 "/collective_rpc", json={"method": RELOAD_METHOD, "kwargs": {"weights_path": str(weights_dir)}}
             )
+        await self._label_and_resume(version)
+        return list((answer or {}).get("results", []))
+
+    async def join(self, init_info: dict[str, Any]) -> None:
+        """Have the server's workers join the learner's weight group (blocks until every member has)."""
+        await self.call("/init_weight_transfer_engine", json={"init_info": init_info})
+
+    async def stream(self, layout: dict[str, Any], version: int) -> None:
+        """Take `version` from the group's broadcast: the streamed twin of `apply` (same pause, label, reset)."""
+        await self.call("/pause", params={"mode": "keep"})
+        await self.call("/start_weight_update")
+        await self.call("/update_weights", json={"update_info": layout})  # returns once every bucket is loaded
+        await self.call("/finish_weight_update")  # layer-wise reload finished, LM head re-tied (worker_ext)
+        await self._label_and_resume(version)
+
+    async def _label_and_resume(self, version: int) -> None:
         # Label before resuming: no token of the new weights can be generated under the old label, which
         # is what makes a client's after-the-answer read an upper bound (engines.client).
         await self.set_version(version)
@@ -137,7 +160,6 @@ class ServerControl:
         if isinstance(reset, dict) and reset.get("success") is False:
             raise ApplyError(f"{self.url}/reset_prefix_cache refused (blocks still held); stale KV would be reused")
         await self.call("/resume")
-        return list((answer or {}).get("results", []))
 
     async def requests_in_flight(self) -> int:
         """Requests the server is running or queueing, from its Prometheus /metrics (for the dashboard);
@@ -219,7 +241,9 @@ class WeightSidecar:
         self.last_sync_s = 0.0  # seconds the last update took, file write to resume
         self._own_workdir = spec.workdir is None
         self.workdir = Path(spec.workdir or tempfile.mkdtemp(prefix=f"agentstream-{spec.name}-"))
-        self._pending: WeightUpdate | None = None  # newest update not applied yet
+        self._pending: WeightUpdate | None = None  # newest file update not applied yet
+        self._stream: deque[WeightUpdate] = deque()  # stream_join/stream messages: each taken, in order
+        self.group = 0  # the learner's weight group the server's workers are in (0: none)
         self._wake = asyncio.Event()
         self._apply_lock = asyncio.Lock()  # held while an update is applied; shutdown waits for it
         self._learner: zmq.asyncio.Socket | None = None
@@ -296,7 +320,12 @@ class WeightSidecar:
             if not isinstance(msg, WeightUpdate):
                 log.warning("unexpected %s from the learner ignored", msg.kind)
                 continue
-            self.offer(msg)
+            if msg.format in STREAM_FORMATS:
+                # Never skipped: the learner's broadcast waits for this server's workers to take it.
+                self._stream.append(msg)
+                self._wake.set()
+            else:
+                self.offer(msg)
 
     async def _watch_link(self) -> None:
         """Count the connections made to the learner and say so at once: after a partition (or a learner that
@@ -330,10 +359,51 @@ class WeightSidecar:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            update, self._pending = self._pending, None
-            if update is not None:
+            while self._stream or self._pending is not None:
                 async with self._apply_lock:
-                    await self._apply(update)
+                    if self._stream:
+                        await self._take_stream(self._stream.popleft())
+                    else:
+                        update, self._pending = self._pending, None
+                        await self._apply(update)
+
+    async def _take_stream(self, msg: WeightUpdate) -> None:
+        """Join the learner's weight group, or take a version from its broadcast (`engines.stream`)."""
+        assert self._server is not None
+        try:
+            info = jsonlib.loads(msg.payload)
+            group = int(info.pop("group"))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("%s message without a readable JSON payload ignored (%r)", msg.format, exc)
+            return
+        if msg.format == "stream_join":
+            try:
+                await self._server.join(info)
+                self.group = group
+                log.info("joined the learner's weight group %d (%s)", group, info)
+            except ApplyError as exc:
+                log.warning("could not join the learner's weight group %d: %s", group, exc)
+            await self._send_status()
+            return
+        if group != self.group:
+            log.error("version %d is streamed to group %d; this server's workers are in group %s: not taken",
+                      msg.version, group, self.group or "none")
+            return
+        t0 = time.perf_counter()
+        try:
+            await self._server.stream(info, msg.version)
+        except ApplyError as exc:
+            # Paused it stays: its workers may hold part of the new weights. Version -1 takes it out of admission
+            # (the broker) and asks the learner for the weights again.
+            log.error("streamed update to version %d failed: %s; paused until the next update", msg.version, exc)
+            self.version = -1
+            await self._send_status()
+            return
+        self.version, self.epoch = msg.version, msg.epoch
+        self.updates += 1
+        self.last_sync_s = time.perf_counter() - t0
+        await self._send_status()
+        log.info("now at version %d (streamed in group %d, %.3f s)", self.version, group, self.last_sync_s)
 
     async def _apply(self, update: WeightUpdate) -> None:
         assert self._server is not None
@@ -376,7 +446,7 @@ class WeightSidecar:
 
     def _status(self) -> EngineStatus:
         return EngineStatus(engine=self.spec.name, url=self.spec.url, version=self.version, epoch=self.epoch,
-                            link=self.link)
+                            link=self.link, workers=self.spec.stream_workers, group=self.group)
 
     async def _send_status(self) -> None:
         assert self._broker is not None
@@ -438,10 +508,13 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
     p.add_argument("--curve-keys", default="", help="key folder (broker.curve_keys_dir): CURVE to learner and broker")
     p.add_argument("--max-weight-bytes", type=int, default=32 << 30,
                    help="largest weight update accepted from the learner (a larger one drops the connection)")
+    p.add_argument("--stream-workers", type=int, default=0,
+                   help="the server's workers (its tensor-parallel size) that take streamed weights: the server "
+                        "runs with --weight-transfer-config for engines.worker_ext's backend; 0: files only")
     a = p.parse_args(argv)
     return SidecarSpec(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
                      a.apply_timeout, a.dead_after, a.initial_version, curve_keys_dir=a.curve_keys,
-                     max_weight_bytes=a.max_weight_bytes)
+                     max_weight_bytes=a.max_weight_bytes, stream_workers=a.stream_workers)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,17 @@
     pub = WeightPublisher("tcp://127.0.0.1:5600")        # learner.weight_port; sidecars connect to it
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     pub.publish(version, state)                           # rank 0 only; returns at once
+    pub.publish_stream(version, StreamSource(...))        # or: streamed (engines.stream), returns when sent
     pub.wait_for(version, n_engines=cfg.engines.count, timeout_s=120)
     pub.close()
+
+Streamed (engines.weight_sync=stream): the sidecars of servers that take streamed weights say so
+(`EngineStatus.workers`); the publisher forms a weight group with the engines that need the new version
+(`WeightUpdate` "stream_join" to each, then its own end of `engines.stream.open_group`), keeps it while they
+stay the same, tells each sidecar the layout ("stream") and broadcasts the buckets. A group that fails (an engine
+died mid-update, or never joined) is dropped, and the next update forms a new one. An engine that registers
+between updates gets the newest weights at once when one learner rank holds them all (`StreamSource.solo`),
+otherwise at the next update (a pass over the parameters is a collective of every rank).
 
 Transport: a ZeroMQ ROUTER here, one DEALER per weight sidecar (`engines.sidecar`, identity = engine name).
 An sidecar registers by sending `EngineStatus` with the version its server runs, and acknowledges every
@@ -20,16 +29,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import zmq
 from safetensors.torch import save
 
+from agentstream.wire.addresses import advertised_host
 from agentstream.wire.curve import CurveServer
 from agentstream.wire.messages import EngineStatus, ProtocolError, WeightUpdate, decode, encode
 from agentstream.wire.reconnect import take_over_reconnects
 from engines.server import ADAPTER_CONFIG_KEY
+from engines.stream import StreamSource, host_store, open_group, send_buckets
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +123,11 @@ class WeightPublisher:
         self.epoch = epoch  # sent with every update: sidecars running another learner process's weights take ours
         self._sent: dict[str, int] = {}  # engine -> newest version queued to it
         self._links: dict[str, int] = {}  # engine -> EngineStatus.link: its connection's number
+        self._workers: dict[str, int] = {}  # engine -> EngineStatus.workers (> 0: it takes streamed weights)
+        self._source: StreamSource | None = None  # the newest streamed version's parameters
+        self._group: _Group | None = None  # the weight group formed last, while it works
+        self._generation = 0  # number of the newest group
+        self.stream_host = advertised_host(bind_address.split("://")[-1].rsplit(":", 1)[0].strip("[]"))
         self._closed = False
 
     # ------------------------------------------------------------------------------------- public
@@ -134,11 +151,28 @@ class WeightPublisher:
         log.info("published version %d (%.1f MB, %.2f s) to %s", version, len(payload) / 1e6,
                  time.perf_counter() - t0, sorted(self._sent))
 
+    def publish_stream(self, version: int, source: StreamSource) -> None:
+        """Stream `version` to every engine that takes streamed weights and does not run it; returns when the
+        last bucket is sent. Without such an engine (or on a failure, which is logged: those engines get the
+        weights again later) the source is still passed over unless `source.solo`, since on a sharded learner
+        every rank gathers each parameter in step."""
+        if self._latest is not None and version <= self._latest[0]:
+            raise ValueError(f"version {version} is not newer than the last published {self._latest[0]}")
+        self._poll(0)
+        self._latest, self._source = (version, b"", "stream"), source
+        self._stream(version, source)
+
     def service(self) -> None:
         """Take the registrations that arrived (a restarted or joining sidecar) and send it the newest weights;
-        call it while waiting for something else, so that a late sidecar never waits for the next publish."""
-        if not self._closed:
-            self._poll(0)
+        call it while waiting for something else, so that a late sidecar never waits for the next publish
+        (streamed weights: when the source is `solo`)."""
+        if self._closed:
+            return
+        self._poll(0)
+        if self._source is not None and self._source.solo and self._latest is not None:
+            version = self._latest[0]
+            if self._stream_targets(version):
+                self._stream(version, self._source)
 
     def engine_versions(self) -> dict[str, int]:
         """The version each registered engine reported last (processes pending messages first)."""
@@ -199,13 +233,19 @@ class WeightPublisher:
         # Weights of another learner process (before a restart from a checkpoint) count as none of ours.
         self._acked[engine] = msg.version if msg.epoch == self.epoch or msg.epoch == 0 and msg.version <= 0 else -1
         link, self._links[engine] = self._links.get(engine, 0), msg.link
+        self._workers[engine] = msg.workers
+        lost = False
         if previous is None or msg.version < previous:
             # New sidecar, or a restarted one (its version went back): whatever we sent it is gone.
             log.info("engine %r registered at version %d (%s)", engine, msg.version, msg.url)
             self._sent.pop(engine, None)
+            lost = True
         elif link not in (0, msg.link):  # connected again (after a partition): what was queued went with the old one
             log.info("engine %r connected again at version %d: it gets the newest weights again", engine, msg.version)
             self._sent.pop(engine, None)
+            lost = True
+        if lost and self._group is not None and engine in self._group.members:
+            self._group = None  # its workers left the group (or may have missed joining it)
         self._send_latest(engine)
 
     def _send_latest(self, engine: str) -> None:
@@ -213,19 +253,92 @@ class WeightPublisher:
         if self._latest is None:
             return
         version, payload, fmt = self._latest
-        if self._acked.get(engine, -1) >= version or self._sent.get(engine, -1) >= version:
-            return
-        frames = [engine.encode(), *encode(WeightUpdate(version=version, payload=payload, format=fmt, epoch=self.epoch))]
+        if fmt == "stream" or self._acked.get(engine, -1) >= version or self._sent.get(engine, -1) >= version:
+            return  # streamed weights are sent by publish_stream and service, never from inside a poll
+        if self._send(engine, WeightUpdate(version=version, payload=payload, format=fmt, epoch=self.epoch)):
+            self._sent[engine] = version
+
+    def _send(self, engine: str, msg: WeightUpdate) -> bool:
+        """Queue `msg` to `engine`; False (logged) when it cannot take it now or is gone."""
         try:
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            self._sock.send_multipart([engine.encode(), *encode(msg)], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            log.warning("engine %r is still taking earlier weights; it gets version %d when it reports", engine, version)
-            return
+            log.warning("engine %r is still taking earlier weights; it gets version %d when it reports", engine,
+                        msg.version)
+            return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             log.warning("engine %r is not connected any more; forgotten until it registers again", engine)
-            self._acked.pop(engine, None)
-            self._sent.pop(engine, None)
-            return
-        self._sent[engine] = version
+            self._forget(engine)
+            return False
+        return True
+
+    def _forget(self, engine: str) -> None:
+        self._acked.pop(engine, None)
+        self._sent.pop(engine, None)
+        if self._group is not None and engine in self._group.members:
+            self._group = None  # its workers are gone: the group cannot broadcast any more
+
+    # --------------------------------------------------------------------------------- streamed weights
+    def _stream_targets(self, version: int) -> dict[str, int]:
+        """The engines that take streamed weights and neither run `version` nor were sent it -> their workers."""
+        return {e: self._workers[e] for e, v in sorted(self._acked.items())
+                if self._workers.get(e, 0) > 0 and v < version and self._sent.get(e, -1) < version}
+
+    def _stream(self, version: int, source: StreamSource) -> None:
+        targets = self._stream_targets(version)
+        tensors = (t for _, t in source.tensors()) if targets or not source.solo else iter(())
+        t0 = time.perf_counter()
+        try:
+            if not targets:
+                return
+            group = self._join(targets, version, source)
+            layout = json.dumps({**source.layout.as_dict(), "group": group.number}).encode()
+            for engine in targets:
+                if not self._send(engine, WeightUpdate(version=version, payload=layout, format="stream",
+                                                       epoch=self.epoch)):
+                    raise RuntimeError(f"engine {engine!r} could not be told to take version {version}")
+            sent = send_buckets(group.pg, source.layout, tensors, source.device)
+            self._sent.update(dict.fromkeys(targets, version))
+            log.info("streamed version %d (%.1f MB, %.2f s) to group %d: %s", version, sent / 1e6,
+                     time.perf_counter() - t0, group.number, sorted(targets))
+        except (RuntimeError, ValueError, TimeoutError) as exc:  # torch's store and gloo errors are RuntimeErrors
+            self._group = None
+            log.error("streaming version %d to %s failed after %.1f s: %s; the next update forms a new weight group",
+                      version, sorted(targets), time.perf_counter() - t0, exc)
+        finally:
+            if not source.solo:
+                for _ in tensors:  # the other ranks gather every parameter: keep in step with them
+                    pass
+
+    def _join(self, members: dict[str, int], version: int, source: StreamSource) -> _Group:
+        """The weight group of exactly `members` (engine -> workers): the current one, or a new one they join."""
+        if self._group is not None and self._group.members == members:
+            return self._group
+        self._group = None
+        self._generation += 1
+        world = 1 + sum(members.values())
+        store = host_store(self.stream_host, world, source.timeout_s)
+        offset = 1
+        for engine, workers in members.items():
+            info = {"host": self.stream_host, "port": store.port, "rank_offset": offset, "world_size": world,
+                    "backend": source.backend, "timeout_s": source.timeout_s, "group": self._generation}
+            if not self._send(engine, WeightUpdate(version=version, payload=json.dumps(info).encode(),
+                                                   format="stream_join", epoch=self.epoch)):
+                raise RuntimeError(f"engine {engine!r} could not be asked to join weight group {self._generation}")
+            offset += workers
+        pg = open_group(self.stream_host, store.port, 0, world, source.backend, source.timeout_s, store=store)
+        self._group = _Group(self._generation, dict(members), store, pg)
+        log.info("weight group %d formed: %s (%d ranks, %s)", self._generation, sorted(members), world, source.backend)
+        return self._group
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A formed weight group: its number, its engines (-> workers), and the sender's end."""
+
+    number: int
+    members: dict[str, int]
+    store: Any  # the TCPStore the group met at: kept alive with it
+    pg: Any  # torch.distributed.ProcessGroup

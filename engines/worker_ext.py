@@ -16,14 +16,32 @@ does hold `lm_head.weight`, the re-tie is harmless.
 
 Method names carry an `agentstream_` prefix because vLLM refuses an extension whose attribute names clash
 with the worker's own (it has `reload_weights`).
+
+Streamed weights (`engines.weight_sync=stream`): importing this module (vLLM imports the extension in every
+worker before it loads the model) registers `StreamTransfer` with vLLM's weight-transfer factory as backend
+"agentstream"; the server starts with `--weight-transfer-config '{"backend": "agentstream"}'` and the sidecar
+drives vLLM's own routes: /init_weight_transfer_engine (join the learner's group, `engines.stream`),
+/start_weight_update, /update_weights (receive the buckets and load them), /finish_weight_update.
+vLLM's own "nccl" backend needs vLLM's communicator on the learner too, which has no vLLM; this backend uses
+torch's process groups on both ends (gloo on CPU, NCCL on GPUs) and re-ties the LM head as above.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from engines.server import STREAM_BACKEND
+from engines.stream import StreamLayout, open_group, receive_buckets
 
 
 def _input_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -38,6 +56,10 @@ def _input_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
         if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead):
             return module
     return None
+
+
+def is_tied(model_config: Any) -> bool:
+    return bool(getattr(model_config.hf_text_config, "tie_word_embeddings", False))
 
 
 def retie_lm_head(model: torch.nn.Module, tied: bool) -> bool:
@@ -67,7 +89,77 @@ class WeightReloadExtension:
         t0 = time.perf_counter()
         self.reload_weights(weights_path=str(weights_path))  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        hf_config = self.model_config.hf_text_config  # type: ignore[attr-defined]
-        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        retied = retie_lm_head(model, tied)
+        retied = retie_lm_head(model, is_tied(self.model_config))  # type: ignore[attr-defined]
         return {"seconds": time.perf_counter() - t0, "retied": retied, "weights_path": str(weights_path)}
+
+
+# ------------------------------------------------------------------------------------ streamed weights
+@dataclass
+class StreamInit(WeightTransferInitInfo):
+    """/init_weight_transfer_engine's init_info: the learner's group (`engines.weights.StreamGroup.join_info`)."""
+
+    host: str
+    port: int
+    rank_offset: int  # this engine's first worker's rank in the group (the learner's sender is rank 0)
+    world_size: int
+    backend: str  # gloo | nccl
+    timeout_s: float = 600.0
+
+
+@dataclass
+class StreamUpdate(WeightTransferUpdateInfo):
+    """/update_weights's update_info: an `engines.stream.StreamLayout` as a dict."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    bucket_bytes: int
+
+
+class StreamTransfer(WeightTransferEngine[StreamInit, StreamUpdate]):
+    """vLLM's weight-transfer engine for the learner's streamed buckets (see the module docstring)."""
+
+    init_info_cls = StreamInit
+    update_info_cls = StreamUpdate
+    supports_draft_weight_update = False
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.group: torch.distributed.ProcessGroup | None = None
+
+    def init_transfer_engine(self, init_info: StreamInit) -> None:
+        self.shutdown()  # a new group replaces the old one (the learner re-forms it when its engines change)
+        parallel = self.parallel_config
+        rank = init_info.rank_offset + parallel.data_parallel_index * parallel.world_size + parallel.rank
+        self.group = open_group(init_info.host, init_info.port, rank, init_info.world_size, init_info.backend,
+                                init_info.timeout_s)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class also synchronises an accelerator, which a CPU server lacks; NCCL work is waited for
+        # on the current stream by the broadcast itself.
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: StreamUpdate) -> None:
+        if self.group is None:
+            raise RuntimeError("no weight group: POST /init_weight_transfer_engine first (the sidecar does)")
+        layout = StreamLayout(update_info.names, update_info.dtype_names, update_info.shapes, update_info.bucket_bytes)
+        for pairs in receive_buckets(self.group, layout, self.device):
+            self.model.load_weights(pairs)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        retie_lm_head(self.model, is_tied(self.model_config))
+
+    def shutdown(self) -> None:
+        self.group = None  # torch frees the group (its sockets) with the last reference
+
+
+if STREAM_BACKEND not in WeightTransferEngineFactory._registry:  # imported once per worker, maybe twice in tests
+    WeightTransferEngineFactory.register_engine(STREAM_BACKEND, StreamTransfer)

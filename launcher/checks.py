@@ -181,6 +181,12 @@ def _engine_errors(cfg: Config) -> list[str]:
     elif e.cpu_threads_bind and e.cpu_executor != "mp":
         errors.append(f"engines.cpu_threads_bind={e.cpu_threads_bind!r} needs engines.cpu_executor=mp (vLLM binds the "
                       f"threads of its mp worker only); add engines.cpu_executor=mp or drop the binding.")
+    if e.weight_sync not in ("stream", "file"):
+        errors.append(f"engines.weight_sync={e.weight_sync!r}: use stream (buckets over a process group with the "
+                      f"engine workers) or file (a safetensors file through each weight sidecar).")
+    if e.weight_bucket_mb < 1 or e.weight_sync_timeout_s <= 0:
+        errors.append(f"engines.weight_bucket_mb={e.weight_bucket_mb} must be >= 1 and engines.weight_sync_timeout_s="
+                      f"{e.weight_sync_timeout_s} positive.")
     if cfg.engines.count < (1 if cfg.run.role == "engines" else 0):
         errors.append(f"engines.count={cfg.engines.count}: must be at least {1 if cfg.run.role == 'engines' else 0} "
                       f"(0: no engine on this host; engines join with role=engines).")

@@ -183,13 +183,16 @@ class Launcher:
             await self._guarded(wait_ready(url, self.cfg.run.startup_timeout_s, proc=None), child)
 
     def sidecar_child(self, i: int) -> Child:
+        from engines.server import takes_stream
+
         w = self.wiring
         return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
             PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
             "--learner", w.weights, "--broker", w.broker,
             "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
             "--stats-interval", str(self.cfg.run.log_interval_s),
-            "--initial-version", "-1" if self.cfg.engines.external_urls else "0", *self.curve_args()])
+            "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
+            "--stream-workers", "1" if takes_stream(self.cfg.model, self.cfg.engines) else "0", *self.curve_args()])
 
     def curve_args(self) -> list[str]:
         """The CURVE key folder for a child that takes no config (broker, actors, learner read

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from learner.batching import MicroBatch
@@ -248,6 +249,22 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     if is_lora(model):
         raise ValueError("full_state_dict of a LoRA policy: publish adapter_state_dict instead (engines load a LoRA)")
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def parameter_shapes(model: nn.Module) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """(HF name, full shape, dtype) of every weight `full_parameters` yields, in its order; no gather."""
+    return [(name, p.shape, p.dtype) for name, p in model.named_parameters()]
+
+
+def full_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Each weight whole, one at a time on its rank's device, HF names (a tied weight once: named_parameters
+    skips the alias, and the engines re-tie their head). A collective per parameter: every rank iterates it to
+    the end, in step, so that no rank ever holds more than one gathered parameter (the streamed weight sync)."""
+    if is_lora(model):
+        raise ValueError("full_parameters of a LoRA policy: publish adapter_state_dict instead (engines load a LoRA)")
+    for name, p in model.named_parameters():
+        t = p.detach()
+        yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:

@@ -38,6 +38,7 @@ from agentstream.config import (
 )
 from agentstream.wire.client import SyncClient
 from agentstream.wire.messages import Batch, BatchRequest, Hello, Reject, Stats, VersionUpdate
+from engines.stream import StreamLayout, StreamSource
 from learner.checkpoint import (
     Extras,
     checkpoint_root,
@@ -49,11 +50,13 @@ from learner.checkpoint import (
 from learner.model import (
     adapter_config,
     adapter_state_dict,
+    full_parameters,
     full_state_dict,
     init_distributed,
     is_lora,
     load_policy,
     lora_spec,
+    parameter_shapes,
     trainable_parameters,
 )
 from learner.step import (
@@ -74,6 +77,8 @@ class Publisher(Protocol):
     def publish(self, version: int, state_dict: dict[str, Tensor]) -> None: ...
 
     def publish_adapter(self, version: int, state_dict: dict[str, Tensor], config: dict) -> None: ...
+
+    def publish_stream(self, version: int, source: StreamSource) -> None: ...
 
     def wait_for(self, version: int, n_engines: int, timeout_s: float) -> object: ...
 
@@ -167,13 +172,32 @@ def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_
     return reply
 
 
-def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version: int) -> float:
+@dataclass(frozen=True)
+class WeightSync:
+    """How full weights reach the engines (engines.weight_sync and its fields)."""
+
+    mode: str  # stream | file
+    bucket_bytes: int
+    dtype: str  # the engines' dtype (model.dtype): what goes on the wire
+    timeout_s: float
+
+
+def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version: int, sync: WeightSync,
+                    world: int, device: torch.device) -> float:
     """All ranks gather (a collective); rank 0 (the one holding `publisher`) publishes. Returns seconds."""
     t0 = time.perf_counter()
     if is_lora(model):  # only the adapter: the engines keep their base weights
         adapter = adapter_state_dict(model)
         if publisher is not None:
             publisher.publish_adapter(version, adapter, adapter_config(model))
+    elif sync.mode == "stream":  # parameter by parameter, bucket by bucket: never the whole model at once
+        layout = StreamLayout.of(parameter_shapes(model), sync.bucket_bytes, dtype=sync.dtype)
+        source = StreamSource(layout, lambda: full_parameters(model), device, solo=world == 1, timeout_s=sync.timeout_s)
+        if publisher is not None:
+            publisher.publish_stream(version, source)
+        else:
+            for _ in full_parameters(model):  # rank 0 streams; the others gather in step with it
+                pass
     else:
         state = full_state_dict(model)
         if publisher is not None:
@@ -209,6 +233,7 @@ class TrainSpec:
     """Started again by the launcher after a death: continue from the newest checkpoint, if any."""
     batch_timeout_s: float
     final_timeout_s: float
+    weight_sync: WeightSync
 
 
 def train_spec(cfg: Config, args: argparse.Namespace) -> TrainSpec:
@@ -221,7 +246,9 @@ def train_spec(cfg: Config, args: argparse.Namespace) -> TrainSpec:
         out=Path(args.out) if args.out is not None else None, run_dir=cfg.run.output_dir,
         engines=cfg.engines.count if args.engines is None else args.engines,
         publish_initial=args.publish_initial, restarted=args.resume == "latest",
-        batch_timeout_s=args.batch_timeout_s, final_timeout_s=args.final_timeout_s)
+        batch_timeout_s=args.batch_timeout_s, final_timeout_s=args.final_timeout_s,
+        weight_sync=WeightSync(cfg.engines.weight_sync, cfg.engines.weight_bucket_mb << 20, cfg.model.dtype,
+                               cfg.engines.weight_sync_timeout_s))
 
 
 @dataclass
@@ -299,7 +326,7 @@ def resume(r: Rank, root: Path, extras: Extras) -> int:
     # disagree (another node's launch, a node restarted alone) cannot leave rank 0 waiting in it for good.
     publish = bool(r.spec.weights_bind and (version > 0 or publish_initial)) if r.rank == 0 else False
     if all_reduce_dict({"publish": float(publish)}, dist.ReduceOp.SUM, r.device)["publish"]:
-        publish_weights(r.model, r.publisher, version)
+        publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
     if (version > 0 or r.spec.restarted) and r.rank == 0:
         # The broker serves batch `version` again (it kept what this checkpoint had not consumed), and every
         # engine runs the checkpoint's weights before the first resumed step trains.
@@ -326,7 +353,8 @@ def run_one_step(r: Rank, k: int) -> None:
                          models=r.step_models)
     version = k + 1
     metrics.update(maybe_refresh_reference(r, version))
-    publish_s = publish_weights(r.model, r.publisher, version) if r.spec.weights_bind else 0.0
+    publish_s = (publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
+                 if r.spec.weights_bind else 0.0)
     step_s = time.perf_counter() - t0
     state.record(metrics, version, wait_s, step_s)
     if r.rank == 0:

@@ -37,7 +37,7 @@ from agentstream.wire.messages import (
 
 log = logging.getLogger(__name__)
 
-WEIGHT_FORMATS = ("safetensors", "peft_adapter")
+WEIGHT_FORMATS = ("safetensors", "peft_adapter", "stream_join", "stream")
 """`WeightUpdate.format` values a weight sidecar can apply."""
 LOGPROB_SLACK = 1e-3
 """A log-probability is <= 0; this much above 0 is let through as rounding of a server's answer."""

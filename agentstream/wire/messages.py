@@ -302,20 +302,25 @@ class EngineStatus:
     version: int
     epoch: int = 0  # WeightUpdate.epoch of the weights it runs (0: its initial weights)
     link: int = 0  # times its connection to the learner was made (0: not yet); what was queued on an older one is lost
+    workers: int = 0  # its server's workers that take streamed weights (engines.weight_sync=stream); 0: files only
+    group: int = 0  # the learner's weight group its workers are in (WeightUpdate format "stream_join"); 0: none
     kind: Literal["engine_status"] = "engine_status"
 
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """Learner rank 0 -> weight sidecar: the weights of policy `version`, as one safetensors file.
+    """Learner rank 0 -> weight sidecar: the weights of policy `version`, as one safetensors file, or what to do
+    to take them from the learner's weight group.
 
     format "safetensors": full weights (HF key names). "peft_adapter": only a LoRA adapter, keyed as peft's
     adapter_model.safetensors, with its adapter_config.json text in the file's metadata
-    (`engines.weights.serialize_adapter`)."""
+    (`engines.weights.serialize_adapter`). Streamed weights (`engines.stream`), payload a JSON object:
+    "stream_join": join the group (`engines.worker_ext.StreamInit` fields, and "group": its number);
+    "stream": take `version` from the group's broadcast (`engines.stream.StreamLayout` fields, and "group")."""
 
     version: int
-    payload: bytes  # a safetensors file
-    format: str = "safetensors"  # "safetensors" | "peft_adapter"
+    payload: bytes  # a safetensors file, or JSON for the stream formats
+    format: str = "safetensors"  # "safetensors" | "peft_adapter" | "stream_join" | "stream"
     epoch: int = 0  # the publishing learner process: a restarted learner's older version still replaces newer ones
     kind: Literal["weight_update"] = "weight_update"
 
