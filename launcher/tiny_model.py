@@ -90,8 +90,10 @@ def make_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     seed: int = 0,
+    tied: bool = True,
 ) -> Path:
-    """Write a tiny Qwen2 model + tokenizer into `out` (created; overwritten if present)."""
+    """Write a tiny Qwen2 model + tokenizer into `out` (created; overwritten if present); `tied`: the LM head is
+    the token embedding (as in Qwen2.5 0.5B/1.5B), else a weight of its own."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -131,7 +133,7 @@ def make_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,

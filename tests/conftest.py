@@ -24,10 +24,10 @@ class VllmServer:
     log: Path
 
 
-def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: int | None = None
+def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: int | None = None, tied: bool = True
                      ) -> Iterator[VllmServer]:
-    """A vLLM server of a freshly made tiny model until the generator closes; then its whole process group is
-    stopped and checked gone."""
+    """A vLLM server of a freshly made tiny model (`tied`: its LM head is its embedding) until the generator closes;
+    then its whole process group is stopped and checked gone."""
     from agentstream.config import Config
     from agentstream.wire.addresses import free_port
     from engines.server import server_command, wait_ready
@@ -35,7 +35,7 @@ def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: in
     from launcher.tiny_model import make_tiny_model
 
     cfg = Config()
-    cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+    cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", tied=tied))
     if max_model_len:
         cfg.engines.max_model_len = max_model_len
     port = free_port()
@@ -71,3 +71,9 @@ def spare_engine(tmp_path_factory: pytest.TempPathFactory):
     model's own weights and labels them 0 again); the weight benchmark (tests/scripts/test_benchmarks.py, after it)
     trains them."""
     yield from serve_tiny_model(tmp_path_factory, max_model_len=1024)
+
+
+@pytest.fixture(scope="module")
+def untied_engine(tmp_path_factory: pytest.TempPathFactory):
+    """A vLLM server of a tiny model whose LM head is a weight of its own (`VllmServer`), for one test module."""
+    yield from serve_tiny_model(tmp_path_factory, tied=False)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from agentstream.wire.addresses import free_port
 from agentstream.wire.messages import Batch, BatchRequest, Message, decode, encode
+from engines.stream import StreamSource
 from learner.advantages import compute_advantages
 from learner.batching import MicroBatch, make_micro_batches
 from learner.losses import PolicyLossInput, policy_objective
@@ -111,6 +112,10 @@ class FilePublisher:
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
         torch.save({k: v.clone() for k, v in state_dict.items()}, self.dir / f"v{version}.pt")
+
+    def publish_stream(self, version: int, source: StreamSource) -> None:
+        """A streamed update (engines.weight_sync=stream, the default): the parameters of one pass, saved alike."""
+        torch.save({name: t.detach().cpu().clone() for name, t in source.tensors()}, self.dir / f"v{version}.pt")
 
     def wait_for(self, version: int, n_engines: int, timeout_s: float) -> bool:
         (self.dir / "waited").write_text(f"{version} {n_engines}")

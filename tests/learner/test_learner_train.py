@@ -143,9 +143,11 @@ def test_two_ranks_train_publish_and_report(tiny_model_dir: Path, tmp_path: Path
     assert updates[0].metrics["loss"] == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
     assert updates[0].metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
     published = {v: torch.load(weights_dir / f"v{v}.pt") for v in range(1, STEPS + 1)}
-    assert set(ref_weights) <= set(published[1])
+    # Streamed (the default), a tied weight goes once: the head is the embedding (the engines re-tie it).
+    assert set(ref_weights) - set(published[1]) == {"lm_head.weight"}
     for name, w in ref_weights.items():
-        torch.testing.assert_close(published[1][name], w, atol=2e-5, rtol=0, msg=name)
+        torch.testing.assert_close(published[1].get(name, published[1]["model.embed_tokens.weight"]), w,
+                                   atol=2e-5, rtol=0, msg=name)
     initial = load_file(tiny_model_dir / "model.safetensors")
     for v in range(1, STEPS + 1):
         before = initial if v == 1 else published[v - 1]
@@ -189,5 +191,6 @@ def test_two_ranks_with_epochs_and_mini_batches_match_a_plain_loop(tiny_model_di
         assert abs(u.metrics["ppo_ratio_mean"] - 1.0) > 1e-6
     expected = reference_updates(cfg, tiny_model_dir, [shares[0, 0], shares[0, 1]])
     published = torch.load(weights_dir / "v1.pt")
-    for name, w in expected.items():
-        torch.testing.assert_close(published[name], w, atol=5e-5, rtol=0, msg=name)
+    for name, w in expected.items():  # a tied head is streamed as the embedding
+        torch.testing.assert_close(published.get(name, published["model.embed_tokens.weight"]), w, atol=5e-5, rtol=0,
+                                   msg=name)
