@@ -158,6 +158,12 @@ class EnginesConfig:
     """Context length the servers accept."""
     gpu_memory_utilization: float = 0.4
     """Fraction of GPU memory a server may take (GPU machines only)."""
+    gpus_per_engine: int = 1
+    """GPUs of one host per engine, its tensor-parallel size (GPU machines only; `launcher.placement`)."""
+    colocate: bool = False
+    """GPU machines: engines may take the learner's GPUs (one engine per GPU at most; each keeps
+    gpu_memory_utilization of its memory, the learner the rest). False: engines take only the GPUs the learner
+    leaves, and a config that does not fit is refused."""
     extra_args: list[str] = field(default_factory=list)
     """Extra command-line arguments for the vLLM server."""
     request_timeout_s: float = 120.0

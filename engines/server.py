@@ -111,6 +111,8 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if _on_gpu() if on_gpu is None else on_gpu:
         argv += ["--gpu-memory-utilization", str(engines.gpu_memory_utilization)]
+        if engines.gpus_per_engine > 1:  # its GPUs: CUDA_VISIBLE_DEVICES from the launcher's plan (launcher.placement)
+            argv += ["--tensor-parallel-size", str(engines.gpus_per_engine)]
     else:
         # Without an explicit KV size vLLM-CPU reserves most of the machine's RAM.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engines.kv_cache_gib)

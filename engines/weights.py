@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 # Per-sidecar send queue in messages: at most about two full weight sets wait in memory for a slow sidecar.
 # A send that would exceed it is dropped; that sidecar gets the newest weights when it next reports.
 _SEND_HWM = 4
+_RETRY_AFTER_S = 30.0  # a failed stream is tried again between updates after this long
 _MAX_INBOUND_BYTES = 1 << 16  # what a sidecar sends (EngineStatus) is a few hundred bytes
 
 
@@ -127,6 +128,7 @@ class WeightPublisher:
         self._source: StreamSource | None = None  # the newest streamed version's parameters
         self._group: _Group | None = None  # the weight group formed last, while it works
         self._generation = 0  # number of the newest group
+        self._failed_at = -float("inf")  # when a stream last failed
         self.stream_host = advertised_host(bind_address.split("://")[-1].rsplit(":", 1)[0].strip("[]"))
         self._closed = False
 
@@ -162,6 +164,26 @@ class WeightPublisher:
         self._latest, self._source = (version, b"", "stream"), source
         self._stream(version, source)
 
+    def stream_pending(self) -> bool:
+        """Whether an engine that takes streamed weights needs the newest streamed version (it (re)joined since):
+        a learner of several ranks then streams it `stream_again`, all ranks together."""
+        if self._closed or self._latest is None or self._latest[2] != "stream" or self._backing_off():
+            return False
+        self._poll(0)
+        return bool(self._stream_targets(self._latest[0]))
+
+    def _backing_off(self) -> bool:
+        """After a failed stream, streams between updates wait a while (an engine that cannot join would otherwise
+        hold the learner for a timeout every time it asks); the next update tries at once."""
+        return time.monotonic() < self._failed_at + _RETRY_AFTER_S
+
+    def stream_again(self, version: int, source: StreamSource) -> None:
+        """Stream the newest version (`version`, the same weights) to the engines that need it."""
+        if self._latest is None or version != self._latest[0]:
+            raise ValueError(f"stream_again({version}): the newest version published is "
+                             f"{self._latest[0] if self._latest else None}")
+        self._stream(version, source)
+
     def service(self) -> None:
         """Take the registrations that arrived (a restarted or joining sidecar) and send it the newest weights;
         call it while waiting for something else, so that a late sidecar never waits for the next publish
@@ -169,7 +191,7 @@ class WeightPublisher:
         if self._closed:
             return
         self._poll(0)
-        if self._source is not None and self._source.solo and self._latest is not None:
+        if self._source is not None and self._source.solo and self._latest is not None and not self._backing_off():
             version = self._latest[0]
             if self._stream_targets(version):
                 self._stream(version, self._source)
@@ -304,7 +326,7 @@ class WeightPublisher:
             log.info("streamed version %d (%.1f MB, %.2f s) to group %d: %s", version, sent / 1e6,
                      time.perf_counter() - t0, group.number, sorted(targets))
         except (RuntimeError, ValueError, TimeoutError) as exc:  # torch's store and gloo errors are RuntimeErrors
-            self._group = None
+            self._group, self._failed_at = None, time.monotonic()
             log.error("streaming version %d to %s failed after %.1f s: %s; the next update forms a new weight group",
                       version, sorted(targets), time.perf_counter() - t0, exc)
         finally:

@@ -27,6 +27,7 @@ from envs.toolcalls import TOOL_PARSERS
 from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY
+from launcher.placement import PlacementError, host_gpus, host_plan
 from memory import known_memories
 
 
@@ -70,7 +71,19 @@ def config_errors(cfg: Config) -> list[str]:
     errors += _role_errors(cfg)
     errors += backend_errors(cfg)
     errors += network_errors(cfg)  # off loopback only with CURVE keys or an explicit opt-in
+    errors += placement_errors(cfg)
     return errors
+
+
+def placement_errors(cfg: Config) -> list[str]:
+    """Whether this host's GPUs hold the engines and learner ranks it starts (none on CPU; Ray places its own)."""
+    if cfg.launcher.backend == "ray":
+        return []
+    try:
+        host_plan(cfg, len(host_gpus()))
+    except PlacementError as exc:
+        return [str(exc)]
+    return []
 
 
 def _episode_errors(cfg: Config) -> list[str]:

@@ -274,6 +274,12 @@ class RayLauncher(Launcher):
     def engine_host(self, i: int) -> str:
         return self.wiring.engines[i].split("//", 1)[1].rsplit(":", 1)[0]  # the node's IP (each engine its own)
 
+    def gpus_of_engine(self, i: int) -> dict[str, str]:
+        return {}  # Ray gives each placed process the GPUs it asked for (launcher.resources)
+
+    def gpus_of_learner(self) -> dict[str, str]:
+        return {}
+
     def engine_on_gpu(self) -> bool:
         return float(self.cfg.launcher.resources.get("engine", {}).get("GPU", 0)) > 0
 

@@ -31,6 +31,7 @@ import aiohttp
 
 from agentstream.config import Config
 from agentstream.wire.addresses import free_port
+from launcher.placement import host_gpus, host_plan, visible
 from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
 from launcher.wiring import Wiring, wire
 
@@ -153,8 +154,18 @@ class Launcher:
         for i, url in enumerate(self.wiring.engines):
             engines = dataclasses.replace(self.cfg.engines, host=self.engine_host(i))
             argv, env = server_command(self.cfg.model, engines, int(url.rsplit(":", 1)[1]), self.engine_on_gpu())
-            out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, env))
+            out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, {**env, **self.gpus_of_engine(i)}))
         return out
+
+    def gpus_of_engine(self, i: int) -> dict[str, str]:
+        """Engine i's CUDA_VISIBLE_DEVICES from this host's placement plan (launcher.placement; none on CPU)."""
+        names = host_gpus()
+        return visible(host_plan(self.cfg, len(names)).engines[i][1], names)
+
+    def gpus_of_learner(self) -> dict[str, str]:
+        """The GPUs of this host's learner ranks (torchrun gives rank r the r-th of them)."""
+        names = host_gpus()
+        return visible(host_plan(self.cfg, len(names)).learner[0], names)
 
     def engine_host(self, i: int) -> str:
         """The interface engine i binds (on Ray: its node's IP)."""
@@ -192,7 +203,8 @@ class Launcher:
             "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
             "--stats-interval", str(self.cfg.run.log_interval_s),
             "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
-            "--stream-workers", "1" if takes_stream(self.cfg.model, self.cfg.engines) else "0", *self.curve_args()])
+            "--stream-workers", str(self.cfg.engines.gpus_per_engine if takes_stream(self.cfg.model, self.cfg.engines)
+                                    else 0), *self.curve_args()])
 
     def curve_args(self) -> list[str]:
         """The CURVE key folder for a child that takes no config (broker, actors, learner read
@@ -219,7 +231,7 @@ class Launcher:
         if resume:
             argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
         name = "learner" if c.nnodes == 1 else f"learner-node{node}"
-        return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(c.torch_threads)})
+        return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(c.torch_threads), **self.gpus_of_learner()})
 
     def actor_child(self, i: int, incarnation: int = 0) -> Child:
         name = f"actor-{self.prefix}{i}"

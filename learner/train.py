@@ -37,7 +37,7 @@ from agentstream.config import (
     AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, load,
 )
 from agentstream.wire.client import SyncClient
-from agentstream.wire.messages import Batch, BatchRequest, Hello, Reject, Stats, VersionUpdate
+from agentstream.wire.messages import Batch, BatchRequest, Hello, Message, Reject, Stats, VersionUpdate
 from engines.stream import StreamLayout, StreamSource
 from learner.checkpoint import (
     Extras,
@@ -79,6 +79,10 @@ class Publisher(Protocol):
     def publish_adapter(self, version: int, state_dict: dict[str, Tensor], config: dict) -> None: ...
 
     def publish_stream(self, version: int, source: StreamSource) -> None: ...
+
+    def stream_again(self, version: int, source: StreamSource) -> None: ...
+
+    def stream_pending(self) -> bool: ...
 
     def wait_for(self, version: int, n_engines: int, timeout_s: float) -> object: ...
 
@@ -172,6 +176,39 @@ def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_
     return reply
 
 
+def request_batch_in_step(r: Rank, step: int, before: tuple) -> Batch:
+    """`request_batch` for several ranks that stream weights: while they wait, every rank meets the others once a
+    second (an all-reduce), and when rank 0's publisher has an engine that (re)joined and needs the current
+    weights, they all make a pass over the parameters for it (a collective: `publish_weights`). A rank that has
+    its share keeps meeting until every rank has one, so the ranks run the same collectives in the same order."""
+    client, deadline = r.client, time.monotonic() + r.spec.batch_timeout_s
+    request = BatchRequest(step=step, rank=r.rank, world_size=r.world)
+
+    def accept(m: Message) -> bool:
+        return not isinstance(m, (Batch, Reject)) or _answers(m, step, r.rank)
+
+    client.send(request)
+    sent, batch = time.monotonic(), None
+    while True:
+        if batch is None:
+            reply = client.receive(1.0, accept)
+            if reply is not None and not isinstance(reply, Batch):
+                raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")
+            batch = reply
+            if batch is None and time.monotonic() - sent > BATCH_RESEND_S:  # a restarted broker lost the request
+                for m in (*before, request):
+                    client.send(m)
+                sent = time.monotonic()
+        needs = r.publisher is not None and r.publisher.stream_pending()
+        flags = all_reduce_dict({"have": float(batch is not None), "serve": float(needs)}, dist.ReduceOp.SUM, r.device)
+        if flags["serve"]:
+            publish_weights(r.model, r.publisher, step, r.spec.weight_sync, r.world, r.device, again=True)
+        if flags["have"] == r.world:
+            return batch
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no batch {step} from the broker within {r.spec.batch_timeout_s:.0f} s")
+
+
 @dataclass(frozen=True)
 class WeightSync:
     """How full weights reach the engines (engines.weight_sync and its fields)."""
@@ -183,8 +220,9 @@ class WeightSync:
 
 
 def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version: int, sync: WeightSync,
-                    world: int, device: torch.device) -> float:
-    """All ranks gather (a collective); rank 0 (the one holding `publisher`) publishes. Returns seconds."""
+                    world: int, device: torch.device, again: bool = False) -> float:
+    """All ranks gather (a collective); rank 0 (the one holding `publisher`) publishes. Returns seconds.
+    `again`: streamed, the same version once more to the engines that need it (`request_batch_in_step`)."""
     t0 = time.perf_counter()
     if is_lora(model):  # only the adapter: the engines keep their base weights
         adapter = adapter_state_dict(model)
@@ -194,7 +232,7 @@ def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version
         layout = StreamLayout.of(parameter_shapes(model), sync.bucket_bytes, dtype=sync.dtype)
         source = StreamSource(layout, lambda: full_parameters(model), device, solo=world == 1, timeout_s=sync.timeout_s)
         if publisher is not None:
-            publisher.publish_stream(version, source)
+            (publisher.stream_again if again else publisher.publish_stream)(version, source)
         else:
             for _ in full_parameters(model):  # rank 0 streams; the others gather in step with it
                 pass
@@ -346,8 +384,11 @@ def run_one_step(r: Rank, k: int) -> None:
     state = r.state
     before = (state.last_update,) if state.last_update is not None else ()
     # While rank 0 waits, its publisher serves engines that (re)start: they get the newest weights at once.
-    batch = request_batch(r.client, k, r.rank, r.world, r.spec.batch_timeout_s, before,
-                          r.publisher.service if r.publisher is not None else None)
+    if r.world > 1 and r.spec.weight_sync.mode == "stream" and not is_lora(r.model):
+        batch = request_batch_in_step(r, k, before)  # with the other ranks: streaming is a collective
+    else:
+        batch = request_batch(r.client, k, r.rank, r.world, r.spec.batch_timeout_s, before,
+                              r.publisher.service if r.publisher is not None else None)
     wait_s = time.perf_counter() - t0
     metrics = train_step(r.model, r.optimizer, batch, r.opts, version=k, world_size=r.world, device=r.device,
                          models=r.step_models)

@@ -1,17 +1,22 @@
-"""Weight sync: time from the learner's optimizer step to the engine serving the new version, and how long
-generation pauses, for full weights and for a LoRA adapter, at two model sizes.
+"""Weight sync: time from the learner's optimizer step to every engine serving the new version, how long generation
+pauses, and the sending process's extra memory, for the streamed path (engines.weight_sync=stream), the file path
+and a LoRA adapter, at three model sizes.
 
-    .venv/bin/python scripts/bench_weights.py [--updates 3] [--sizes tiny,small] [--modes full,lora]
-    .venv/bin/python scripts/bench_weights.py --modes full --model DIR --engine-url URL   # a server already up
+    .venv/bin/python scripts/bench_weights.py [--updates 3] [--sizes tiny,small,large] [--modes file,stream,lora]
+                                              [--engines 2]
+    .venv/bin/python scripts/bench_weights.py --modes file,stream --engines 1 --model DIR --engine-url URL
 
-Per (size, mode): a real vLLM server (LoRA enabled for `lora`), its real weight sidecar (`python -m
-engines.sidecar`) and a real broker; here, a one-rank FSDP2 policy (`learner.model.load_policy`) takes an
-optimizer step, then the learner's own path runs: gather (`full_state_dict` / `adapter_state_dict`),
-serialise and send (`engines.weights.WeightPublisher`), and wait for the agent's acknowledgement. While
-that happens, 4 request loops keep the engine generating; the longest gap between two answers during an
-update, less the median gap, is the pause generation saw. MB/s = payload / (step-to-serving time), next to
-the loopback bandwidth of one ZeroMQ PUSH/PULL of the same bytes. Sizes: tiny = hidden 128 x 2 layers;
-small = hidden 512 x 4 layers. The last line is the step-to-serving time of each case.
+Per size: real vLLM servers, a real weight sidecar per server (`python -m engines.sidecar`) and a real broker; here, a
+one-rank FSDP2 policy (`learner.model.load_policy`) takes an optimizer step, then the learner's own path runs: file:
+gather (`full_state_dict`), serialise and send (`WeightPublisher.publish`); stream: gather parameter by parameter into
+buckets broadcast over a gloo group (`WeightPublisher.publish_stream`); then the wait for every sidecar's
+acknowledgement. While that happens, 4 request loops keep engine 0 generating; the longest gap between two answers
+during an update, less the median gap, is the pause generation saw. Extra MB: this process's peak resident memory
+during the update above its memory before it (Linux VmHWM, reset per update). MB/s = weights / (step-to-serving
+time), next to the loopback bandwidth of one ZeroMQ PUSH/PULL of the same bytes. With --engines N the stream path
+also runs to N servers at the last size (one broadcast group). Sizes: tiny = hidden 128 x 2 layers (0.1M
+parameters); small = hidden 512 x 4 layers (~9M); large = hidden 1024 x 12 layers (107M). The last line: the stream
+path's bandwidth as a fraction of loopback at the last size.
 """
 
 from __future__ import annotations
@@ -40,23 +45,47 @@ from agentstream.wire.addresses import free_port
 from launcher.procs import start, stop
 
 SIZES = {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
-         "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4}}
+         "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4},
+         "large": {"hidden_size": 1024, "num_layers": 12, "num_heads": 16, "num_kv_heads": 4}}  # 107M parameters
 LORA_RANK = 8
 
 
 @dataclass
 class SyncResult:
-    """Medians over the updates of one (size, mode)."""
+    """Medians over the updates of one (size, mode, engines)."""
 
     size: str
     mode: str
+    engines: int
     params: int
     payload_mb: float
     gather_s: float
     publish_s: float
     total_s: float
     pause_s: float
+    extra_mb: float
     loopback_mb_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.payload_mb / self.total_s
+
+
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak_memory() -> float:
+    """Reset this process's peak resident memory (VmHWM) to its current one (Linux: clear_refs 5); returns it."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_mb("VmRSS")
+
+
+def peak_memory() -> float:
+    return _status_mb("VmHWM")
 
 
 def loopback_mb_s(n_bytes: int, repeats: int = 5) -> float:
@@ -145,92 +174,127 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     optimizer.zero_grad(set_to_none=True)
 
 
-def bench_case(size: str, mode: str, model_dir: Path, updates: int, folder: Path, engine_url: str = "") -> SyncResult:
-    """One (size, mode); `engine_url`: a vLLM server of `model_dir` that is already up (full weights only) instead of
-    one started here. It is left running, serving the benchmark's last weights."""
-    from engines.server import (
-        LORA_ADAPTER_NAME,
-        SERVED_MODEL_NAME,
-        server_command,
-        wait_ready,
-    )
+class Servers:
+    """The vLLM servers of one model (started here, or `urls` already up), a broker, and one sidecar per server for
+    the mode being measured (`sidecars`)."""
+
+    def __init__(self, model_dir: Path, folder: Path, count: int, lora: bool, urls: list[str]):
+        from agentstream import config as config_mod
+        from engines.server import server_command, wait_ready
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.cfg = Config()
+        self.cfg.run.output_dir, self.cfg.model.path = str(folder), str(model_dir)
+        self.cfg.model.lora_rank = LORA_RANK if lora else 0
+        self.folder, self.procs, self.sidecar_procs = folder, [], []
+        self.urls = list(urls)
+        for i in range(count - len(self.urls)):
+            port = free_port()
+            argv, env = server_command(self.cfg.model, self.cfg.engines, port)
+            self.procs.append(start(argv, folder / f"engine-{i}.log", env=env))
+            self.urls.append(f"http://127.0.0.1:{port}")
+        config_mod.save(self.cfg, folder / "config.yaml")
+        self.broker_port = free_port()
+        self.procs.append(start([sys.executable, "-m", "broker.server", "--config", str(folder / "config.yaml"),
+                                 "--port", str(self.broker_port), "--dashboard-port", str(free_port())],
+                                folder / "broker.log", cwd=ROOT))
+        for url in self.urls:
+            asyncio.run(wait_ready(url, 600))
+
+    def sidecars(self, publisher, n: int, stream: bool) -> None:
+        """Sidecars for the first `n` servers, registered with `publisher` (those of an earlier mode stopped)."""
+        for p in self.sidecar_procs:
+            stop(p, 15)
+        self.sidecar_procs = [start([
+            sys.executable, "-m", "engines.sidecar", "--name", f"engine-{i}", "--url", url, "--learner",
+            publisher.address, "--broker", f"tcp://127.0.0.1:{self.broker_port}", "--stream-workers",
+            "1" if stream else "0", "--workdir", str(self.folder / "weights" / f"engine-{i}")],
+            self.folder / f"sidecar-{i}-{'stream' if stream else 'file'}.log", cwd=ROOT)
+            for i, url in enumerate(self.urls[:n])]
+        publisher.wait_for(0, n, 120)  # registered
+
+    def close(self) -> None:
+        for p in reversed(self.sidecar_procs + self.procs):
+            stop(p, 15)
+
+
+def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: int) -> SyncResult:
+    """`updates` optimizer steps of a one-rank FSDP2 policy, each published the `mode` way to `engines` servers."""
+    from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME
+    from engines.stream import StreamLayout, StreamSource
     from engines.weights import WeightPublisher, serialize_adapter, serialize_state_dict
     from learner.model import (
         adapter_config,
         adapter_state_dict,
+        full_parameters,
         full_state_dict,
         load_policy,
         lora_spec,
+        parameter_shapes,
         trainable_parameters,
     )
 
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = Config()
-    cfg.run.output_dir = str(folder)
-    cfg.model.path = str(model_dir)
-    cfg.model.lora_rank = LORA_RANK if mode == "lora" else 0
+    cfg = servers.cfg
     lora = lora_spec(cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules, 0.0)
-    model = load_policy(str(model_dir), "float32", torch.device("cpu"), 1, lora=lora)
+    model = load_policy(cfg.model.path, "float32", torch.device("cpu"), 1, lora=lora)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-3)
     params = sum(p.numel() for p in model.parameters())
-    eport, bport = free_port(), free_port()
-    argv, env = server_command(cfg.model, cfg.engines, eport)
-    url = engine_url or f"http://127.0.0.1:{eport}"
-    procs = [] if engine_url else [start(argv, folder / "engine.log", env=env)]
     publisher = WeightPublisher("tcp://127.0.0.1:*")
+    layout = StreamLayout.of(parameter_shapes(model), cfg.engines.weight_bucket_mb << 20, dtype=cfg.model.dtype)
+    source = StreamSource(layout, lambda: full_parameters(model), torch.device("cpu"), solo=True)
     try:
-        from agentstream import config as config_mod
-
-        config_mod.save(cfg, folder / "config.yaml")
-        procs.append(start([sys.executable, "-m", "broker.server", "--config", str(folder / "config.yaml"), "--port",
-                            str(bport), "--dashboard-port", str(free_port())], folder / "broker.log", cwd=ROOT))
-        asyncio.run(wait_ready(url, 400, proc=procs[0] if procs else None))
-        procs.append(start([sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", url, "--learner",
-                            publisher.address, "--broker", f"tcp://127.0.0.1:{bport}", "--workdir",
-                            str(folder / "weights")], folder / "sidecar.log", cwd=ROOT))
-        publisher.wait_for(0, 1, 120)  # the agent registered
+        servers.sidecars(publisher, engines, stream=mode == "stream")
         rows = []
-        served = SERVED_MODEL_NAME
-        with Traffic(url, served) as traffic:
+        with Traffic(servers.urls[0], SERVED_MODEL_NAME) as traffic:
             time.sleep(2.0)
             for version in range(1, updates + 1):
                 optimizer_step(model, optimizer)
+                before = reset_peak_memory()
                 t0 = time.time()
                 if mode == "lora":
                     state = adapter_state_dict(model)
                     t1 = time.time()
                     publisher.publish_adapter(version, state, adapter_config(model))
-                else:
+                    payload = len(serialize_adapter(state, adapter_config(model)))
+                elif mode == "file":
                     state = full_state_dict(model)
                     t1 = time.time()
                     publisher.publish(version, state)
+                    payload = len(serialize_state_dict(state))
+                else:  # gathered parameter by parameter inside the send
+                    t1 = time.time()
+                    publisher.publish_stream(version, source)
+                    payload = layout.total_bytes()
                 t2 = time.time()
-                publisher.wait_for(version, 1, 300)
+                publisher.wait_for(version, engines, 600)
                 t3 = time.time()
+                extra = peak_memory() - before
+                del state
                 if mode == "lora" and traffic.model != LORA_ADAPTER_NAME:
                     traffic.model = LORA_ADAPTER_NAME  # from now on the adapter serves
                 time.sleep(1.0)  # answers after the update close the gap
-                payload = len(serialize_adapter(state, adapter_config(model)) if mode == "lora" else serialize_state_dict(state))
-                rows.append((t1 - t0, t2 - t1, t3 - t0, traffic.pause_s(t0, t3), payload))
+                rows.append((t1 - t0, t2 - t1, t3 - t0, traffic.pause_s(t0, t3), extra, payload))
         med = lambda i: statistics.median(r[i] for r in rows)
-        payload = rows[-1][4]
-        return SyncResult(size, mode, params, payload / 1e6, med(0), med(1), med(2), med(3), loopback_mb_s(payload))
+        payload = rows[-1][5]
+        return SyncResult(size, mode, engines, params, payload / 1e6, med(0), med(1), med(2), med(3), med(4),
+                          loopback_mb_s(payload))
     finally:
         publisher.close()
-        for p in reversed(procs):
-            stop(p, 15)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=3, help="weight updates per case (median reported)")
-    parser.add_argument("--sizes", default="tiny,small", help=f"comma-separated: {', '.join(SIZES)}")
-    parser.add_argument("--modes", default="full,lora", help="comma-separated: full, lora")
+    parser.add_argument("--sizes", default="tiny,small,large", help=f"comma-separated: {', '.join(SIZES)}")
+    parser.add_argument("--modes", default="file,stream", help="comma-separated: file, stream, lora")
+    parser.add_argument("--engines", type=int, default=2,
+                        help="also stream to this many engines at the last size (a broadcast: compare with 1)")
     parser.add_argument("--model", default="", help="a model directory instead of --sizes' tiny models")
-    parser.add_argument("--engine-url", default="", help="a vLLM server of --model already up (--modes full only)")
+    parser.add_argument("--engine-url", default="", help="a vLLM server of --model already up (not with lora)")
     args = parser.parse_args()
-    if args.engine_url and (not args.model or args.modes != "full"):
-        parser.error("--engine-url needs --model (the server's model) and --modes full (LoRA needs a server started "
+    modes = args.modes.split(",")
+    if args.engine_url and (not args.model or "lora" in modes):
+        parser.error("--engine-url needs --model (the server's model), and no lora mode (LoRA needs a server started "
                      "with LoRA enabled: leave --engine-url out and the benchmark starts one)")
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -240,20 +304,52 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
-    print(f"{'size':<6} {'mode':<5} {'params':>8} {'MB':>7} {'gather s':>8} {'send s':>7} {'step->serve s':>13} "
-          f"{'pause s':>8} {'MB/s':>8} {'loopback MB/s':>13}", flush=True)
+    print(f"{'size':<6} {'mode':<6} {'eng':>3} {'params':>8} {'MB':>7} {'gather s':>8} {'send s':>7} "
+          f"{'step->serve s':>13} {'pause s':>8} {'extra MB':>8} {'MB/s':>8} {'loopback MB/s':>13}", flush=True)
     results = []
     models = {"given": Path(args.model)} if args.model else {
         size: make_tiny_model(folder / f"model-{size}", **SIZES[size]) for size in args.sizes.split(",")}
-    for size, model_dir in models.items():
-        for mode in args.modes.split(","):
-            r = bench_case(size, mode, model_dir, args.updates, folder / f"{size}-{mode}", args.engine_url)
-            results.append(r)
-            print(f"{r.size:<6} {r.mode:<5} {r.params / 1e6:>7.2f}M {r.payload_mb:>7.2f} {r.gather_s:>8.3f} "
-                  f"{r.publish_s:>7.3f} {r.total_s:>13.3f} {r.pause_s:>8.3f} {r.payload_mb / r.total_s:>8.1f} "
-                  f"{r.loopback_mb_s:>13.0f}", flush=True)
-    print("step->serving: " + ", ".join(f"{r.size}/{r.mode} {r.total_s:.2f}s (pause {r.pause_s:.2f}s)"
+    for k, (size, model_dir) in enumerate(models.items()):
+        cases = [(mode, 1) for mode in modes if mode != "lora"]
+        if k == len(models) - 1 and args.engines > 1 and "stream" in modes:
+            cases.append(("stream", args.engines))
+        groups = [(False, cases)] + ([(True, [("lora", 1)])] if "lora" in modes else [])
+        for lora, group in groups:
+            if not group:
+                continue
+            servers = Servers(model_dir, folder / f"{size}{'-lora' if lora else ''}", max(n for _, n in group), lora,
+                              [args.engine_url] if args.engine_url else [])
+            try:
+                for mode, n in group:
+                    r = bench_case(size, mode, servers, n, args.updates)
+                    results.append(r)
+                    print(f"{r.size:<6} {r.mode:<6} {r.engines:>3} {r.params / 1e6:>7.2f}M {r.payload_mb:>7.2f} "
+                          f"{r.gather_s:>8.3f} {r.publish_s:>7.3f} {r.total_s:>13.3f} {r.pause_s:>8.3f} "
+                          f"{r.extra_mb:>8.1f} {r.rate:>8.1f} {r.loopback_mb_s:>13.0f}", flush=True)
+            finally:
+                servers.close()
+    report(results)
+
+
+def report(results: list[SyncResult]) -> None:
+    """The ratios the stream path is judged by, each against a baseline measured in this run, ratios last."""
+    by = {(r.size, r.mode, r.engines): r for r in results}
+    print("step->serving: " + ", ".join(f"{r.size}/{r.mode}x{r.engines} {r.total_s:.2f}s (pause {r.pause_s:.2f}s)"
                                          for r in results))
+    for r in results:
+        if r.mode == "stream" and r.engines == 1:
+            file = by.get((r.size, "file", 1))
+            vs_file = f", file path {file.rate / file.loopback_mb_s:.2f} of loopback" if file else ""
+            print(f"{r.size}: stream {r.rate:.0f} MB/s = {r.rate / r.loopback_mb_s:.2f} of loopback{vs_file}; sender's "
+                  f"extra memory {r.extra_mb:.0f} MB = {r.extra_mb / (r.payload_mb * 1.048576):.2f} x the weights")
+    many = [r for r in results if r.mode == "stream" and r.engines > 1]
+    for r in many:
+        one = by[(r.size, "stream", 1)]
+        print(f"{r.size}: stream to {r.engines} engines takes {r.total_s:.2f}s, 1 engine {one.total_s:.2f}s: "
+              f"{r.total_s / one.total_s:.2f}x")
+    last = [r for r in results if r.mode == "stream" and r.engines == 1][-1:]
+    if last:
+        print(f"stream/loopback at {last[0].size}: {last[0].rate / last[0].loopback_mb_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,18 @@ class SyncClient:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailable(f"no answer from the broker to {msg.kind} within {timeout_s}s")
 
+    def receive(self, timeout_s: float, accept: Callable[[Message], bool] | None = None) -> Message | None:
+        """The next message `accept` takes (all, without it), or None after `timeout_s`; a Reject raises."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0 and self._sock.poll(max(1, int(left * 1000))):
+            reply = decode(self._sock.recv_multipart(copy=False))
+            if accept is not None and not accept(reply):
+                continue
+            if isinstance(reply, Reject):
+                raise RuntimeError(f"broker refused a request: {reply.reason}")
+            return reply
+        return None
+
     def close(self) -> None:
         self._sock.close()
 

@@ -117,6 +117,12 @@ class FilePublisher:
         """A streamed update (engines.weight_sync=stream, the default): the parameters of one pass, saved alike."""
         torch.save({name: t.detach().cpu().clone() for name, t in source.tensors()}, self.dir / f"v{version}.pt")
 
+    def stream_pending(self) -> bool:
+        return False  # no engine (re)joins a folder
+
+    def stream_again(self, version: int, source: StreamSource) -> None:
+        raise AssertionError("nothing was pending")
+
     def wait_for(self, version: int, n_engines: int, timeout_s: float) -> bool:
         (self.dir / "waited").write_text(f"{version} {n_engines}")
         return True
