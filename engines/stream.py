@@ -169,11 +169,6 @@ def _unpack(buffer: torch.Tensor, layout: StreamLayout, bucket: range) -> list[t
     return out
 
 
-def _buffers(layout: StreamLayout, device: torch.device) -> list[torch.Tensor]:
-    size = max((layout.bucket_size(b) for b in layout.buckets()), default=0)
-    return [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
-
-
 def send_buckets(group: dist.ProcessGroup | None, layout: StreamLayout, tensors: Iterable[torch.Tensor],
                  device: torch.device) -> int:
     """Pack `tensors` (full parameters, in layout order) into buckets and broadcast each from rank 0.
@@ -186,9 +181,14 @@ def send_buckets(group: dist.ProcessGroup | None, layout: StreamLayout, tensors:
         for _ in it:
             pass
         return 0
-    buffers, pending, sent = _buffers(layout, device), None, 0
+    buckets = layout.buckets()
+    largest = max((layout.bucket_size(b) for b in buckets), default=0)
+    buffers: list[torch.Tensor] = []  # two at most, the second made only for a second bucket
+    pending, sent = None, 0
     try:
-        for k, bucket in enumerate(layout.buckets()):
+        for k, bucket in enumerate(buckets):
+            if len(buffers) <= k % 2:
+                buffers.append(torch.empty(largest, dtype=torch.uint8, device=device))
             buffer = buffers[k % 2]
             _pack(buffer, layout, bucket, it)  # overlaps the previous bucket's broadcast
             if pending is not None:

@@ -107,16 +107,20 @@ def test_bench_actor_measures_both_paths(tiny_engine) -> None:
 
 
 @pytest.mark.e2e
-def test_bench_weights_one_full_update_reaches_the_engine(spare_engine) -> None:
-    # on the session's spare vLLM server (its weights may change), not one of its own: ~35 s of the suite
-    lines = run_script("scripts/bench_weights.py", "--modes", "full", "--updates", "1", "--model", spare_engine.model,
-                       "--engine-url", spare_engine.url, timeout=600)
-    line = next(line for line in lines if line.startswith("given  full"))
-    row = numbers(line)  # params M, MB, gather s, send s, step->serve s, pause s, MB/s, loopback MB/s
-    _params_m, mb, gather, send, total, pause, rate, loopback = row[:8]
-    assert 0 <= gather <= total and 0 <= send <= total  # gather and send are parts of step -> serving
-    assert mb > 0 and rate == pytest.approx(mb / total, rel=0.05) and loopback > 0 and pause >= 0
-    assert lines[-1].startswith("step->serving: given/full ")
+def test_bench_weights_one_update_each_way_reaches_the_engine(spare_engine) -> None:
+    # on the session's spare vLLM server (its weights may change), not one of its own: ~40 s of the suite
+    lines = run_script("scripts/bench_weights.py", "--modes", "file,stream", "--updates", "1", "--engines", "1",
+                       "--model", spare_engine.model, "--engine-url", spare_engine.url, timeout=600)
+    rows = {}
+    for mode in ("file", "stream"):
+        line = next(line for line in lines if line.startswith(f"given  {mode:<6}"))
+        # engines, params M, MB, gather s, send s, step->serve s, pause s, extra MB, MB/s, loopback MB/s
+        rows[mode] = numbers(line.split(None, 2)[2])
+    for mode, (engines, _params_m, mb, gather, send, total, pause, extra, rate, loopback) in rows.items():
+        assert engines == 1 and 0 <= gather <= total and 0 <= send <= total, mode
+        assert mb > 0 and rate == pytest.approx(mb / total, rel=0.05) and loopback > 0 and pause >= 0, mode
+    assert all(row[7] >= 0 for row in rows.values())  # extra memory (its figures: the large model, docs)
+    assert lines[-1].startswith("stream/loopback at given: ")
 
 
 @pytest.mark.e2e
