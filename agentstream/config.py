@@ -179,7 +179,7 @@ class EnginesConfig:
     a torch.distributed group to every engine worker (gloo on CPU, NCCL on GPUs), gathered parameter by parameter,
     never written to disk. `file`: one safetensors file per update through each weight sidecar, which writes it and
     has vLLM reload it (for servers that cannot join a process group). A LoRA adapter always goes as a file."""
-    weight_bucket_mb: int = 256
+    weight_bucket_mb: int = 64
     """`stream`: bytes per broadcast bucket (MiB); the learner's sending rank holds at most two of them."""
     weight_sync_timeout_s: float = 120.0
     """`stream`: forming the group and each broadcast give up after this long (an engine that never joins or stops

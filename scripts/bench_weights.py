@@ -12,7 +12,7 @@ gather (`full_state_dict`), serialise and send (`WeightPublisher.publish`); stre
 buckets broadcast over a gloo group (`WeightPublisher.publish_stream`); then the wait for every sidecar's
 acknowledgement. While that happens, 4 request loops keep engine 0 generating; the longest gap between two answers
 during an update, less the median gap, is the pause generation saw. Extra MB: this process's peak resident memory
-during the update above its memory before it (Linux VmHWM, reset per update). MB/s = weights / (step-to-serving
+during the update above its memory before it (Linux VmHWM, reset per update; the largest of the updates). MB/s = weights / (step-to-serving
 time), next to the loopback bandwidth of one ZeroMQ PUSH/PULL of the same bytes. With --engines N the stream path
 also runs to N servers at the last size (one broadcast group). Sizes: tiny = hidden 128 x 2 layers (0.1M
 parameters); small = hidden 512 x 4 layers (~9M); large = hidden 1024 x 12 layers (107M). The last line: the stream
@@ -65,6 +65,7 @@ class SyncResult:
     pause_s: float
     extra_mb: float
     loopback_mb_s: float
+    bucket_mb: int = 0  # the stream path's bucket size (MiB)
 
     @property
     def rate(self) -> float:
@@ -76,6 +77,15 @@ def _status_mb(field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def exact_rss() -> None:
+    """Every allocation of 64 KiB or more gets pages of its own and gives them back when freed (glibc mallopt
+    M_MMAP_THRESHOLD, which also stops glibc raising the threshold after large frees): otherwise memory freed by one
+    update stays resident and hides the next update's peak."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
 
 
 def reset_peak_memory() -> float:
@@ -218,7 +228,7 @@ class Servers:
             stop(p, 15)
 
 
-def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: int) -> SyncResult:
+def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: int, bucket_mb: int) -> SyncResult:
     """`updates` optimizer steps of a one-rank FSDP2 policy, each published the `mode` way to `engines` servers."""
     from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME
     from engines.stream import StreamLayout, StreamSource
@@ -240,7 +250,7 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-3)
     params = sum(p.numel() for p in model.parameters())
     publisher = WeightPublisher("tcp://127.0.0.1:*")
-    layout = StreamLayout.of(parameter_shapes(model), cfg.engines.weight_bucket_mb << 20, dtype=cfg.model.dtype)
+    layout = StreamLayout.of(parameter_shapes(model), bucket_mb << 20, dtype=cfg.model.dtype)
     source = StreamSource(layout, lambda: full_parameters(model), torch.device("cpu"), solo=True)
     try:
         servers.sidecars(publisher, engines, stream=mode == "stream")
@@ -249,7 +259,7 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
             time.sleep(2.0)
             for version in range(1, updates + 1):
                 optimizer_step(model, optimizer)
-                before = reset_peak_memory()
+                state, before = None, reset_peak_memory()
                 t0 = time.time()
                 if mode == "lora":
                     state = adapter_state_dict(model)
@@ -269,15 +279,16 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
                 publisher.wait_for(version, engines, 600)
                 t3 = time.time()
                 extra = peak_memory() - before
-                del state
+                state = None  # the gathered copy goes before the next update's baseline
                 if mode == "lora" and traffic.model != LORA_ADAPTER_NAME:
                     traffic.model = LORA_ADAPTER_NAME  # from now on the adapter serves
                 time.sleep(1.0)  # answers after the update close the gap
                 rows.append((t1 - t0, t2 - t1, t3 - t0, traffic.pause_s(t0, t3), extra, payload))
         med = lambda i: statistics.median(r[i] for r in rows)
         payload = rows[-1][5]
-        return SyncResult(size, mode, engines, params, payload / 1e6, med(0), med(1), med(2), med(3), med(4),
-                          loopback_mb_s(payload))
+        return SyncResult(size, mode, engines, params, payload / 1e6, med(0), med(1), med(2), med(3),
+                          max(r[4] for r in rows),
+                          loopback_mb_s(payload), bucket_mb if mode == "stream" else 0)
     finally:
         publisher.close()
 
@@ -289,6 +300,8 @@ def main() -> None:
     parser.add_argument("--modes", default="file,stream", help="comma-separated: file, stream, lora")
     parser.add_argument("--engines", type=int, default=2,
                         help="also stream to this many engines at the last size (a broadcast: compare with 1)")
+    parser.add_argument("--bucket-mb", type=int, default=Config().engines.weight_bucket_mb,
+                        help="the stream path's bucket size (engines.weight_bucket_mb)")
     parser.add_argument("--model", default="", help="a model directory instead of --sizes' tiny models")
     parser.add_argument("--engine-url", default="", help="a vLLM server of --model already up (not with lora)")
     args = parser.parse_args()
@@ -299,6 +312,7 @@ def main() -> None:
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(1)
+    exact_rss()
     init_one_rank()
     from launcher.tiny_model import make_tiny_model
 
@@ -321,7 +335,7 @@ def main() -> None:
                               [args.engine_url] if args.engine_url else [])
             try:
                 for mode, n in group:
-                    r = bench_case(size, mode, servers, n, args.updates)
+                    r = bench_case(size, mode, servers, n, args.updates, args.bucket_mb)
                     results.append(r)
                     print(f"{r.size:<6} {r.mode:<6} {r.engines:>3} {r.params / 1e6:>7.2f}M {r.payload_mb:>7.2f} "
                           f"{r.gather_s:>8.3f} {r.publish_s:>7.3f} {r.total_s:>13.3f} {r.pause_s:>8.3f} "
@@ -341,7 +355,8 @@ def report(results: list[SyncResult]) -> None:
             file = by.get((r.size, "file", 1))
             vs_file = f", file path {file.rate / file.loopback_mb_s:.2f} of loopback" if file else ""
             print(f"{r.size}: stream {r.rate:.0f} MB/s = {r.rate / r.loopback_mb_s:.2f} of loopback{vs_file}; sender's "
-                  f"extra memory {r.extra_mb:.0f} MB = {r.extra_mb / (r.payload_mb * 1.048576):.2f} x the weights")
+                  f"extra memory {r.extra_mb:.0f} MiB = {r.extra_mb / r.payload_mb * 1.048576:.2f} x the weights"
+                  f"{f' = {r.extra_mb / r.bucket_mb:.2f} buckets' if r.bucket_mb else ''}")
     many = [r for r in results if r.mode == "stream" and r.engines > 1]
     for r in many:
         one = by[(r.size, "stream", 1)]
