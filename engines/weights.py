@@ -162,6 +162,10 @@ class WeightPublisher:
             raise ValueError(f"version {version} is not newer than the last published {self._latest[0]}")
         self._poll(0)
         self._latest, self._source = (version, b"", "stream"), source
+        files_only = sorted(e for e in self._acked if self._workers.get(e, 0) == 0)
+        if files_only:
+            log.warning("engines %s take weights as files only (their sidecars run without --stream-workers): they get "
+                        "no streamed version; start them with the run's engines.weight_sync", files_only)
         self._stream(version, source)
 
     def stream_pending(self) -> bool:

@@ -60,7 +60,7 @@ from launcher.wiring import Wiring, judge_urls
 log = logging.getLogger("join")
 
 _LOCAL_ENGINE_FIELDS = ("count", "host", "base_port", "kv_cache_gib", "cpu_executor", "cpu_threads", "cpu_threads_bind",
-                        "gpu_memory_utilization", "extra_args")
+                        "gpu_memory_utilization", "gpus_per_engine", "colocate", "extra_args")
 """Engine fields that describe this host's servers, not the run: taken from the local command line."""
 
 

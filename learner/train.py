@@ -191,7 +191,7 @@ def request_batch_in_step(r: Rank, step: int, before: tuple) -> Batch:
     sent, batch = time.monotonic(), None
     while True:
         if batch is None:
-            reply = client.receive(1.0, accept)
+            reply = client.receive(1.0, accept, request.kind)
             if reply is not None and not isinstance(reply, Batch):
                 raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")
             batch = reply

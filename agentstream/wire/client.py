@@ -88,34 +88,33 @@ class SyncClient:
             resend = True
             resend_at = min(deadline, time.monotonic() + (resend_every_s or float("inf")))
             while (now := time.monotonic()) < resend_at or resend_at == float("inf"):
-                wait_ms = None if resend_at == float("inf") else max(1, int((resend_at - now) * 1000))
+                wait = None if resend_at == float("inf") else resend_at - now
                 if on_wait is not None:
-                    wait_ms = 1000 if wait_ms is None else min(wait_ms, 1000)
-                if not self._sock.poll(wait_ms):
-                    if on_wait is not None and time.monotonic() < resend_at:
-                        on_wait()  # e.g. the learner's weight publisher serving a restarted engine
-                        continue
+                    wait = 1.0 if wait is None else min(wait, 1.0)
+                reply = self.receive(wait, accept, msg.kind)
+                if reply is not None:
+                    return reply
+                if on_wait is None or time.monotonic() >= resend_at:
                     break
-                reply = decode(self._sock.recv_multipart(copy=False))
-                if accept is not None and not accept(reply):
-                    continue
-                if isinstance(reply, Reject):
-                    raise RuntimeError(f"broker refused {msg.kind}: {reply.reason}")
-                return reply
+                on_wait()  # e.g. the learner's weight publisher serving a restarted engine
             if time.monotonic() >= deadline:
                 raise BrokerUnavailable(f"no answer from the broker to {msg.kind} within {timeout_s}s")
 
-    def receive(self, timeout_s: float, accept: Callable[[Message], bool] | None = None) -> Message | None:
-        """The next message `accept` takes (all, without it), or None after `timeout_s`; a Reject raises."""
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0 and self._sock.poll(max(1, int(left * 1000))):
+    def receive(self, timeout_s: float | None, accept: Callable[[Message], bool] | None = None,
+                what: str = "a request") -> Message | None:
+        """The next message `accept` takes (all, without it), or None after `timeout_s` (None: wait for one); a
+        Reject raises, naming `what` was refused."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left_ms = None if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if left_ms is not None and left_ms <= 0 or not self._sock.poll(None if left_ms is None else max(1, left_ms)):
+                return None
             reply = decode(self._sock.recv_multipart(copy=False))
             if accept is not None and not accept(reply):
                 continue
             if isinstance(reply, Reject):
-                raise RuntimeError(f"broker refused a request: {reply.reason}")
+                raise RuntimeError(f"broker refused {what}: {reply.reason}")
             return reply
-        return None
 
     def close(self) -> None:
         self._sock.close()
