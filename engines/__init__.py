@@ -5,11 +5,14 @@ client code.
     worker_ext.py  the vLLM worker extension that reloads weights in a running server (tied heads fixed)
     sidecar.py       python -m engines.sidecar --name engine-0 --url http://127.0.0.1:8000 \\
                        --learner tcp://127.0.0.1:5600 --broker tcp://127.0.0.1:5555
-    weights.py     WeightPublisher: learner rank 0 pushes full weights or a LoRA adapter to every sidecar
+    weights.py     WeightPublisher: learner rank 0 streams full weights (or sends a file, or a LoRA adapter) to every sidecar
+    stream.py      both ends of the streamed buckets: StreamLayout, open_group, send_buckets, receive_buckets
     client.py      EngineClient.generate: token ids in; token ids, log-probs, version interval out
 
-Weight flow: learner rank 0 `WeightPublisher.publish` -> ZeroMQ -> sidecar writes safetensors -> server
-pause(keep) -> reload -> label version -> reset prefix cache -> resume -> sidecar reports `EngineStatus`.
+Weight flow: learner rank 0 `WeightPublisher.publish_stream` -> buckets over a gloo/NCCL group (stream.py) to the
+server's workers, driven by the sidecar through vLLM's weight-transfer routes: pause(keep) -> load -> label version
+-> reset prefix cache -> resume -> sidecar reports `EngineStatus` (engines.weight_sync=file: `publish` -> ZeroMQ ->
+the sidecar writes safetensors -> reload).
 
     .venv/bin/python -m pytest tests/engines     # starts one real vLLM server (~1 min on 2 CPU cores)
 """

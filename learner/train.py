@@ -4,8 +4,10 @@
         --broker tcp://127.0.0.1:5555 --weights-bind tcp://127.0.0.1:5556 --out RUN
 
 Each rank asks the broker for its share of global batch k (`BatchRequest`), trains one optimizer step on
-it (`learner.step`), and after the step all ranks gather the full weights; rank 0 publishes them as
-version k+1 and sends the broker a `VersionUpdate` with the step's metrics; every rank sends `Stats`.
+it (`learner.step`), and after the step all ranks gather the full weights, one parameter at a time; rank 0
+streams them in buckets to the engines' workers as version k+1 (engines.weight_sync=stream; `file`: one
+safetensors file through each sidecar) and sends the broker a `VersionUpdate` with the step's metrics; every
+rank sends `Stats`.
 Without `--weights-bind` nothing is published (and no engine is waited for). At the end rank 0 waits
 until `--engines` engines (default: engines.count) acknowledged the final version; `--engines 0` skips
 that. Any error: a message naming the rank, exit status 1 (torchrun then stops the other ranks).
