@@ -377,6 +377,9 @@ class WeightSidecar:
             log.warning("%s message without a readable JSON payload ignored (%r)", msg.format, exc)
             return
         if msg.format == "stream_join":
+            if any(m.format == "stream_join" for m in self._stream):
+                log.info("weight group %d skipped: the learner asked for a newer one since", group)
+                return
             try:
                 await self._server.join(info)
                 self.group = group

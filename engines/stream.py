@@ -119,11 +119,25 @@ def open_group(host: str, port: int, rank: int, world: int, backend: str, timeou
                store: dist.Store | None = None) -> dist.ProcessGroup:
     """Join (rank > 0) or host (rank 0, passing the `store` it made with `host_store`) the sync group.
 
-    Blocks until all `world` ranks have joined; raises (torch's DistStoreError / RuntimeError) after
-    `timeout_s`."""
+    A worker says it is here (key joined/RANK) and waits for the sender's decision: "go" once every worker is
+    here, "abort" when one did not come within `timeout_s` (the sender forms another group). So a worker of an
+    abandoned group fails at once instead of waiting out gloo's own rendezvous. Raises RuntimeError (torch's
+    store errors are RuntimeErrors) on "abort" or a timeout."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+        store.set(f"joined/{rank}", "1")
+        store.wait(["decision"], timeout)
+        if store.get("decision") != b"go":
+            raise RuntimeError("the learner gave up on this weight group (a member did not join in time); "
+                               "it forms a new one at its next update")
+    else:
+        try:
+            store.wait([f"joined/{r}" for r in range(1, world)], timeout)
+        except RuntimeError:
+            store.set("decision", "abort")
+            raise
+        store.set("decision", "go")
     prefixed = dist.PrefixStore("agentstream-weights", store)
     if backend == "gloo":
         opts = dist.ProcessGroupGloo._Options()
@@ -142,7 +156,8 @@ def open_group(host: str, port: int, rank: int, world: int, backend: str, timeou
 
 
 def host_store(host: str, world: int, timeout_s: float) -> dist.TCPStore:
-    """The sender's TCPStore on a free port of `host` (`store.port` says which); workers connect to it."""
+    """The sender's TCPStore on a free port of `host` (`store.port` says which); workers connect to it. Keep it
+    alive a while after giving up on its group: its workers read the "abort" there."""
     return dist.TCPStore(host, 0, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False)
 

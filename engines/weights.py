@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 # A send that would exceed it is dropped; that sidecar gets the newest weights when it next reports.
 _SEND_HWM = 4
 _RETRY_AFTER_S = 30.0  # a failed stream is tried again between updates after this long
+_SILENT_S = 5.0  # an engine silent this long (or 3 of its status intervals) is not asked into a weight group
 _MAX_INBOUND_BYTES = 1 << 16  # what a sidecar sends (EngineStatus) is a few hundred bytes
 
 
@@ -129,6 +130,9 @@ class WeightPublisher:
         self._group: _Group | None = None  # the weight group formed last, while it works
         self._generation = 0  # number of the newest group
         self._failed_at = -float("inf")  # when a stream last failed
+        self._stores: list[Any] = []  # the newest groups' TCPStores, kept so that their late workers read "abort"
+        self._seen: dict[str, float] = {}  # engine -> when its last EngineStatus came
+        self._gap: dict[str, float] = {}  # engine -> the time between its last two
         self.stream_host = advertised_host(bind_address.split("://")[-1].rsplit(":", 1)[0].strip("[]"))
         self._closed = False
 
@@ -222,7 +226,8 @@ class WeightPublisher:
                     f"versions seen: {dict(sorted(self._acked.items()))}. Check that every weight sidecar is "
                     f"running and connects to {self.address} (its log says why an update failed)."
                 )
-            self._poll(left)
+            self._poll(min(left, 1.0))
+            self.service()  # a streamed version reaches an engine that (re)joined meanwhile (a solo source)
 
     def close(self) -> None:
         if not self._closed:
@@ -260,6 +265,9 @@ class WeightPublisher:
         self._acked[engine] = msg.version if msg.epoch == self.epoch or msg.epoch == 0 and msg.version <= 0 else -1
         link, self._links[engine] = self._links.get(engine, 0), msg.link
         self._workers[engine] = msg.workers
+        now = time.monotonic()
+        self._gap[engine] = now - self._seen.get(engine, now)
+        self._seen[engine] = now
         lost = False
         if previous is None or msg.version < previous:
             # New sidecar, or a restarted one (its version went back): whatever we sent it is gone.
@@ -309,8 +317,11 @@ class WeightPublisher:
     # --------------------------------------------------------------------------------- streamed weights
     def _stream_targets(self, version: int) -> dict[str, int]:
         """The engines that take streamed weights and neither run `version` nor were sent it -> their workers."""
+        # An engine silent for a few heartbeats (its node died) is left out: a group waits for every member.
+        now = time.monotonic()
         return {e: self._workers[e] for e, v in sorted(self._acked.items())
-                if self._workers.get(e, 0) > 0 and v < version and self._sent.get(e, -1) < version}
+                if self._workers.get(e, 0) > 0 and v < version and self._sent.get(e, -1) < version
+                and now - self._seen.get(e, 0.0) < max(_SILENT_S, 3 * self._gap.get(e, 0.0))}
 
     def _stream(self, version: int, source: StreamSource) -> None:
         targets = self._stream_targets(version)
@@ -346,6 +357,7 @@ class WeightPublisher:
         self._generation += 1
         world = 1 + sum(members.values())
         store = host_store(self.stream_host, world, source.timeout_s)
+        self._stores = [*self._stores[-3:], store]
         offset = 1
         for engine, workers in members.items():
             info = {"host": self.stream_host, "port": store.port, "rank_offset": offset, "world_size": world,

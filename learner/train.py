@@ -337,8 +337,7 @@ def train(spec: TrainSpec, rank: int, world: int, device: torch.device, publishe
                 if r.state.last_update is not None:  # rank 0: the broker may forget the batches before it
                     r.state.last_update = dataclasses.replace(r.state.last_update, checkpointed=version)
                     client.send(r.state.last_update)
-        if publisher is not None and spec.engines > 0:
-            wait_for_engines(publisher, spec.total_steps, spec.engines, spec.final_timeout_s)
+        wait_for_engines(r, spec.total_steps, wait=publisher is not None and spec.engines > 0)
         dist.barrier()  # ranks leave together: none tears down the group under another's feet
         client.send(r.state.stats(final=True))
     finally:
@@ -368,15 +367,15 @@ def resume(r: Rank, root: Path, extras: Extras) -> int:
     if all_reduce_dict({"publish": float(publish)}, dist.ReduceOp.SUM, r.device)["publish"]:
         publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
     if (version > 0 or r.spec.restarted) and r.rank == 0:
-        # The broker serves batch `version` again (it kept what this checkpoint had not consumed), and every
-        # engine runs the checkpoint's weights before the first resumed step trains.
+        # The broker serves batch `version` again (it kept what this checkpoint had not consumed).
         r.state.last_update = VersionUpdate(version=version, resumed=True, checkpointed=version)
         r.client.send(r.state.last_update)
         if r.spec.out is not None:  # versions after this line replace any later ones written before it
             with open(r.spec.out / "learner_metrics.jsonl", "a") as f:
                 f.write(json.dumps({"resumed_from": version}) + "\n")
-        if r.publisher is not None and r.spec.engines > 0:
-            wait_for_engines(r.publisher, version, r.spec.engines, r.spec.final_timeout_s)
+    # Every engine runs the checkpoint's weights before the first resumed step trains.
+    resumed = (version > 0 or r.spec.restarted) and r.rank == 0
+    wait_for_engines(r, version, wait=resumed and r.publisher is not None and r.spec.engines > 0)
     return version
 
 
@@ -430,13 +429,42 @@ def maybe_refresh_reference(r: Rank, version: int) -> dict[str, float]:
             "reference_refreshes": r.state.counters.get("reference_refreshes", 0.0)}
 
 
-def wait_for_engines(publisher: Publisher, version: int, n_engines: int, timeout_s: float) -> None:
-    log.info("waiting up to %.0fs for %d engine(s) to acknowledge version %d", timeout_s, n_engines, version)
-    if publisher.wait_for(version, n_engines, timeout_s) is False:
-        raise TimeoutError(
-            f"{n_engines} engine(s) did not all acknowledge weights version {version} within {timeout_s}s; "
-            f"check the engines' weight-sidecar logs (or pass --engines 0 to skip waiting)"
-        )
+def wait_for_engines(r: Rank, version: int, wait: bool) -> None:
+    """Until `r.spec.engines` engines acknowledge `version`, when rank 0 says `wait`. Every rank calls it: with
+    streamed weights and several ranks, an engine that (re)joins meanwhile gets the weights from all of them (a pass
+    over the parameters is a collective), so the ranks meet every half second; otherwise rank 0 waits alone."""
+    spec, publisher = r.spec, r.publisher
+    if wait and publisher is not None:
+        log.info("waiting up to %.0fs for %d engine(s) to acknowledge version %d", spec.final_timeout_s, spec.engines,
+                 version)
+    if not (r.world > 1 and spec.weight_sync.mode == "stream" and not is_lora(r.model)):
+        if wait and publisher is not None:
+            if publisher.wait_for(version, spec.engines, spec.final_timeout_s) is False:
+                raise TimeoutError(_unacknowledged(spec.engines, version, spec.final_timeout_s))
+        return
+    if not all_reduce_dict({"wait": float(wait)}, dist.ReduceOp.SUM, r.device)["wait"]:
+        return
+    deadline = time.monotonic() + spec.final_timeout_s
+    while True:
+        done = needs = late = False
+        if wait and publisher is not None:  # rank 0, half a second at most
+            try:
+                done = publisher.wait_for(version, spec.engines, 0.5) is not False
+            except TimeoutError:
+                needs, late = publisher.stream_pending(), time.monotonic() > deadline
+        flags = all_reduce_dict({"done": float(done), "serve": float(needs), "late": float(late)},
+                                dist.ReduceOp.SUM, r.device)
+        if flags["serve"]:
+            publish_weights(r.model, publisher, version, spec.weight_sync, r.world, r.device, again=True)
+        if flags["done"]:
+            return
+        if flags["late"]:
+            raise TimeoutError(_unacknowledged(spec.engines, version, spec.final_timeout_s))
+
+
+def _unacknowledged(n_engines: int, version: int, timeout_s: float) -> str:
+    return (f"{n_engines} engine(s) did not all acknowledge weights version {version} within {timeout_s}s; "
+            f"check the engines' weight-sidecar logs (or pass --engines 0 to skip waiting)")
 
 
 def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = default_publisher) -> int:

@@ -91,3 +91,27 @@ def test_a_worker_that_dies_mid_update_fails_the_send_instead_of_hanging_it():
     with pytest.raises(RuntimeError):
         _stream(params, layout, receivers=1, die_after=2)
     assert time.monotonic() - t0 < 25  # the peer's socket closed: no waiting for the 30 s timeout
+
+
+def _join_and_report(port: int, out: mp.Queue) -> None:
+    t0 = time.monotonic()
+    try:
+        open_group("127.0.0.1", port, 1, 3, "gloo", 60)
+        out.put(("formed", time.monotonic() - t0))
+    except RuntimeError as exc:
+        out.put((str(exc), time.monotonic() - t0))
+
+
+def test_a_group_a_member_never_joins_is_given_up_and_its_workers_fail_at_once():
+    # world 3, but only worker 1 comes: the sender gives up after its 2 s and says so; the worker, whose own timeout
+    # is 60 s, reads the "abort" at once instead of waiting for gloo's rendezvous.
+    ctx = mp.get_context("spawn")
+    store = host_store("127.0.0.1", 3, 2)
+    out = ctx.Queue()
+    p = ctx.Process(target=_join_and_report, args=(store.port, out))
+    p.start()
+    with pytest.raises(RuntimeError):
+        open_group("127.0.0.1", store.port, 0, 3, "gloo", 2, store=store)
+    what, seconds = out.get(timeout=30)
+    p.join(10)
+    assert "gave up on this weight group" in what and seconds < 30
