@@ -96,7 +96,7 @@ class WeightReloadExtension:
 # ------------------------------------------------------------------------------------ streamed weights
 @dataclass
 class StreamInit(WeightTransferInitInfo):
-    """/init_weight_transfer_engine's init_info: the learner's group (`engines.weights.StreamGroup.join_info`)."""
+    """/init_weight_transfer_engine's init_info: the learner's group (sent by `engines.weights.WeightPublisher._join`)."""
 
     host: str
     port: int

@@ -178,6 +178,11 @@ def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_
     return reply
 
 
+def streams_together(r: Rank) -> bool:
+    """Whether a pass over the weights for the engines is a collective of several ranks (streamed full weights)."""
+    return r.world > 1 and r.spec.weight_sync.mode == "stream" and not is_lora(r.model)
+
+
 def request_batch_in_step(r: Rank, step: int, before: tuple) -> Batch:
     """`request_batch` for several ranks that stream weights: while they wait, every rank meets the others once a
     second (an all-reduce), and when rank 0's publisher has an engine that (re)joined and needs the current
@@ -385,7 +390,7 @@ def run_one_step(r: Rank, k: int) -> None:
     state = r.state
     before = (state.last_update,) if state.last_update is not None else ()
     # While rank 0 waits, its publisher serves engines that (re)start: they get the newest weights at once.
-    if r.world > 1 and r.spec.weight_sync.mode == "stream" and not is_lora(r.model):
+    if streams_together(r):
         batch = request_batch_in_step(r, k, before)  # with the other ranks: streaming is a collective
     else:
         batch = request_batch(r.client, k, r.rank, r.world, r.spec.batch_timeout_s, before,
@@ -437,7 +442,7 @@ def wait_for_engines(r: Rank, version: int, wait: bool) -> None:
     if wait and publisher is not None:
         log.info("waiting up to %.0fs for %d engine(s) to acknowledge version %d", spec.final_timeout_s, spec.engines,
                  version)
-    if not (r.world > 1 and spec.weight_sync.mode == "stream" and not is_lora(r.model)):
+    if not streams_together(r):
         if wait and publisher is not None:
             if publisher.wait_for(version, spec.engines, spec.final_timeout_s) is False:
                 raise TimeoutError(_unacknowledged(spec.engines, version, spec.final_timeout_s))
