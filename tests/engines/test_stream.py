@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import time
 
@@ -44,7 +45,10 @@ def _receive(port: int, rank: int, world: int, layout: StreamLayout, out: mp.Que
 
             os._exit(3)  # a worker that dies mid-update
         got.update({name: t.clone() for name, t in pairs})
-    out.put((rank, got))
+    # As bytes: a queued tensor would travel as a shared-memory handle that dies with this process.
+    buf = io.BytesIO()
+    torch.save(got, buf)
+    out.put((rank, buf.getvalue()))
 
 
 def _stream(params: dict[str, torch.Tensor], layout: StreamLayout, receivers: int, die_after: int = -1):
@@ -59,7 +63,8 @@ def _stream(params: dict[str, torch.Tensor], layout: StreamLayout, receivers: in
     try:
         group = open_group("127.0.0.1", store.port, 0, world, "gloo", 30, store=store)
         sent = send_buckets(group, layout, iter(params.values()), torch.device("cpu"))
-        return sent, dict(out.get(timeout=60) for _ in procs)
+        got = dict(out.get(timeout=60) for _ in procs)
+        return sent, {rank: torch.load(io.BytesIO(data)) for rank, data in got.items()}
     finally:
         for p in procs:
             p.join(timeout=30)
