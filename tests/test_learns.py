@@ -42,6 +42,23 @@ def rise_z(start: float, end: float, n: int) -> float:
     return (end - start) / se if se > 0 else 0.0
 
 
+def run_story(run_dir: Path) -> str:
+    """What a failed rise needs to be read: validation invalid rates, and every 5th learner step's reward,
+    invalid fraction and off-policy ratio (a policy whose format collapsed, or engines serving other weights
+    than the learner's, show there), and the warnings and errors in the run's logs."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    story = [f"val invalid {[(r['version'], round(r['val_invalid_rate'], 3)) for r in summary['validation']]}"]
+    lines = (run_dir / "learner_metrics.jsonl").read_text().splitlines()
+    for row in map(json.loads, lines[::5] + lines[-1:]):
+        story.append(f"v{row['version']} reward {row['reward_mean']:.3f} invalid {row['invalid_frac']:.3f} "
+                     f"is_ratio {row['is_ratio_mean']:.3f}..{row['is_ratio_max']:.2f}")
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        marks = (" ERROR ",) if log.name.startswith("engine") else (" ERROR ", " WARNING ")  # vLLM's own: noise
+        bad = [ln for ln in log.read_text(errors="replace").splitlines() if any(m in ln for m in marks)]
+        story += [f"{log.name}: {ln}" for ln in bad[:5]]
+    return "\n  ".join(story)
+
+
 LAUNCH_TIMEOUT_S = 1200
 """The run takes ~5 min on a quiet 2-core machine; on a shared, busy one it took ~10 min."""
 
@@ -94,6 +111,7 @@ def test_validation_success_rises_well_above_the_start(warm_model: Path, tmp_pat
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = summary["validation"]
     print(f"learns: wall {wall:.0f}s; validation {[(r['version'], r['val_success_rate']) for r in rows]}")
+    print(f"learns: the run, for a reader of a failure: {run_story(run_dir)}")
     assert summary["status"] == "finished", summary["reason"]
     assert summary["learner_version"] == STEPS
     assert rows and rows[0]["version"] == 0 and rows[-1]["version"] == STEPS, rows
