@@ -9,6 +9,10 @@ repeats, the reward is 0, `info["valid"] is False` and `info["parse_error"]` say
 configured penalty. `info` always carries `anchor` (the state as text, for GiGPO's step groups),
 `valid`, `success`, and `admissible_actions` where the game knows them. Each admissible action is the
 text that goes between the tags: `f"<action>{a}</action>"` parses for every `a` in the list.
+Envs that draw their state (Sokoban, EZPoints, Points24) take `observation="text"|"image"` (`check_observation`);
+with "image", `info["image"]` carries the picture of the observation it comes with, after reset and every
+step (invalid ones too): RGB, numpy uint8 [H, W, 3], one fixed size per env instance, byte-identical for
+the same state. The observation itself stays text, for vision-language models to read beside the picture.
 `TextGame` writes that turn once (reset check, step count, truncation, parse, invalid answer); each env
 supplies the parser and what a valid action does.
 
@@ -39,6 +43,9 @@ TRAIN_SEEDS = range(0, 10**9)
 VALIDATION_SEEDS = range(10**9, 2 * 10**9)
 """Env seeds for validation/evaluation only; disjoint from `TRAIN_SEEDS`, and below 2**32 (numpy's limit)."""
 
+OBSERVATIONS = ("text", "image")
+"""What an env that draws its state can be asked for: text only, or text plus `info["image"]`."""
+
 TEXT_CHARSET = string.printable + "√♠♥♦♣·…–—‘’“”"
 """Characters an observation may contain: `gymnasium.spaces.Text` rejects anything outside its charset."""
 
@@ -50,6 +57,13 @@ def seed_split(seed: int) -> str:
     if seed in VALIDATION_SEEDS:
         return "validation"
     raise ValueError(f"seed {seed} is outside TRAIN_SEEDS {TRAIN_SEEDS} and VALIDATION_SEEDS {VALIDATION_SEEDS}")
+
+
+def check_observation(observation: str) -> str:
+    """`observation` when it is one of `OBSERVATIONS`; a ValueError naming them otherwise."""
+    if observation not in OBSERVATIONS:
+        raise ValueError(f"observation={observation!r}: use 'text' or 'image' (image adds info['image'])")
+    return observation
 
 
 def text_space(max_length: int = 8192, extra_chars: str = "") -> gym.spaces.Text:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, check_observation, parse_tagged, text_space
 
 # gym-sokoban's cell codes, and verl-agent's symbol for each
 WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
@@ -232,12 +232,11 @@ class SokobanText(TextGame):
             raise ValueError(f"dim_room={dim_room}: both sides must be at least 4 (the border is wall)")
         if num_boxes < 1:
             raise ValueError(f"num_boxes={num_boxes}: must be at least 1")
-        if observation not in ("text", "image"):
-            raise ValueError(f"observation={observation!r}: use 'text' or 'image' (image adds info['image'])")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode={render_mode!r}: use None or 'rgb_array'")
         self.dim_room, self.num_boxes, self.max_steps = dim, num_boxes, max_steps
-        self.search_depth, self.observation, self.tile_size = search_depth, observation, tile_size
+        self.search_depth, self.tile_size = search_depth, tile_size
+        self.observation = check_observation(observation)
         self.render_mode = render_mode
         self.observation_space = text_space()
         self.action_space = text_space()

@@ -6,16 +6,28 @@
     mem.record(observation, action_text, reward=env_reward, info=info)   # after the step
     mem.dropped_steps, mem.truncated_steps    # what the budget cost so far
 
+With pictures (vision-language models; envs built with `observation="image"` put them in `info["image"]`):
+
+    mem = memory.make("last_k", k=2, tokenizer=tokenizer, max_prompt_tokens=4096, images="last_k",
+                      image_tokens=64)        # what one image costs in the model, from its processor
+    messages = mem.messages(observation, image=info["image"])   # contents: [{"type": "image"}, {"type": "text", ...}]
+    mem.prompt_images                         # the prompt's pictures, in the order of its image parts
+    mem.dropped_images                        # history pictures the budget left out so far
+
 Kinds: `last_k` (the last k steps), `full` (every step: the baseline that outgrows the context),
 `summary` (a rule-based summary of older steps + the last k), `key_events` (key steps + the last k).
 Every kind takes the same options and respects `max_prompt_tokens`, counted with the tokenizer's chat
 template exactly as the actor tokenizes: history is dropped oldest first, never the instructions or the
 current observation; when those alone overflow, the observation is cut from the front (`memory.prompt`).
+`images`: "none" (text only, contents are strings), "current" (the current observation's picture), "last_k"
+(also the picture of each history step shown; under the budget those go first, oldest first).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
 
 from memory.full import Full
 from memory.key_events import KeyEvents
@@ -38,12 +50,20 @@ class Memory(Protocol):
     def truncated_steps(self) -> int:
         """Prompts whose current observation was cut from the front for the token budget."""
 
+    @property
+    def dropped_images(self) -> int:
+        """History pictures left out of prompts for the token budget, summed over prompts."""
+
+    @property
+    def prompt_images(self) -> list[np.ndarray]:
+        """The pictures of the last prompt `messages` built, in the order of its image parts."""
+
     def reset(self, instructions: str) -> None: ...
 
     def record(self, observation: str, action: str, reward: float = 0.0,
                info: Mapping[str, Any] | None = None) -> None: ...
 
-    def messages(self, observation: str) -> Messages: ...
+    def messages(self, observation: str, image: np.ndarray | None = None) -> Messages: ...
 
 
 # Every entry takes the same options (k, max_events, fitter), so callers never branch on the kind.
@@ -61,15 +81,17 @@ def known_memories() -> list[str]:
 
 
 def make(kind: str, *, k: int = 2, max_events: int = 8, tokenizer: ChatTokenizer | None = None,
-         max_prompt_tokens: int | None = None) -> Memory:
+         max_prompt_tokens: int | None = None, images: str = "none", image_tokens: int = 0) -> Memory:
     """Build a memory module by name; an unknown name lists the known ones.
 
     k: recent steps shown verbatim (ignored by `full`); max_events: older key steps `key_events` keeps;
-    max_prompt_tokens: the prompt budget (None: no budget), which needs the model's `tokenizer`.
+    max_prompt_tokens: the prompt budget (None: no budget), which needs the model's `tokenizer`;
+    images: "none", "current" or "last_k" (see the module docstring); image_tokens: what one image costs
+    in the model on top of the chat template's tokens (needed with images under a budget).
     """
     if kind not in _REGISTRY:
         raise KeyError(f"unknown memory {kind!r}; known: {', '.join(known_memories())}")
-    return _REGISTRY[kind](k, max_events, PromptFitter(tokenizer, max_prompt_tokens))
+    return _REGISTRY[kind](k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens))
 
 
 __all__ = ["Memory", "Full", "KeyEvents", "LastK", "Summary", "known_memories", "make"]

@@ -6,9 +6,10 @@ Without a budget the prompt grows by one step per step; with one, it keeps the n
 
 from __future__ import annotations
 
+import numpy as np
 
 from memory.episode import EpisodeMemory
-from memory.prompt import Block, Messages, PromptFitter, Section, render_step
+from memory.prompt import Messages, PromptFitter, Section, step_block
 
 
 class Full(EpisodeMemory):
@@ -17,7 +18,7 @@ class Full(EpisodeMemory):
     def __init__(self, fitter: PromptFitter | None = None):
         super().__init__(fitter)
 
-    def messages(self, observation: str) -> Messages:
-        blocks = tuple(Block(render_step(s.index, s.observation, s.action), 1) for s in self._history.steps)
+    def _prompt(self, observation: str, image: np.ndarray | None) -> Messages:
+        blocks = tuple(step_block(s) for s in self._history.steps)
         return self.fitter.fit(self._instructions, [Section("Steps so far:", blocks)], self._history.next_index,
-                               observation)
+                               observation, image)

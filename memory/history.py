@@ -8,8 +8,10 @@ sparse reward shows up as a change, and a constant step penalty (Sokoban's -0.1)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import numpy as np
 
 _ACTION_TAG = re.compile(r"<action>\s*(.*?)\s*</action>", re.S)
 MAX_ACTION_NAME_CHARS = 24
@@ -33,6 +35,8 @@ class Step:
     """Why it did not parse ("" when valid)."""
     event: str
     """Why the step is key ("" when it is not): see the module docstring."""
+    image: np.ndarray | None = field(default=None, compare=False)
+    """The observation's picture, when the memory keeps history pictures (images="last_k")."""
 
 
 def key_event_reason(reward: float, previous_reward: float, info: Mapping[str, Any]) -> str:
@@ -72,14 +76,14 @@ class History:
         self.steps.clear()
 
     def record(self, observation: str, action: str, reward: float = 0.0,
-               info: Mapping[str, Any] | None = None) -> Step:
+               info: Mapping[str, Any] | None = None, image: np.ndarray | None = None) -> Step:
         info = info or {}
         previous = self.steps[-1].reward if self.steps else 0.0
         valid = info.get("valid", True) is not False
         step = Step(
             index=len(self.steps) + 1, observation=observation, action=action, reward=float(reward), valid=valid,
             parse_error="" if valid else str(info.get("parse_error", "")),
-            event=key_event_reason(float(reward), previous, info),
+            event=key_event_reason(float(reward), previous, info), image=image,
         )
         self.steps.append(step)
         return step

@@ -8,14 +8,15 @@ oldest key steps go first, then the oldest recent ones.
 
 from __future__ import annotations
 
+import numpy as np
 
 from memory.episode import EpisodeMemory
 from memory.history import Step
-from memory.prompt import Block, Messages, PromptFitter, Section, render_step
+from memory.prompt import Block, Messages, PromptFitter, Section, step_block
 
 
 def _block(step: Step) -> Block:
-    return Block(render_step(step.index, step.observation, step.action, step.event), 1)
+    return step_block(step, step.event)
 
 
 class KeyEvents(EpisodeMemory):
@@ -27,11 +28,11 @@ class KeyEvents(EpisodeMemory):
         self.k, self.max_events = k, max_events
         super().__init__(fitter)
 
-    def messages(self, observation: str) -> Messages:
+    def _prompt(self, observation: str, image: np.ndarray | None) -> Messages:
         steps = self._history.steps
         split = max(0, len(steps) - self.k)
         events = [s for s in steps[:split] if s.event]
         events = events[max(0, len(events) - self.max_events):]
         sections = [Section("Key events:", tuple(_block(s) for s in events)),
                     Section("Recent steps:", tuple(_block(s) for s in steps[split:]))]
-        return self.fitter.fit(self._instructions, sections, self._history.next_index, observation)
+        return self.fitter.fit(self._instructions, sections, self._history.next_index, observation, image)

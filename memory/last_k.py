@@ -6,9 +6,10 @@ inside a short context window.
 
 from __future__ import annotations
 
+import numpy as np
 
 from memory.episode import EpisodeMemory
-from memory.prompt import Block, Messages, PromptFitter, Section, render_step
+from memory.prompt import Messages, PromptFitter, Section, step_block
 
 
 class LastK(EpisodeMemory):
@@ -20,8 +21,8 @@ class LastK(EpisodeMemory):
         self.k = k
         super().__init__(fitter)
 
-    def messages(self, observation: str) -> Messages:
+    def _prompt(self, observation: str, image: np.ndarray | None) -> Messages:
         recent = self._history.steps[max(0, len(self._history.steps) - self.k):]
-        blocks = tuple(Block(render_step(s.index, s.observation, s.action), 1) for s in recent)
+        blocks = tuple(step_block(s) for s in recent)
         return self.fitter.fit(self._instructions, [Section("Recent steps:", blocks)], self._history.next_index,
-                               observation)
+                               observation, image)

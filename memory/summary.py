@@ -14,7 +14,9 @@ k) it reads, leaving out lines that would be empty:
 "Last states" is the last line of each summarised observation (the envs end observations with a one-line
 status), repeats in a row merged, the newest few kept. Under a token budget the oldest recent steps fold
 into the summary first (k shrinks, down to 0); only if the summary alone is still too long is it dropped
-(it is the oldest history), counting as the m steps it stands for.
+(it is the oldest history), counting as the m steps it stands for. With history pictures (images="last_k")
+the recent steps show theirs, which the budget drops before folding any step; a folded step is summarised
+without its picture (not counted in `dropped_images`, as it is not in `dropped_steps`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
+import numpy as np
+
 from memory.episode import EpisodeMemory
 from memory.history import Step, action_name, last_line
-from memory.prompt import Block, Messages, PromptFitter, Section, assemble, current_step, render_step
+from memory.prompt import Block, Messages, PromptFitter, Section, step_block
 
 MAX_MOVES = 8  # action names listed; the rest are counted as "other"
 MAX_STATES = 4
@@ -73,19 +77,20 @@ class Summary(EpisodeMemory):
         self.k = k
         super().__init__(fitter)
 
-    def messages(self, observation: str) -> Messages:
-        current = current_step(self._history.next_index, observation)
+    def _prompt(self, observation: str, image: np.ndarray | None) -> Messages:
+        step = self._history.next_index
         # Over the budget, the oldest recent steps fold into the summary (k shrinks) before any history is
-        # dropped: a summarised step costs a few tokens, a verbatim one a whole observation.
+        # dropped: a summarised step costs a few tokens, a verbatim one a whole observation. History pictures
+        # go before either (`fit` drops them), so the test is on the text.
         for k in range(min(self.k, len(self._history.steps)), -1, -1):
             sections = self._sections(k)
-            if k == 0 or self.fitter.fits(assemble(self._instructions, sections, current)):
+            if k == 0 or self.fitter.fits_text(self._instructions, sections, step, observation, image):
                 break
-        return self.fitter.fit(self._instructions, sections, self._history.next_index, observation)
+        return self.fitter.fit(self._instructions, sections, step, observation, image)
 
     def _sections(self, k: int) -> list[Section]:
         steps = self._history.steps
         split = len(steps) - k
         older = (Block(summarize(steps[:split]), split),) if split else ()
-        recent = tuple(Block(render_step(s.index, s.observation, s.action), 1) for s in steps[split:])
+        recent = tuple(step_block(s) for s in steps[split:])
         return [Section("", older), Section("Recent steps:", recent)]

@@ -13,6 +13,10 @@ hands by default (`solvable_only=True`; gym-cards deals any four cards, ~20% of 
 EZPoints: two cards that can make 12 with + and *, tokens 1-10 + * =. Points24: four cards, target 24,
 tokens 1-10 (1-13 with `face_cards_as_10=False`) + - * / ( ) =. Face cards count 10, an ace 1.
 
+`observation="image"` also puts the dealt cards' picture in `info["image"]` (uint8 [72, 4 + 52 * cards, 3],
+`envs.cards.deck.render_hand`: the same for the whole episode, as in gym-cards); the formula so far stays in
+the text observation.
+
     env = envs.make("agentstream/Points24-v0", max_steps=20)
     obs, info = env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step("<action>8</action>")
@@ -24,14 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import ParseResult, StepResult, TextGame, parse_tagged, text_space
+from envs.base import ParseResult, StepResult, TextGame, check_observation, parse_tagged, text_space
+from envs.cards.deck import SUITS, Card, card_name, render_hand
 from envs.cards.formula import Token, can_make, evaluate
 
-SUITS = ("hearts", "spades", "diamonds", "clubs")
-RANK_NAMES = {1: "ace", 11: "jack", 12: "queen", 13: "king"}
 BLANK = " "  # what an unavailable number leaves in the formula (gym-cards)
-
-Card = tuple[int, str]  # (rank 1-13, suit)
 
 
 def token_choices(max_number: int, operators: tuple[str, ...]) -> dict[str, Token]:
@@ -42,11 +43,6 @@ def token_choices(max_number: int, operators: tuple[str, ...]) -> dict[str, Toke
 def parse_token(text: str, choices: dict[str, Token]) -> ParseResult:
     """The first `<action>TOKEN</action>` in `text` -> Action(int | operator | '='). Never raises."""
     return parse_tagged(text, choices, what="token")
-
-
-def card_name(card: Card) -> str:
-    rank, suit = card
-    return f"{RANK_NAMES.get(rank, str(rank))} of {suit}"
 
 
 def instructions(target: int, n_cards: int, operators: tuple[str, ...], max_number: int) -> str:
@@ -71,8 +67,9 @@ class CardFormulaEnv(TextGame):
     n_cards: int
     operators: tuple[str, ...]
 
-    def __init__(self, max_steps: int, max_formula_len: int, max_number: int):
+    def __init__(self, max_steps: int, max_formula_len: int, max_number: int, observation: str):
         self.max_steps, self.max_formula_len, self.max_number = max_steps, max_formula_len, max_number
+        self.observation = check_observation(observation)
         self.choices = token_choices(max_number, self.operators)
         self.instructions = instructions(self.target, self.n_cards, self.operators, max_number)
         self.observation_space = text_space()
@@ -151,8 +148,11 @@ class CardFormulaEnv(TextGame):
 
     def _info(self, valid: bool, success: bool, anchor: str) -> dict[str, Any]:
         admissible = [str(n) for n in dict.fromkeys(self.available())] + list(self.operators) + ["="]
-        return {"valid": valid, "success": success, "anchor": anchor, "admissible_actions": admissible,
+        info = {"valid": valid, "success": success, "anchor": anchor, "admissible_actions": admissible,
                 "numbers": list(self.numbers), "formula": self.formula_text()}
+        if self.observation == "image":
+            info["image"] = render_hand(self.cards)
+        return info
 
     def close(self) -> None:
         pass
@@ -163,8 +163,8 @@ class EZPointsText(CardFormulaEnv):
 
     target, n_cards, operators = 12, 2, ("+", "*")
 
-    def __init__(self, max_steps: int = 10, max_formula_len: int = 5):
-        super().__init__(max_steps, max_formula_len, max_number=10)
+    def __init__(self, max_steps: int = 10, max_formula_len: int = 5, observation: str = "text"):
+        super().__init__(max_steps, max_formula_len, max_number=10, observation=observation)
 
     def deal(self, rng: np.random.Generator) -> list[Card]:
         first = int(rng.integers(2, 14))  # 2..K
@@ -181,9 +181,10 @@ class Points24Text(CardFormulaEnv):
     target, n_cards, operators = 24, 4, ("+", "-", "*", "/", "(", ")")
 
     def __init__(self, max_steps: int = 30, max_formula_len: int = 20, face_cards_as_10: bool = True,
-                 solvable_only: bool = True):
+                 solvable_only: bool = True, observation: str = "text"):
         self.solvable_only = solvable_only
-        super().__init__(max_steps, max_formula_len, max_number=10 if face_cards_as_10 else 13)
+        super().__init__(max_steps, max_formula_len, max_number=10 if face_cards_as_10 else 13,
+                         observation=observation)
 
     def deal(self, rng: np.random.Generator) -> list[Card]:
         for _ in range(1000):
