@@ -222,6 +222,9 @@ class BrokerConfig:
     """HTTP port of the dashboard and /metrics; 0 picks a free port."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Messages larger than this are rejected and counted (a single frame over 4x this drops the sender's connection)."""
+    max_image_bytes: int = 8 * 1024 * 1024
+    """Image bytes (n*H*W*C, uint8) one transition may carry (its prompt's images, sent whole with every transition that
+    shows them); a message with more is rejected and counted. 0: no bound but max_message_bytes."""
     max_buffered_transitions: int = 200_000
     """Back-pressure bound: new groups are not admitted while this many transitions are buffered."""
     high_water_mark: int = 10_000

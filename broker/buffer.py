@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentstream.wire.messages import ABANDON, ABANDON_GROUP, Batch, Transition, token_rewards_column
+from agentstream.wire.messages import ABANDON, ABANDON_GROUP, Batch, Transition, image_columns, token_rewards_column
 
 _CAUSE = re.compile(r"[a-z_]{1,32}")  # an abandon marker's cause becomes part of a counter's name
 
@@ -98,7 +98,7 @@ def _step_of(t: Transition) -> int:
 
 
 def build_batch(step: int, rank: int, learner_version: int, group_size: int, groups: list[Group]) -> Batch:
-    """One rank's share as a columnar Batch (trajectories and steps in order)."""
+    """One rank's share as a columnar Batch (trajectories and steps in order), each transition's images with it."""
     group_index: list[int] = []
     traj_index: list[int] = []
     ts: list[Transition] = []
@@ -119,6 +119,7 @@ def build_batch(step: int, rank: int, learner_version: int, group_size: int, gro
     def cat(arrays: list[np.ndarray], dtype: str) -> np.ndarray:
         return np.concatenate(arrays, dtype=dtype, casting="same_kind") if arrays else np.zeros(0, dtype)
 
+    image_shapes, image_data = image_columns(ts)
     return Batch(
         step=step, rank=rank, learner_version=learner_version, group_size=group_size,
         group_index=np.array(group_index, np.int32), traj_index=np.array(traj_index, np.int32),
@@ -128,7 +129,7 @@ def build_batch(step: int, rank: int, learner_version: int, group_size: int, gro
         version_hi=np.array(cols[7], np.int32),
         prompt_ids=cat([t.prompt_ids for t in ts], "int32"), response_ids=cat([t.response_ids for t in ts], "int32"),
         logprobs=cat([t.logprobs for t in ts], "float32"), anchors=[t.anchor for t in ts],
-        token_rewards=token_rewards_column(ts),
+        token_rewards=token_rewards_column(ts), image_shapes=image_shapes, image_data=image_data,
     )
 
 

@@ -64,9 +64,12 @@ ARRAY_FIELD_DTYPES = {
     "prompt_ids": "int32", "response_ids": "int32", "logprobs": "float32", "group_index": "int32",
     "traj_index": "int32", "step_index": "int32", "prompt_lens": "int32", "response_lens": "int32",
     "rewards": "float32", "dones": "bool", "valid": "bool", "version_lo": "int32", "version_hi": "int32",
-    "token_rewards": "float32",
+    "token_rewards": "float32", "images": "uint8", "image_shapes": "int32", "image_data": "uint8",
 }  # (Transitions' prompt_lens/response_lens/prompt_ids/response_ids/logprobs are covered by the same names)
 """The dtype each array field must travel as (a field not listed takes any of ARRAY_DTYPES)."""
+ARRAY_FIELD_NDIM = {"images": 4, "image_shapes": 2}
+"""The dimensions of each array field that is not 1-D: a Transition's images [n, H, W, C], a bundle's or batch's
+image shapes [N, 4]."""
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
@@ -188,9 +191,10 @@ def decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple
     hint = specs.get(name)
     if hint not in (np.ndarray, bytes):
         raise ProtocolError(f"{kind}: field {name[:40]!r} is not an array field", "bad_array")
-    # Every array of the protocol is 1-D. Python ints: a product of declared dims cannot wrap around.
-    if len(shape) != 1 or not isinstance(shape[0], int) or isinstance(shape[0], bool) or shape[0] < 0:
-        raise ProtocolError(f"{kind}.{name}: bad shape {str(shape)[:80]} (arrays are 1-D)", "bad_array")
+    # Python ints: a product of declared dims cannot wrap around.
+    ndim = ARRAY_FIELD_NDIM.get(name, 1)
+    if len(shape) != ndim or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ProtocolError(f"{kind}.{name}: bad shape {str(shape)[:80]} (must be {ndim}-D)", "bad_array")
     if hint is bytes:
         if dtype_name != "bytes" or shape[0] != len(buf):
             raise ProtocolError(f"{kind}.{name}: expected {shape} raw bytes, got {len(buf)}", "bad_array")
@@ -201,26 +205,41 @@ def decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple
     want = ARRAY_FIELD_DTYPES.get(name)
     if want is not None and dtype_name != want:
         raise ProtocolError(f"{kind}.{name}: must be {want}, got {dtype_name}", "bad_dtype")
-    count = shape[0]
+    count = math.prod(shape)
     if count * dtype.itemsize != len(buf):
         raise ProtocolError(f"{kind}.{name}: {len(buf)} bytes do not hold {shape} of {dtype_name}", "bad_array")
     arr = np.frombuffer(buf, dtype=dtype, count=count) if count else np.zeros(0, dtype)
-    return name, arr
+    return name, arr.reshape(shape) if ndim > 1 else arr
 
 
-def plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any]) -> bool:
-    """The data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype) in order),
-    decoded into `values`; False (values unfinished) for anything else, which `decode_array` then judges."""
-    if type(arrays) is not list or len(arrays) != len(layout) or len(bufs) != len(layout) + 1:
+def plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any],
+                 omitted: dict[str, Any]) -> bool:
+    """The data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype) in order), or
+    `layout` without its last len(`omitted`) fields (their values then taken from `omitted`: `encode` leaves
+    out image fields that hold nothing), decoded into `values`; False (values unfinished) for anything else,
+    which `decode_array` then judges."""
+    n = len(arrays) if type(arrays) is list else -1
+    if (n != len(layout) and n != len(layout) - len(omitted)) or len(bufs) != n + 1:
         return False
     for (name, dtype), spec, buf in zip(layout, arrays, bufs[1:]):
         if type(spec) is not list or len(spec) != 3 or spec[0] != name or spec[1] != dtype:
             return False
         shape = spec[2]
-        if type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int or shape[0] < 0:
+        if type(shape) is not list or len(shape) != ARRAY_FIELD_NDIM.get(name, 1):
             return False
-        count, dt = shape[0], ARRAY_DTYPES[dtype]
+        if len(shape) == 1:  # the usual array: no loop
+            count = shape[0]
+            if type(count) is not int or count < 0:
+                return False
+        elif all(type(d) is int and d >= 0 for d in shape):
+            count = math.prod(shape)
+        else:
+            return False
+        dt = ARRAY_DTYPES[dtype]
         if count * dt.itemsize != len(buf):
             return False
-        values[name] = np.frombuffer(buf, dtype=dt, count=count) if count else np.zeros(0, dt)
+        arr = np.frombuffer(buf, dtype=dt, count=count) if count else np.zeros(0, dt)
+        values[name] = arr if len(shape) == 1 else arr.reshape(shape)
+    if n < len(layout):
+        values.update(omitted)
     return True

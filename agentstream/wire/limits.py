@@ -3,9 +3,10 @@
 `agentstream.wire.messages.decode` checks every value by its type (bounded ints and strings, finite floats, 1-D arrays
 of the right dtype). This module checks what needs the run's facts or relates fields to each other: token
 ids within the model's vocabulary, prompt + response within the engines' context, as many log-probs as
-response tokens, log-probs that are finite and <= 0, versions in order, a batch's lengths that add up.
+response tokens, log-probs that are finite and <= 0, versions in order, a batch's lengths that add up,
+images of 1, 3 or 4 channels within the image bytes a transition may carry, whose shapes add up to their bytes.
 
-    limits = limits_for(cfg.model, cfg.engines)        # the broker, once
+    limits = limits_for(cfg.model, cfg.engines, cfg.broker)        # the broker, once
     msg = check_limits(decode(frames, max_bytes), limits)    # raises ProtocolError(code=...) on a bad message
 
 Every failure is a `ProtocolError` whose `code` is one of `agentstream.wire.messages.REJECT_CODES`.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentstream.config import EnginesConfig, ModelConfig
+from agentstream.config import BrokerConfig, EnginesConfig, ModelConfig
 from agentstream.wire.messages import (
     Batch,
     BatchRequest,
@@ -51,6 +52,8 @@ class Limits:
     """Token ids must be < this (the model's `vocab_size`: the rows of its embedding)."""
     max_tokens: int = 0
     """Prompt + response tokens of one transition (the engines' max_model_len)."""
+    max_image_bytes: int = 0
+    """Image bytes (n*H*W*C) of one transition (broker.max_image_bytes)."""
 
 
 def model_vocab_size(model_path: str) -> int:
@@ -65,12 +68,12 @@ def model_vocab_size(model_path: str) -> int:
     return 0
 
 
-def limits_for(model: ModelConfig, engines: EnginesConfig) -> Limits:
-    """The limits of a run: its model's vocabulary and its engines' context length."""
+def limits_for(model: ModelConfig, engines: EnginesConfig, broker: BrokerConfig) -> Limits:
+    """The limits of a run: its model's vocabulary, its engines' context length, the broker's image bound."""
     vocab = model_vocab_size(model.path)
     if not vocab:
         log.warning("no vocab_size in %s/config.json: token ids are only checked to be >= 0", model.path)
-    return Limits(vocab_size=vocab, max_tokens=engines.max_model_len)
+    return Limits(vocab_size=vocab, max_tokens=engines.max_model_len, max_image_bytes=broker.max_image_bytes)
 
 
 def check_limits(msg: Message, limits: Limits) -> Message:
@@ -117,6 +120,39 @@ def _check_token_rewards(msg: Message, token_rewards: np.ndarray, tokens: int) -
         _fail(msg, f"token_rewards hold {int((~np.isfinite(token_rewards)).sum())} nan/inf values", "non_finite")
 
 
+IMAGE_CHANNELS = (1, 3, 4)
+"""Channels an image may have: grey, RGB, RGBA."""
+
+
+def _check_images(msg: Message, shapes: list[list[int]], data_bytes: int, limits: Limits) -> None:
+    """`shapes`: each transition's (n, H, W, C), which must describe exactly `data_bytes` bytes (Python ints: a
+    hostile shape's product cannot wrap around)."""
+    total = 0
+    for shape in shapes:
+        n, h, w, c = shape
+        if min(shape) < 0:
+            _fail(msg, f"image_shapes hold {min(shape)}; n, H, W and C are >= 0", "out_of_range")
+        if n and (h < 1 or w < 1 or c not in IMAGE_CHANNELS):
+            _fail(msg, f"images of shape {list(shape)} (n, H, W, C): an image has H, W >= 1 and C in "
+                       f"{IMAGE_CHANNELS}", "out_of_range")
+        size = n * h * w * c
+        if limits.max_image_bytes and size > limits.max_image_bytes:
+            _fail(msg, f"{size} image bytes in one transition exceed broker.max_image_bytes={limits.max_image_bytes}",
+                  "too_long")
+        total += size
+    if total != data_bytes:
+        _fail(msg, f"image_shapes describe {total} image bytes but {data_bytes} came", "inconsistent")
+
+
+def _check_image_columns(msg: Transitions | Batch, items: int, limits: Limits) -> None:
+    if not (msg.image_shapes.size or msg.image_data.size):  # text only: nothing to check
+        return
+    if msg.image_shapes.shape != (items, 4):
+        _fail(msg, f"image_shapes is {list(msg.image_shapes.shape)}; it must be [{items}, 4]: (n, H, W, C) per "
+                   f"transition", "inconsistent")
+    _check_images(msg, msg.image_shapes.tolist(), msg.image_data.size, limits)
+
+
 def _transition(msg: Transition, limits: Limits) -> None:
     if msg.logprobs.shape != msg.response_ids.shape:
         _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
@@ -132,6 +168,8 @@ def _transition(msg: Transition, limits: Limits) -> None:
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
     _check_token_rewards(msg, msg.token_rewards, msg.response_ids.size)
+    if msg.images.shape[0]:  # n images (text only: none)
+        _check_images(msg, [msg.images.shape], msg.images.size, limits)
 
 
 def _transitions(msg: Transitions, limits: Limits) -> None:
@@ -159,6 +197,7 @@ def _transitions(msg: Transitions, limits: Limits) -> None:
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
     _check_token_rewards(msg, msg.token_rewards, msg.response_ids.size)
+    _check_image_columns(msg, n, limits)
 
 
 def _batch(msg: Batch, limits: Limits) -> None:
@@ -179,6 +218,7 @@ def _batch(msg: Batch, limits: Limits) -> None:
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
     _check_token_rewards(msg, msg.token_rewards, msg.response_ids.size)
+    _check_image_columns(msg, n, limits)
 
 
 def _batch_request(msg: BatchRequest, limits: Limits) -> None:
@@ -208,4 +248,5 @@ _CHECKS: dict[type, Callable[..., None]] = {
     VersionUpdate: _version_update, WeightUpdate: _weight_update,
 }
 
-__all__ = ["LOGPROB_SLACK", "WEIGHT_FORMATS", "Limits", "limits_for", "model_vocab_size", "check_limits"]
+__all__ = ["IMAGE_CHANNELS", "LOGPROB_SLACK", "WEIGHT_FORMATS", "Limits", "limits_for", "model_vocab_size",
+           "check_limits"]

@@ -10,13 +10,23 @@ Token ids and log-probs are numpy arrays sent as raw frames (zero-copy above ~64
 pickled. `decode` validates everything it is given and raises `ProtocolError` saying what was wrong, so a
 receiver can count the bad message and keep serving.
 
+Images (vision-language agents): a transition carries the images of its prompt as one raw uint8 frame
+[n, H, W, C], never pickled and never a reference to images sent before, so that every transition stays
+self-contained (the broker's write-ahead log rebuilds each one on its own, and a lost message leaves nothing
+dangling); the price is that an image shown in k prompts is sent k times (a 112x112x3 Sokoban frame: 37 KB).
+A bundle or a batch carries each transition's (n, H, W, C) and all their bytes end to end. Image fields that
+hold nothing are left out of the message: a text-only transition costs no byte more.
+
 Shapes: T = tokens of one response, P = tokens of one prompt, N = transitions in a batch,
-S = sum of prompt lengths in a batch, R = sum of response lengths in a batch.
+S = sum of prompt lengths in a batch, R = sum of response lengths in a batch; n = images of one transition,
+each H x W pixels of C channels (1, 3 or 4), B = sum of the image bytes (n*H*W*C) in a bundle or batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -95,6 +105,12 @@ class GroupGrant:
 
 _NO_TOKEN_REWARDS = np.zeros(0, np.float32)  # read-only: shared by every transition without token rewards
 _NO_TOKEN_REWARDS.flags.writeable = False
+_NO_IMAGES = np.zeros((0, 0, 0, 0), np.uint8)  # read-only: the images of every transition without any
+_NO_IMAGES.flags.writeable = False
+_NO_IMAGE_SHAPES = np.zeros((0, 4), np.int32)  # read-only: the image columns of a bundle or batch without images
+_NO_IMAGE_SHAPES.flags.writeable = False
+_NO_IMAGE_DATA = np.zeros(0, np.uint8)
+_NO_IMAGE_DATA.flags.writeable = False
 
 
 ABANDON = "abandon"
@@ -107,7 +123,10 @@ ABANDON_GROUP = "abandon_group"
 
 @dataclass(frozen=True)
 class Transition:
-    """One env step of one trajectory. The actor -> broker contract. (Or, with `info[ABANDON]`, an abandon marker.)"""
+    """One env step of one trajectory. The actor -> broker contract. (Or, with `info[ABANDON]`, an abandon marker.)
+
+    `images` are the images of its prompt, in the order the prompt shows them, sent in full with every
+    transition whose prompt shows them (self-contained: see the module's docstring)."""
 
     traj_id: str
     group_id: int
@@ -126,6 +145,7 @@ class Transition:
     info: dict = field(default_factory=dict)
     token_rewards: np.ndarray = field(default_factory=lambda: _NO_TOKEN_REWARDS)  # [T] float32 or [0]: the part of
     # `reward` placed on each response token (the rest sits on the last token, as a scalar score does); [0]: none
+    images: np.ndarray = field(default_factory=lambda: _NO_IMAGES)  # [n, H, W, C] uint8, C in (1, 3, 4); n = 0: none
     incarnation: int = 0  # delivery key (actor, incarnation, seq): the broker acknowledges and de-duplicates
     seq: int = -1  # 0, 1, 2, ... per actor incarnation; -1: no key (never acknowledged, never de-duplicated)
     kind: Literal["transition"] = "transition"
@@ -156,7 +176,8 @@ class Transitions:
     checks for all of them; scripts/bench_broker.py).
 
     Columnar: item i's scalar fields are `items[i]` (TRANSITION_ITEM_FIELDS order); its token arrays are
-    slices of the concatenated arrays, cut by `prompt_lens` and `response_lens`."""
+    slices of the concatenated arrays, cut by `prompt_lens` and `response_lens`; its images are the next
+    n*H*W*C bytes of `image_data`, (n, H, W, C) = `image_shapes[i]`."""
 
     actor: str
     incarnation: int
@@ -167,6 +188,8 @@ class Transitions:
     response_ids: np.ndarray  # [sum(response_lens)] int32
     logprobs: np.ndarray  # [sum(response_lens)] float32
     token_rewards: np.ndarray = field(default_factory=lambda: _NO_TOKEN_REWARDS)  # [sum(response_lens)] or [0]: none
+    image_shapes: np.ndarray = field(default_factory=lambda: _NO_IMAGE_SHAPES)  # [N, 4] int32 or [0, 4]: no images
+    image_data: np.ndarray = field(default_factory=lambda: _NO_IMAGE_DATA)  # [B] uint8
     kind: Literal["transitions"] = "transitions"
 
     @classmethod
@@ -175,6 +198,7 @@ class Transitions:
         first = ts[0]
         if any(t.actor != first.actor or t.incarnation != first.incarnation for t in ts):
             raise ValueError("a Transitions message holds one actor incarnation's transitions")
+        image_shapes, image_data = image_columns(ts)
         return cls(
             actor=first.actor, incarnation=first.incarnation,
             items=[[getattr(t, f) for f in TRANSITION_ITEM_FIELDS] for t in ts],
@@ -183,7 +207,7 @@ class Transitions:
             prompt_ids=np.concatenate([t.prompt_ids for t in ts]).astype(np.int32, copy=False),
             response_ids=np.concatenate([t.response_ids for t in ts]).astype(np.int32, copy=False),
             logprobs=np.concatenate([t.logprobs for t in ts]).astype(np.float32, copy=False),
-            token_rewards=token_rewards_column(ts))
+            token_rewards=token_rewards_column(ts), image_shapes=image_shapes, image_data=image_data)
 
     def split(self) -> list[Transition]:
         """The transitions, in order (their arrays view this message's).
@@ -194,14 +218,16 @@ class Transitions:
         out, p, r = [], 0, 0
         new = object.__new__
         per_token = self.token_rewards.size > 0
-        for item, n_p, n_r in zip(self.items, self.prompt_lens.tolist(), self.response_lens.tolist()):
+        images = (cut_images(self.image_shapes, self.image_data) if self.image_shapes.size
+                  else itertools.repeat(_NO_IMAGES))
+        for item, n_p, n_r, imgs in zip(self.items, self.prompt_lens.tolist(), self.response_lens.tolist(), images):
             t = new(Transition)
             fields = t.__dict__
             fields.update(zip(TRANSITION_ITEM_FIELDS, item))
             fields.update(actor=self.actor, incarnation=self.incarnation, prompt_ids=self.prompt_ids[p:p + n_p],
                           response_ids=self.response_ids[r:r + n_r], logprobs=self.logprobs[r:r + n_r],
                           token_rewards=self.token_rewards[r:r + n_r] if per_token else _NO_TOKEN_REWARDS,
-                          kind="transition")
+                          images=imgs, kind="transition")
             out.append(t)
             p, r = p + n_p, r + n_r
         return out
@@ -214,6 +240,26 @@ def token_rewards_column(ts: list[Transition]) -> np.ndarray:
         return _NO_TOKEN_REWARDS
     return np.concatenate([t.token_rewards if t.token_rewards.size else np.zeros(t.response_ids.size, np.float32)
                            for t in ts]).astype(np.float32, copy=False)
+
+
+def image_columns(ts: list[Transition]) -> tuple[np.ndarray, np.ndarray]:
+    """The images of `ts` as a bundle's or batch's columns: (n, H, W, C) of each [N, 4] and all their bytes end
+    to end [B]; both empty when none of them has an image."""
+    if not any(t.images.size for t in ts):
+        return _NO_IMAGE_SHAPES, _NO_IMAGE_DATA
+    if any(t.images.ndim != 4 or t.images.dtype != np.uint8 for t in ts):
+        raise ValueError("Transition.images must be a uint8 array [n, H, W, C] (n = 0: none)")
+    return np.array([t.images.shape for t in ts], np.int32), np.concatenate([t.images.reshape(-1) for t in ts])
+
+
+def cut_images(shapes: np.ndarray, data: np.ndarray) -> list[np.ndarray]:
+    """Inverse of `image_columns`: each transition's images [n, H, W, C] (views of `data`; none: [0, 0, 0, 0])."""
+    out, start = [], 0
+    for shape in shapes.tolist():  # Python ints: cheaper than numpy's for the few rows of a bundle
+        end = start + shape[0] * shape[1] * shape[2] * shape[3]
+        out.append(data[start:end].reshape(shape) if end > start else _NO_IMAGES)
+        start = end
+    return out
 
 
 @dataclass(frozen=True)
@@ -256,7 +302,8 @@ class Batch:
     """One rank's share of a global batch: whole groups, columnar.
 
     Per transition i: its group (0..n_groups-1 within this share), trajectory (0..n_trajs-1), step index,
-    reward, flags and version interval; token arrays are concatenated, split by the length arrays.
+    reward, flags and version interval; token arrays are concatenated, split by the length arrays; its
+    prompt's images are `images_of(i)` ((n, H, W, C) = `image_shapes[i]`, their bytes the next of `image_data`).
     """
 
     step: int
@@ -278,7 +325,18 @@ class Batch:
     logprobs: np.ndarray  # [R] float32
     anchors: list = field(default_factory=list)  # [N] str
     token_rewards: np.ndarray = field(default_factory=lambda: _NO_TOKEN_REWARDS)  # [R] float32, or [0]: none
+    image_shapes: np.ndarray = field(default_factory=lambda: _NO_IMAGE_SHAPES)  # [N, 4] int32, or [0, 4]: no images
+    image_data: np.ndarray = field(default_factory=lambda: _NO_IMAGE_DATA)  # [B] uint8
     kind: Literal["batch"] = "batch"
+
+    @functools.cached_property
+    def _images(self) -> list[np.ndarray]:
+        return cut_images(self.image_shapes, self.image_data)
+
+    def images_of(self, i: int) -> np.ndarray:
+        """Transition i's images [n, H, W, C] uint8, in its prompt's order (a view of `image_data`);
+        [0, 0, 0, 0]: none."""
+        return self._images[i] if self.image_shapes.size else _NO_IMAGES
 
 
 @dataclass(frozen=True)
@@ -372,6 +430,8 @@ def _array_dtype_name(arr: np.ndarray) -> str:
     raise ProtocolError(f"array dtype {arr.dtype} cannot be sent; use one of {sorted(ARRAY_DTYPES)}")
 
 
+_OMITTED_WHEN_EMPTY = frozenset({"images", "image_shapes", "image_data"})
+"""Array fields `encode` leaves out when they hold nothing (decoded as their defaults): text costs nothing extra."""
 ZERO_COPY_MIN_BYTES = 65536
 """A frame this large is sent without copying; below it pyzmq's zero-copy path costs more than the copy
 (measured here: ~3x per small message, scripts/bench_broker.py), so such messages are copied."""
@@ -391,6 +451,8 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     for name in _FIELD_NAMES[type(msg)]:
         value = values[name]
         if isinstance(value, np.ndarray):
+            if name in _OMITTED_WHEN_EMPTY and not value.size:
+                continue
             dtype = _array_dtype_name(value)
             arr = np.ascontiguousarray(value, dtype=ARRAY_DTYPES[dtype])
             arrays.append([name, dtype, list(arr.shape)])
@@ -410,8 +472,9 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
 
     Beyond the shape of the message, every value is checked by its type (`agentstream.wire.fields.field_checker`): ints
     within [-1, 2**31-1] (int64 for ids and seeds), finite floats, bounded strings, dicts and lists of scalars,
-    1-D arrays of the field's dtype. What depends on the run (vocabulary, context length) is checked by
-    `agentstream.wire.limits.check_limits`. msgpack builds nothing larger than the header limits, and no ext types."""
+    arrays of the field's dtype and dimensions (1-D but for `images` [n, H, W, C] and `image_shapes` [N, 4]). What
+    depends on the run (vocabulary, context length, image bytes) is checked by `agentstream.wire.limits.check_limits`.
+    msgpack builds nothing larger than the header limits, and no ext types."""
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]  # zmq.Frame -> memoryview
     if not bufs:
         raise ProtocolError("empty message (no frames)", "bad_frames")
@@ -483,8 +546,11 @@ def _check_items(where: str, value: Any) -> None:
 
 
 _TRANSITIONS_ARRAYS = (("prompt_lens", "int32"), ("response_lens", "int32"), ("prompt_ids", "int32"),
-                       ("response_ids", "int32"), ("logprobs", "float32"), ("token_rewards", "float32"))
+                       ("response_ids", "int32"), ("logprobs", "float32"), ("token_rewards", "float32"),
+                       ("image_shapes", "int32"), ("image_data", "uint8"))
 """A Transitions message's data frames as `encode` writes them: (field, dtype), in this order."""
+_NO_BUNDLE_IMAGES = {"image_shapes": _NO_IMAGE_SHAPES, "image_data": _NO_IMAGE_DATA}
+"""The last fields of `_TRANSITIONS_ARRAYS`, left out of a bundle without images, and their values then."""
 
 
 def _plain_transitions(header: dict[str, Any], bufs: list[Any]) -> Transitions | None:
@@ -499,14 +565,15 @@ def _plain_transitions(header: dict[str, Any], bufs: list[Any]) -> Transitions |
         return None
     msg = object.__new__(Transitions)
     values = msg.__dict__
-    if not plain_arrays(_TRANSITIONS_ARRAYS, header.get("_arrays"), bufs, values):
+    if not plain_arrays(_TRANSITIONS_ARRAYS, header.get("_arrays"), bufs, values, _NO_BUNDLE_IMAGES):
         return None
     values.update(actor=actor, incarnation=incarnation, items=items, kind="transitions")
     return msg
 
 
-_TRANSITION_ARRAYS = _TRANSITIONS_ARRAYS[2:]
+_TRANSITION_ARRAYS = (*_TRANSITIONS_ARRAYS[2:6], ("images", "uint8"))
 """A Transition message's data frames as `encode` writes them."""
+_NO_TRANSITION_IMAGES = {"images": _NO_IMAGES}
 
 
 def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | None:
@@ -522,7 +589,7 @@ def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | N
         return None
     msg = object.__new__(Transition)
     values = msg.__dict__
-    if not plain_arrays(_TRANSITION_ARRAYS, header.get("_arrays"), bufs, values):
+    if not plain_arrays(_TRANSITION_ARRAYS, header.get("_arrays"), bufs, values, _NO_TRANSITION_IMAGES):
         return None
     values.update(zip(TRANSITION_ITEM_FIELDS, item))
     values.update(actor=actor, incarnation=incarnation, kind="transition")

@@ -2,7 +2,8 @@
 
 The broker (`python -m broker.server`, real tcp ROUTER) gets, from 4 DEALERs, frames made by mutating valid
 messages (flipped bytes, cut frames, missing or extra frames, wrong dtypes, huge declared shapes, nan
-log-probs, out-of-vocabulary ids, hostile headers, oversized messages) and plain random bytes. Every one is
+log-probs, out-of-vocabulary ids, hostile headers, oversized messages, images of a wrong shape, dtype, size
+or channel count) and plain random bytes. Every one is
 checked first by the same decode + check_limits the broker runs (the oracle), and only frames it refuses are
 sent, so each must come back as a Reject and be counted under its code. Meanwhile an actor, an engine and a
 learner run 20 groups through the broker. Asserts: the broker process stays up, answers every bad frame,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import random
 import signal
@@ -44,7 +46,7 @@ from agentstream.wire.limits import Limits, check_limits, limits_for
 
 REPO = Path(__file__).resolve().parents[2]
 N_FRAMES = 100_000
-VOCAB, MAX_TOKENS, MAX_BYTES = 512, 256, 64 * 1024
+VOCAB, MAX_TOKENS, MAX_BYTES, MAX_IMAGE_BYTES = 512, 256, 64 * 1024, 4096
 SENDERS, WINDOW = 4, 256  # outstanding bad frames per sender: keeps every Reject within the queues' room
 GROUPS = 20
 
@@ -63,9 +65,18 @@ def valid_transition(rng: random.Random, n_prompt: int | None = None) -> P.Trans
     )
 
 
+def imaged_transition(rng: random.Random) -> P.Transition:
+    """A valid transition with 1-3 small images (at most 3 x 12 x 12 x 4 = 1,728 bytes, under MAX_IMAGE_BYTES)."""
+    shape = (rng.randint(1, 3), rng.randint(1, 12), rng.randint(1, 12), rng.choice([1, 3, 4]))
+    images = np.random.default_rng(rng.getrandbits(32)).integers(0, 256, shape, dtype=np.uint8)
+    return dataclasses.replace(valid_transition(rng), images=images)
+
+
 def valid_message(rng: random.Random) -> P.Message:
     return rng.choice([
         lambda: valid_transition(rng),
+        lambda: imaged_transition(rng),
+        lambda: P.Transitions.of([imaged_transition(rng) for _ in range(rng.randint(2, 4))]),
         lambda: P.Transitions.of([valid_transition(rng) for _ in range(rng.randint(2, 4))]),
         lambda: P.Hello(role="actor", name=f"x{rng.randint(0, 9)}", incarnation=rng.randint(0, 3)),
         lambda: P.Stats(source="x", role="actor", counters={"env_steps": rng.randint(0, 99)}, gauges={"g": 1.5}),
@@ -93,6 +104,9 @@ class Pools:
     def __init__(self, rng: random.Random, size: int = 400):
         self.messages = [frames_of(valid_message(rng)) for _ in range(size)]
         self.transitions = [frames_of(valid_transition(rng)) for _ in range(size)]
+        self.imaged = [frames_of(imaged_transition(rng)) for _ in range(size // 4)]
+        self.imaged_bundles = [frames_of(P.Transitions.of([imaged_transition(rng) for _ in range(rng.randint(2, 4))]))
+                               for _ in range(size // 4)]
 
 
 def m_random(rng: random.Random, pools: Pools):
@@ -150,6 +164,31 @@ def m_vocab(rng: random.Random, pools: Pools):
     return frames, "out_of_vocab"
 
 
+def m_image(rng: random.Random, pools: Pools):
+    """A lone transition's image frame [n, H, W, C] (its last) or a bundle's image_shapes (its last but one) made wrong."""
+    if rng.random() < 0.2:  # one more image in a bundle's first item than its bytes hold
+        frames = list(rng.choice(pools.imaged_bundles))
+        shapes = np.frombuffer(frames[-2], np.int32).copy()
+        shapes[0] += 1
+        return [*frames[:-2], shapes.tobytes(), frames[-1]], "inconsistent"
+    frames = list(rng.choice(pools.imaged))
+    header = msgpack.unpackb(frames[0])
+    spec = header["_arrays"][-1]  # ["images", "uint8", [n, H, W, C]]
+    n, h, w, c = spec[2]
+    case = rng.randrange(5)
+    if case == 0:  # 2 channels: neither grey, RGB nor RGBA
+        spec[2], frames[-1], want = [n, h, w, 2], bytes(n * h * w * 2), "out_of_range"
+    elif case == 1:
+        spec[1], want = "int32", "bad_dtype"
+    elif case == 2:  # 3-D: [n*H, W, C]
+        spec[2], want = [n * h, w, c], "bad_array"
+    elif case == 3:  # one byte more than the shape holds
+        frames[-1], want = frames[-1] + b"\x00", "bad_array"
+    else:  # 40 x 40 x 3 = 4,800 bytes > MAX_IMAGE_BYTES 4,096
+        spec[2], frames[-1], want = [1, 40, 40, 3], bytes(4800), "too_long"
+    return [msgpack.packb(header), *frames[1:]], want
+
+
 HOSTILE_HEADER_VALUES = [
     ("step", 2**63), ("group_id", -(2**63)), ("reward", "x"), ("traj_id", "t" * 300), ("kind", "nope"),
     ("v", 2), ("extra", 1), ("info", {"k": [1]}), ("info", {str(i): 0 for i in range(1100)}),
@@ -171,7 +210,7 @@ def m_oversized(rng: random.Random):
 
 
 MUTATIONS = [(m_random, 15), (m_flip, 25), (m_cut, 10), (m_frame_count, 8), (m_dtype, 8), (m_shape, 8),
-             (m_nan, 8), (m_vocab, 8), (m_header, 7), (m_deep, 2)]
+             (m_nan, 8), (m_vocab, 8), (m_header, 7), (m_deep, 2), (m_image, 8)]
 
 
 def oracle(frames: list[bytes], limits: Limits) -> str:
@@ -316,6 +355,7 @@ def fuzz_config(tmp_path: Path) -> Path:
     cfg.env.group_size, cfg.trainer.groups_per_step, cfg.learner.world_size = 2, 1, 1
     cfg.trainer.max_staleness, cfg.trainer.total_steps = 1000, 10**6
     cfg.broker.max_message_bytes, cfg.broker.heartbeat_timeout_s = MAX_BYTES, 600.0
+    cfg.broker.max_image_bytes = MAX_IMAGE_BYTES
     cfg.broker.logger = []
     path = tmp_path / "config.yaml"
     config_mod.save(cfg, path)
@@ -325,8 +365,8 @@ def fuzz_config(tmp_path: Path) -> Path:
 async def test_broker_survives_100k_bad_frames_and_keeps_serving(tmp_path) -> None:
     config_path = fuzz_config(tmp_path)
     cfg = config_mod.load(config_path)
-    limits = limits_for(cfg.model, cfg.engines)
-    assert limits == Limits(vocab_size=VOCAB, max_tokens=MAX_TOKENS)
+    limits = limits_for(cfg.model, cfg.engines, cfg.broker)
+    assert limits == Limits(vocab_size=VOCAB, max_tokens=MAX_TOKENS, max_image_bytes=MAX_IMAGE_BYTES)
     t0 = time.perf_counter()
     bad, expected = make_bad_frames(N_FRAMES, limits)
     gen_s = time.perf_counter() - t0

@@ -1,19 +1,16 @@
 """The broker process's message handling over real ZeroMQ sockets: admission, assembly, serving,
 and bad input (malformed or oversized messages are rejected, counted, and the broker keeps serving)."""
 
-import asyncio
 
 import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
+from broker_testing import recv, start_broker
 from e2e_testing import dealer
 
 from agentstream.config import Config
 from agentstream.wire import messages as P
-from agentstream.wire.addresses import free_port
-from broker.server import Broker
-from broker.spec import broker_spec
 
 
 def small_config() -> Config:
@@ -24,20 +21,6 @@ def small_config() -> Config:
     cfg.learner.world_size = 1
     cfg.broker.max_message_bytes = 4096
     return cfg
-
-
-async def start_broker(cfg: Config) -> tuple[Broker, asyncio.Task, str]:
-    port = free_port()
-    broker = Broker(broker_spec(cfg), port, free_port())
-    task = asyncio.create_task(broker.serve())
-    while broker.status != "running":
-        await asyncio.sleep(0.01)
-    return broker, task, f"tcp://127.0.0.1:{port}"
-
-
-
-async def recv(sock: zmq.asyncio.Socket) -> P.Message:
-    return P.decode(await asyncio.wait_for(sock.recv_multipart(), 5))
 
 
 def step(gid: int, traj: str, done: bool) -> P.Transition:

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from agentstream.config import EnginesConfig, ModelConfig
+from agentstream.config import BrokerConfig, EnginesConfig, ModelConfig
 from agentstream.wire import messages as P
 from agentstream.wire.limits import Limits, check_limits, limits_for, model_vocab_size
 
@@ -188,8 +188,9 @@ def test_random_mutations_never_raise_anything_but_protocol_error(bundle: bool) 
 def test_limits_come_from_the_model_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 777}))
     limits = limits_for(dataclasses.replace(ModelConfig(), path=str(tmp_path)),
-                        dataclasses.replace(EnginesConfig(), max_model_len=300))
-    assert (limits.vocab_size, limits.max_tokens) == (777, 300)
+                        dataclasses.replace(EnginesConfig(), max_model_len=300),
+                        dataclasses.replace(BrokerConfig(), max_image_bytes=1234))
+    assert (limits.vocab_size, limits.max_tokens, limits.max_image_bytes) == (777, 300, 1234)
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 9}}))  # multimodal layout
     assert model_vocab_size(str(tmp_path)) == 9
     assert model_vocab_size(str(tmp_path / "absent")) == 0  # unknown: ids only checked to be >= 0
@@ -217,9 +218,9 @@ def test_the_fast_acceptance_of_bundle_items_is_never_looser_than_the_checks() -
 
 
 def test_the_fast_decoding_of_transitions_agrees_with_the_general_path(monkeypatch) -> None:
-    """Property: on random bundles and lone transitions, and random byte mutations of them, `decode`'s fast paths
-    (`_plain_transitions`, `_plain_transition`) give the same message, or the same reject code, as the general
-    path alone."""
+    """Property: on random bundles and lone transitions, with and without images, and random byte mutations of them,
+    `decode`'s fast paths (`_plain_transitions`, `_plain_transition`) give the same message, or the same reject code,
+    as the general path alone."""
     rng = random.Random(11)
 
     def outcome(frames):
@@ -227,17 +228,20 @@ def test_the_fast_decoding_of_transitions_agrees_with_the_general_path(monkeypat
             msg = P.decode(frames)
         except P.ProtocolError as exc:
             return exc.code
-        arrays = [f for f in ("prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs")
-                  if hasattr(msg, f)]
+        arrays = [f for f in ("prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs", "images",
+                              "image_shapes", "image_data") if hasattr(msg, f)]
         return (type(msg).__name__, sorted((k, repr(v)) for k, v in vars(msg).items() if k not in arrays),
-                *(getattr(msg, f).tolist() for f in arrays), *(str(getattr(msg, f).dtype) for f in arrays))
+                *(getattr(msg, f).tolist() for f in arrays), *(str(getattr(msg, f).dtype) for f in arrays),
+                *(getattr(msg, f).shape for f in arrays))
 
     cases = []
     for i in range(800):
         ts = [transition(traj_id=f"t{j}", step=j, seq=j, info={"k": j}, anchor="a" * rng.randint(0, 3),
                          prompt_ids=np.arange(rng.randint(0, 5), dtype=np.int32),
                          response_ids=np.arange(n := rng.randint(0, 4), dtype=np.int32),
-                         logprobs=np.full(n, -0.25, np.float32)) for j in range(rng.randint(1, 4))]
+                         logprobs=np.full(n, -0.25, np.float32),
+                         images=np.full((rng.randint(0, 2), 2, 3, 3), j, np.uint8) if i % 8 >= 4 else P._NO_IMAGES)
+              for j in range(rng.randint(1, 4))]
         msg = P.Transitions.of(ts) if i % 4 < 2 else ts[0]
         frames = [bytearray(f) for f in P.encode(msg)]
         for _ in range(rng.randint(0, 2)) if i % 2 else ():
@@ -246,18 +250,18 @@ def test_the_fast_decoding_of_transitions_agrees_with_the_general_path(monkeypat
                 frames[k][rng.randrange(len(frames[k]))] = rng.randrange(256)
         cases.append([bytes(f) for f in frames])
     with_fast = [outcome(c) for c in cases]
-    fast_taken = {"transitions": 0, "transition": 0}
+    fast_taken = {"transitions": 0, "transition": 0, "with images": 0}
     for c in cases:
         try:
             header = P.unpack_header(c[0])
         except P.ProtocolError:
             continue
-        if header.get("kind") == "transitions":
-            fast_taken["transitions"] += P._plain_transitions(header, c) is not None
-        elif header.get("kind") == "transition":
-            fast_taken["transition"] += P._plain_transition(header, c) is not None
+        plain = {"transitions": P._plain_transitions, "transition": P._plain_transition}.get(header.get("kind"))
+        if plain is not None and plain(header, c) is not None:
+            fast_taken[header["kind"]] += 1
+            fast_taken["with images"] += any(a[0] in ("images", "image_shapes") for a in header["_arrays"])
     monkeypatch.setattr(P, "_plain_transitions", lambda header, bufs: None)
     monkeypatch.setattr(P, "_plain_transition", lambda header, bufs: None)
     assert with_fast == [outcome(c) for c in cases]
-    # Both fast paths were taken, and both paths rejected some mutations.
+    # Both fast paths were taken, messages with images too, and both paths rejected some mutations.
     assert min(fast_taken.values()) > 200 and sum(isinstance(o, str) for o in with_fast) > 40
