@@ -11,15 +11,22 @@ the weight sidecar labels with `/update_weight_version`), so the interval is exa
 own. Any other vLLM OpenAI-compatible server works through `/v1/completions` with a token-id prompt; the
 interval then brackets the call with reads of the dev endpoint `/weight_info` (VLLM_SERVER_DEV_MODE=1).
 
+Images (a vision-language policy): `generate(prompt_ids, sampling, images=[...])` sends each image as a lossless
+PNG data URI in GENERATE's `content_parts`, with `prompt_ids` holding one unexpanded image placeholder per image
+(the model's `<image>`; vLLM expands it, as `learner.vision.expand_images` does for the learner). Only GENERATE
+takes images: /v1/completions would answer while ignoring them, so a server without GENERATE is an error.
+
 Shapes: T = tokens of one response.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -142,10 +149,13 @@ class EngineClient:
 
     async def generate(
         self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None = None,
-        extra: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None, images: Sequence[np.ndarray] | None = None,
     ) -> Generation:
         """Sample one response to `prompt_ids` ([P] token ids, chat template already applied). `extra`: more
-        vLLM fields for this request only (the gateway's `stop`, `structured_outputs`), like `extra_body`."""
+        vLLM fields for this request only (the gateway's `stop`, `structured_outputs`), like `extra_body`.
+        `images`: [H, W, 3] uint8 arrays, one per unexpanded image placeholder in `prompt_ids`, in order."""
+        if images:
+            return await self._generate_images(prompt_ids, sampling, seed, extra, images)
         if not self.versioned:
             body = await self._request(
                 "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model, extra)
@@ -173,14 +183,37 @@ class EngineClient:
         # hi < lo only if the engine restarted (its version went back) while we held an old read.
         return Generation(ids, logprobs, text, finish, version_lo=min(lo, hi), version_hi=hi)
 
+    async def _generate_images(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig,
+                               seed: int | None, extra: Mapping[str, Any] | None,
+                               images: Sequence[np.ndarray]) -> Generation:
+        """One generation with images: on GENERATE only (the one route that takes token ids and images)."""
+        missing = EngineError(f"{self.url} has no {GENERATE} (started without --enable-scale-out), the only route "
+                              f"that takes token ids with images: start it with engines.server.server_command")
+        if self.token_route is False:
+            raise missing
+        parts = [{"type": "image_url", "url": png_data_uri(image)} for image in images]
+        try:
+            gen = await self._generate_tokens(prompt_ids, sampling, seed, extra, parts)
+        except RouteMissing:
+            self.token_route = False
+            raise missing from None
+        self.token_route = True
+        return gen if self.versioned else replace(gen, version_lo=0, version_hi=0)
+
     async def _generate_tokens(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig,
-                               seed: int | None, extra: Mapping[str, Any] | None) -> Generation:
-        """One generation on GENERATE; its versions are the labels of the weights that sampled its tokens."""
+                               seed: int | None, extra: Mapping[str, Any] | None,
+                               content_parts: list[dict[str, str]] | None = None) -> Generation:
+        """One generation on GENERATE; its versions are the labels of the weights that sampled its tokens.
+        `content_parts`: the images of the prompt's placeholders, as vLLM's image_url parts."""
         if self.base_model is not None and self._known_version is None:
             await self.version()  # (once: with LoRA, which name to ask for)
         name = self.base_model if self.base_model is not None and self._known_version == 0 else self.model
-        body, _ = await self._post(GENERATE, name,
-                                   lambda model: self._generate_body(prompt_ids, sampling, seed, model, extra))
+
+        def body_for(model: str) -> dict[str, Any]:
+            body = self._generate_body(prompt_ids, sampling, seed, model, extra)
+            return {**body, "content_parts": content_parts} if content_parts else body
+
+        body, _ = await self._post(GENERATE, name, body_for)
         ids, logprobs, text, finish = self._parse_choice(body)
         try:
             spans = body["choices"][0].get("weight_versions") or []
@@ -300,6 +333,18 @@ class EngineClient:
                 error = RouteMissing if resp.status == 404 and text.strip() == _NO_ROUTE else EngineError
                 raise error(f"{method} {url} failed: HTTP {resp.status}: {text[:500]}")
             return await resp.json()
+
+
+def png_data_uri(image: np.ndarray) -> str:
+    """An [H, W, 3] uint8 image as a PNG data URI: lossless, so the engine sees exactly these pixels."""
+    from PIL import Image
+
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"an image must be an [H, W, 3] uint8 array (RGB); got {image.dtype} {image.shape}")
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 # ---------------------------------------------------------------------------------------------- engines of a run

@@ -12,7 +12,7 @@ What it does:
      adapter, format "peft_adapter": a peft adapter directory), then on the running server: pause (keep:
      in-flight requests are frozen, not dropped) -> reload through `engines.worker_ext` (an adapter:
      /v1/load_lora_adapter in place, under `engines.server.LORA_ADAPTER_NAME`) -> label the new version
-     -> reset the prefix cache -> resume; reports the new
+     -> reset the prefix cache (and the encoder and multimodal caches) -> resume; reports the new
      version to learner and broker and deletes older weight folders. Updates that queue up behind a
      running one are skipped in favour of the newest (each holds full weights);
      with --stream-workers (engines.weight_sync=stream) the weights come over the learner's weight group
@@ -59,6 +59,10 @@ from engines.server import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME, ServerNotReady
 log = logging.getLogger("engines.sidecar")
 
 RELOAD_METHOD = "agentstream_reload_weights"  # engines.worker_ext.WeightReloadExtension
+# Reset after every update: the encoder cache holds the old weights' image embeddings (an image repeated after a
+# reload otherwise kills vLLM 0.32's engine: "Encoder cache miss"); the multimodal cache's two copies (API server,
+# engine core) are reset together with it, so they stay in step. A server without the route (404) has no such cache.
+MM_CACHE_RESETS = ("/reset_encoder_cache", "/reset_mm_cache")
 STREAM_FORMATS = ("stream_join", "stream")  # WeightUpdate formats of the streamed weight sync
 
 
@@ -102,11 +106,15 @@ class ServerControl:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=apply_timeout_s)
 
-    async def call(self, path: str, json: dict[str, Any] | None = None, params: dict[str, str] | None = None) -> Any:
-        """POST `path`; returns the JSON answer (None if empty). Raises ApplyError naming the step."""
+    async def call(self, path: str, json: dict[str, Any] | None = None, params: dict[str, str] | None = None,
+                   absent_ok: bool = False) -> Any:
+        """POST `path`; returns the JSON answer (None if empty; also if the server lacks the route and `absent_ok`).
+        Raises ApplyError naming the step."""
         try:
             async with self._session.post(self.url + path, json=json, params=params, timeout=self._timeout) as resp:
                 text = await resp.text()
+                if resp.status == 404 and absent_ok:
+                    return None
                 if resp.status != 200:
                     raise ApplyError(f"POST {self.url}{path} failed: HTTP {resp.status}: {text[:500]}")
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -159,6 +167,8 @@ class ServerControl:
         reset = await self.call("/reset_prefix_cache", params={"reset_running_requests": "true"})
         if isinstance(reset, dict) and reset.get("success") is False:
             raise ApplyError(f"{self.url}/reset_prefix_cache refused (blocks still held); stale KV would be reused")
+        for path in MM_CACHE_RESETS:
+            await self.call(path, absent_ok=True)
         await self.call("/resume")
 
     async def requests_in_flight(self) -> int:

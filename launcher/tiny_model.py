@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -96,7 +96,7 @@ def make_tiny_model(
     the token embedding (as in Qwen2.5 0.5B/1.5B), else a weight of its own."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,10 +140,16 @@ def make_tiny_model(
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    return save_tiny(Qwen2ForCausalLM(config), out, eos_id, pad_id, __name__, seed)
+
+
+def save_tiny(model: Any, out: Path, eos_id: int, pad_id: int, made_by: str, seed: int) -> Path:
+    """Save a tiny model made by `made_by` (a module) with its generation config and our marker file."""
+    from transformers import GenerationConfig
+
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id).save_pretrained(out)
-    (out / "agentstream_tiny.json").write_text(json.dumps({"made_by": "launcher.tiny_model", "seed": seed}))
+    (out / "agentstream_tiny.json").write_text(json.dumps({"made_by": made_by, "seed": seed}))
     return out
 
 

@@ -1,6 +1,8 @@
-"""Make the tiny local model directory (Qwen2 + a BPE tokenizer trained on the envs' text).
+"""Make the tiny local model directory (Qwen2 + a BPE tokenizer trained on the envs' text), or with --vl the tiny
+vision-language one (Idefics3, SmolVLM's architecture, with the same tokenizer: launcher/tiny_vl_model.py).
 
     .venv/bin/python scripts/make_tiny_model.py --out .cache/tiny-model
+    .venv/bin/python scripts/make_tiny_model.py --vl --out .cache/tiny-vl-model
 """
 
 import argparse
@@ -11,10 +13,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentstream.config import TINY_MODEL_DIR  # noqa: E402
 from launcher.tiny_model import make_tiny_model  # noqa: E402
+from launcher.tiny_vl_model import TINY_VL_MODEL_DIR, make_tiny_vl_model  # noqa: E402
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(TINY_MODEL_DIR), help="output directory")
+    parser.add_argument("--out", default=None,
+                        help=f"output directory (default {TINY_MODEL_DIR}, with --vl {TINY_VL_MODEL_DIR})")
     parser.add_argument("--seed", type=int, default=0, help="weights and corpus seed")
+    parser.add_argument("--vl", action="store_true", help="the tiny vision-language model (Idefics3)")
     args = parser.parse_args()
-    print(make_tiny_model(args.out, seed=args.seed))
+    if args.vl:
+        print(make_tiny_vl_model(args.out or TINY_VL_MODEL_DIR, seed=args.seed))
+    else:
+        print(make_tiny_model(args.out or TINY_MODEL_DIR, seed=args.seed))

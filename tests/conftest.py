@@ -7,7 +7,7 @@ server takes ~40 s to start here; the suite's time."""
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,16 +26,24 @@ class VllmServer:
 
 def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: int | None = None, tied: bool = True
                      ) -> Iterator[VllmServer]:
-    """A vLLM server of a freshly made tiny model (`tied`: its LM head is its embedding) until the generator closes;
-    then its whole process group is stopped and checked gone."""
+    """A vLLM server of a freshly made tiny model (`tied`: its LM head is its embedding): `serve_model`."""
+    from launcher.tiny_model import make_tiny_model
+
+    yield from serve_model(tmp_path_factory, make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", tied=tied),
+                           max_model_len)
+
+
+def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model_len: int | None = None
+                ) -> Iterator[VllmServer]:
+    """A vLLM server of the model directory `model`, started as every engine is, until the generator closes; then
+    its whole process group is stopped and checked gone."""
     from agentstream.config import Config
     from agentstream.wire.addresses import free_port
     from engines.server import server_command, wait_ready
     from launcher.procs import start, stop, wait_gone
-    from launcher.tiny_model import make_tiny_model
 
     cfg = Config()
-    cfg.model.path = str(make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", tied=tied))
+    cfg.model.path = str(model)
     if max_model_len:
         cfg.engines.max_model_len = max_model_len
     port = free_port()
@@ -52,6 +60,12 @@ def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: in
     finally:
         stop(proc, 30)
         assert wait_gone([proc.pid], 15) == [], f"vLLM server {url} left processes of its group behind"
+
+
+@pytest.fixture(scope="session")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Iterator[VllmServer]]:
+    """`serve_model` for a test's own model directory: `for server in serving(model_dir): ...`."""
+    return lambda model, max_model_len=None: serve_model(tmp_path_factory, model, max_model_len)
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,7 @@ async def test_lora_apply_loads_the_adapter_in_place(fake_vllm, tmp_path):
     async with aiohttp.ClientSession() as session:
         await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 2, lora=True)
     assert fake_vllm.calls == ["/pause", "/v1/load_lora_adapter", "/update_weight_version", "/reset_prefix_cache",
-                               "/resume"]
+                               "/reset_encoder_cache", "/reset_mm_cache", "/resume"]
     assert fake_vllm.bodies[1] == {"lora_name": LORA_ADAPTER_NAME, "lora_path": str(tmp_path), "load_inplace": True}
     assert fake_vllm.version == "2"
 

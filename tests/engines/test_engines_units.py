@@ -291,7 +291,8 @@ async def test_server_control_apply_order(fake_vllm, tmp_path):
     async with aiohttp.ClientSession() as session:
         reports = await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 7)
     assert reports == [{"retied": True}]
-    assert fake_vllm.calls == ["/pause", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache", "/resume"]
+    assert fake_vllm.calls == ["/pause", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache",
+                               "/reset_encoder_cache", "/reset_mm_cache", "/resume"]
     assert fake_vllm.version == "7"
     rpc = fake_vllm.bodies[1]
     assert rpc == {"method": "agentstream_reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
