@@ -33,6 +33,7 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,7 +192,7 @@ class Actor:
             nonlocal engine  # the episode stays with the engine that last answered it
             self.requests_in_flight += 1
             try:
-                gen, engine = await self._generate(turn.prompt_ids, engine)
+                gen, engine = await self._generate(turn.prompt_ids, engine, turn.images)
             finally:
                 self.requests_in_flight -= 1
             self.policy_version = max(self.policy_version, gen.version_hi)
@@ -263,9 +264,11 @@ class Actor:
             version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=step.terminated,
             truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,
             info={"success": bool(step.info.get("success", False)), **info}, token_rewards=token_rewards,
+            **({"images": np.stack(step.turn.images)} if step.turn.images else {}),  # one size: one env's pictures
         )
 
-    async def _generate(self, prompt_ids: list[int], engine: EngineClient) -> tuple[Generation, EngineClient]:
+    async def _generate(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = ()
+                        ) -> tuple[Generation, EngineClient]:
         """Generate on `engine`; if it fails (dead, unreachable, timed out) or stalls (`_answer`), move to another
         engine and retry (counted as engine_failovers; stalls also as engine_stalls) until engines.request_timeout_s
         has passed without any answer. A retry is a new sample of the same prompt, never a continuation of what the
@@ -274,7 +277,7 @@ class Actor:
         deadline = time.monotonic() + self.spec.client.request_timeout_s
         while True:
             try:
-                return await self._answer(prompt_ids, engine), engine
+                return await self._answer(prompt_ids, engine, images), engine
             except EngineError as exc:
                 self.counters["engine_failovers"] += 1
                 self._engine_down[engine.url] = time.monotonic()
@@ -285,7 +288,8 @@ class Actor:
                 if time.monotonic() - self._engine_down.get(engine.url, -1e9) <= self._down_s:
                     await asyncio.sleep(1.0)  # every engine failed lately: wait for the first to recover
 
-    async def _answer(self, prompt_ids: list[int], engine: EngineClient) -> Generation:
+    async def _answer(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = ()
+                      ) -> Generation:
         """`engine.generate`, watched: a request unanswered for engines.stall_timeout_s has the engine probed
         (`EngineClient.alive`, shared by all its waiting requests); a probe unanswered as long as well raises
         EngineStalled, and the request is cancelled. A busy engine answers the probe: its requests wait on (up to
@@ -293,8 +297,8 @@ class Actor:
         waits on, as a cancelled one would only be sent to the same engine again."""
         stall = self.spec.client.stall_timeout_s
         if len(self.engines) < 2:
-            return await engine.generate(prompt_ids, self.spec.episode.sampling)
-        request = asyncio.ensure_future(engine.generate(prompt_ids, self.spec.episode.sampling))
+            return await engine.generate(prompt_ids, self.spec.episode.sampling, images=images or None)
+        request = asyncio.ensure_future(engine.generate(prompt_ids, self.spec.episode.sampling, images=images or None))
         try:
             while True:
                 done, _ = await asyncio.wait({request}, timeout=stall)

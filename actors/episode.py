@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
+
 from envs.base import TextEnv
 from memory import Memory
 from memory.prompt import Messages
@@ -64,6 +66,9 @@ class Turn:
     """`messages` through the chat template with the generation prompt; None if the memory has no tokenizer."""
     info: Mapping[str, Any]
     """The env's info about this state (from reset or the previous step), e.g. `admissible_actions`."""
+    images: tuple[np.ndarray, ...] = ()
+    """The pictures the prompt shows, in the order of its image placeholders (the memory's `prompt_images`;
+    none unless the memory shows images)."""
 
 
 @dataclass(frozen=True)
@@ -221,9 +226,9 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
     has_ids = mem.fitter.tokenizer is not None
     total, invalid, step = 0.0, 0, 0
     while True:
-        messages = mem.messages(obs)
+        messages = mem.messages(obs, image=info.get("image"))
         turn = Turn(step, obs, str(info.get("anchor", "")), messages,
-                    mem.fitter.token_ids(messages) if has_ids else None, info)
+                    mem.fitter.token_ids(messages) if has_ids else None, info, tuple(mem.prompt_images))
         response = generate(turn)
         if inspect.isawaitable(response):
             response = await response

@@ -97,7 +97,7 @@ async def play_episode(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, 
     env = spec.make_env()
 
     async def generate(turn: Turn) -> Generation:
-        return await engine.generate(turn.prompt_ids, spec.sampling)
+        return await engine.generate(turn.prompt_ids, spec.sampling, images=turn.images or None)
 
     try:
         outcome = await episode.play(env, mem, generate, seed=seed)

@@ -117,6 +117,11 @@ class MemoryConfig:
     """key_events: how many key steps older than the last k the prompt keeps."""
     max_prompt_tokens: int = 0
     """Prompt token budget (model's chat template); history is cut first. 0: max_model_len - sampling.max_tokens."""
+    images: str = "none"
+    """Which observation pictures a prompt shows (a vision-language model, an env with observation=image): none,
+    current (the current one), last_k (also those of the history steps shown; dropped oldest first for the budget)."""
+    image_tokens: int = 0
+    """Prompt tokens one image costs beyond its placeholder, for the budget. 0: measured with the model's processor."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from agentstream.config import (
 )
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.metrics import logger_errors
+from engines.server import is_vision_language
 from envs.registry import known_envs
 from gateway.spec import read_key
 from envs.toolcalls import TOOL_PARSERS
@@ -29,6 +30,7 @@ from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALU
 from learner.offpolicy import LEVELS, OFF_POLICY
 from launcher.placement import PlacementError, host_gpus, host_plan
 from memory import known_memories
+from memory.prompt import IMAGE_MODES
 
 
 def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
@@ -117,6 +119,18 @@ def _episode_errors(cfg: Config) -> list[str]:
             f"memory.max_prompt_tokens={mem.max_prompt_tokens or room} + sampling.max_tokens="
             f"{cfg.sampling.max_tokens} must fit engines.max_model_len={cfg.engines.max_model_len} (the engine "
             f"refuses longer requests): lower memory.max_prompt_tokens or raise engines.max_model_len.")
+    if mem.images not in IMAGE_MODES or mem.image_tokens < 0:
+        errors.append(f"memory.images={mem.images!r}, memory.image_tokens={mem.image_tokens}: use one of "
+                      f"{', '.join(IMAGE_MODES)}, and image_tokens >= 0 (0: measured with the model's processor).")
+    elif mem.images != "none":
+        if not is_vision_language(cfg.model.path):
+            errors.append(f"memory.images={mem.images} needs a vision-language model (a config.json with a "
+                          f"vision_config); model.path={cfg.model.path} is not one: use memory.images=none, or a "
+                          f"VL model directory (the tiny one: python scripts/make_tiny_model.py --vl).")
+        # The actors and engines take images; the learner's forward does not take their pixels yet, and would
+        # train on prompts whose image placeholders stand for nothing.
+        errors.append(f"memory.images={mem.images}: the learner does not train on images yet (issue 22: the "
+                      f"actor and engine side is in place); use memory.images=none.")
     return errors
 
 

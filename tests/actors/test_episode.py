@@ -153,7 +153,8 @@ class Engine:
     def __init__(self) -> None:
         self.answers, self.prompts = iter(SCRIPT), []
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None,
+                       images: Any = None) -> Generation:
         self.prompts.append(list(prompt_ids))
         text = next(self.answers)
         ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)

@@ -146,7 +146,8 @@ class JudgeServer:
         self.url, self.answer, self.gate, self.error = url, answer, gate, error
         self.prompts: list[str] = []
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None,
+                       images: Any = None) -> Generation:
         self.prompts.append("".join(map(chr, prompt_ids)))
         if self.gate is not None:
             await self.gate.wait()
@@ -265,7 +266,8 @@ class ByteTokenizer:
 class Engine:
     url = "http://e:0"
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None,
+                       images: Any = None) -> Generation:
         await asyncio.sleep(0)
         ids = np.frombuffer(RIGHT.encode(), dtype=np.uint8).astype(np.int32)
         return Generation(ids, np.zeros(len(ids), np.float32), RIGHT, "stop", 0, 0)

@@ -177,3 +177,44 @@ async def test_repeated_image_after_a_reload_runs_on_the_new_weights(vl: VL, tmp
     assert np.abs(after.logprobs - hf_logprobs(vl, after.response_ids, IMAGE_A)).max() > 1e-3
     vl.model.load_state_dict(perturbed)  # HF on the engine's weights (the module's last test leaves it so)
     np.testing.assert_allclose(after.logprobs, hf_logprobs(vl, after.response_ids, IMAGE_A), atol=TOL, rtol=0)
+
+
+async def test_an_episode_of_sokoban_pictures_reaches_the_engine_in_order(vl: VL) -> None:
+    """The actors' episode loop (env -> memory -> engine) with pictures: each prompt shows the pictures the memory
+    chose, in its placeholders' order, the current one last; the engine's log-probs with two pictures in one prompt
+    equal HF's with the same pictures in the same order."""
+    import envs
+    import memory
+    from actors.episode import Turn, play
+    from actors.spec import image_cost
+
+    # One <image> becomes 19 tokens in the tiny model (3 around 16 image tokens): 18 beyond its placeholder.
+    assert image_cost(str(vl.model_dir)) == 18
+    env = envs.make("agentstream/Sokoban-v0", max_steps=3, observation="image")
+    mem = memory.make("last_k", k=1, tokenizer=vl.processor.tokenizer, images="last_k", image_tokens=18)
+    turns: list[tuple[Turn, object]] = []
+    pictures: list[np.ndarray] = []  # the env's picture of each state, as the turns see it
+
+    async def generate(turn: Turn):
+        pictures.append(turn.info["image"])
+        async with aiohttp.ClientSession() as session:
+            engine = EngineClient(vl.url, session, timeout_s=120, extra_body={"ignore_eos": True})
+            gen = await engine.generate(turn.prompt_ids, SamplingConfig(max_tokens=8, temperature=1.0),
+                                        images=turn.images)
+        turns.append((turn, gen))
+        return gen
+
+    try:
+        outcome = await play(env, mem, generate, seed=3)
+    finally:
+        env.close()
+    assert outcome.steps == len(turns) >= 2
+    assert [len(t.images) for t, _ in turns] == [1] + [2] * (len(turns) - 1)  # k=1: the last step's and the current
+    for i, (turn, _) in enumerate(turns):
+        assert np.array_equal(turn.images[-1], pictures[i])
+        assert i == 0 or np.array_equal(turn.images[0], pictures[i - 1])
+        assert turn.prompt_ids.count(vl.processor.tokenizer.convert_tokens_to_ids("<image>")) == len(turn.images)
+    turn, gen = turns[-1]
+    with torch.no_grad():
+        ref = vl_response_logprobs(vl.model, vl.processor, turn.prompt_ids, gen.response_ids, list(turn.images))
+    np.testing.assert_allclose(gen.logprobs, ref.numpy(), atol=TOL, rtol=0)

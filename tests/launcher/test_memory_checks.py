@@ -23,3 +23,19 @@ def test_memory_values_that_cannot_work(field: str, value: int, needle: str) -> 
         check_config(cfg)
     setattr(cfg.memory, field, 1000 if field == "max_prompt_tokens" else 0)
     check_config(cfg)  # 1000 + 24 = 1024 fits exactly
+
+
+def test_images_need_a_known_mode_a_vision_language_model_and_for_now_say_the_learner_lacks_them(tmp_path) -> None:
+    cfg = C.Config()
+    cfg.memory.images = "all"
+    with pytest.raises(C.ConfigError, match=r"memory\.images='all', memory\.image_tokens=0: use one of none, current"):
+        check_config(cfg)
+    cfg.memory.images = "current"  # the default model (the tiny text one) has no vision tower
+    with pytest.raises(C.ConfigError, match=r"needs a vision-language model .*make_tiny_model\.py --vl"):
+        check_config(cfg)
+    (tmp_path / "config.json").write_text('{"vision_config": {}}')
+    cfg.model.path = str(tmp_path)
+    with pytest.raises(C.ConfigError) as refused:
+        check_config(cfg)
+    assert "needs a vision-language model" not in str(refused.value)
+    assert "the learner does not train on images yet" in str(refused.value)
