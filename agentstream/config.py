@@ -82,6 +82,8 @@ class ModelConfig:
     """Names of the linear layers that get an adapter (peft `target_modules`; vLLM must support them)."""
     lora_dropout: float = 0.0
     """Dropout on the adapter's input while training (engines never apply it)."""
+    train_vision: bool = False
+    """A vision-language model: also train its vision tower and connector (frozen by default, as in verl-agent)."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from engines.server import is_vision_language
 from learner.batching import MicroBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -49,9 +50,12 @@ def init_distributed(backend: str) -> tuple[int, int, torch.device]:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks to shard one by one, found by the model's own `_no_split_modules` names."""
+    """The repeated blocks to shard one by one, found by the model's own `_no_split_modules` names; in a
+    vision-language model only the language model's (its vision tower stays with the root, gathered in every
+    forward: a rank whose micro-batch has no image must not skip the tower's collectives)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    root = model.get_decoder() if is_vision_language_model(model) else model
+    layers = [m for m in root.modules() if type(m).__name__ in names]
     if not layers:
         raise RuntimeError(
             f"found no decoder layers in {type(model).__name__} (its _no_split_modules={sorted(names)}); "
@@ -84,21 +88,40 @@ def lora_spec(
     return LoraSpec(rank, alpha, tuple(target_modules), dropout, init_seed) if rank > 0 else None
 
 
+def is_vision_language_model(model: nn.Module) -> bool:
+    """Whether `model` reads images (its config has a vision tower's)."""
+    return getattr(model.config, "vision_config", None) is not None
+
+
+def freeze_vision(model: nn.Module) -> None:
+    """Freeze every weight of a vision-language model but its language model's and its output layer's: the vision
+    tower and the connector that maps its features into the language model's embeddings."""
+    language = {id(p) for m in (model.get_decoder(), model.get_output_embeddings()) for p in m.parameters()}
+    for p in model.parameters():
+        if id(p) not in language:
+            p.requires_grad_(False)
+
+
 def load_policy(
-    path: str, dtype: str, device: torch.device, world_size: int, lora: LoraSpec | None = None
+    path: str, dtype: str, device: torch.device, world_size: int, lora: LoraSpec | None = None,
+    train_vision: bool = False,
 ) -> nn.Module:
     """Load `path` with fp32 master weights, `fully_shard` each decoder layer, then the root.
-    dtype=bfloat16 computes in bf16 (MixedPrecisionPolicy) and reduces gradients in fp32.
+    dtype=bfloat16 computes in bf16 (MixedPrecisionPolicy) and reduces gradients in fp32. A vision-language
+    directory loads as its image-text-to-text model, its vision side frozen unless `train_vision`.
 
     With `lora`, the model is wrapped by peft's `get_peft_model` BEFORE sharding (FSDP2 must see the adapter
     parameters as part of each layer); only the adapter's parameters then require gradients."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per rank per run is noise in the run's log
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(DTYPES)}")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    vision = is_vision_language(path)
+    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(path, dtype=torch.float32)
+    if vision and not train_vision:
+        freeze_vision(model)
     if lora is not None:
         from peft import get_peft_model
 
@@ -141,7 +164,7 @@ def disabled_adapter(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def vocab_size(model: nn.Module) -> int:
-    return int(model.config.vocab_size)
+    return int(model.config.get_text_config().vocab_size)  # a vision-language model's is its language model's
 
 
 def response_logprobs(model: nn.Module, mb: MicroBatch, chunk_tokens: int = 0) -> Tensor:
