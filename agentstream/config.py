@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-model"
+TINY_VL_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-vl-model"
 
 
 @dataclass
@@ -163,6 +164,8 @@ class EnginesConfig:
     "0" or "0-3"); empty: vLLM's own choice. vLLM binds the threads of its `mp` worker only."""
     max_model_len: int = 1024
     """Context length the servers accept."""
+    max_images_per_prompt: int = 4
+    """A vision-language model: images one prompt may hold (vLLM sizes its encoder cache for it)."""
     gpu_memory_utilization: float = 0.4
     """Fraction of GPU memory a server may take (GPU machines only)."""
     gpus_per_engine: int = 1

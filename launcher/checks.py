@@ -13,6 +13,7 @@ from actors.token_rewards import token_reward_errors
 from agentstream.config import (
     REPO_ROOT,
     TINY_MODEL_DIR,
+    TINY_VL_MODEL_DIR,
     AlgorithmConfig,
     Config,
     ConfigError,
@@ -25,7 +26,7 @@ from engines.server import is_vision_language
 from envs.registry import known_envs
 from gateway.spec import read_key
 from envs.toolcalls import TOOL_PARSERS
-from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS
+from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS, NEEDS_VALUES
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY
 from launcher.placement import PlacementError, host_gpus, host_plan
@@ -53,6 +54,9 @@ def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
     known = sorted(p for p in params if p not in ("self", "render_mode"))
     return [f"env.kwargs has {unknown}, which {name} does not take; it takes {known}."]
 
+
+TINY_DIRS = (TINY_MODEL_DIR.resolve(), TINY_VL_MODEL_DIR.resolve())
+"""The tiny local models' directories: made on first use (launcher.run), so they need not exist yet."""
 
 def check_config(cfg: Config) -> None:
     """Raise one ConfigError listing every value of `cfg` that cannot work."""
@@ -123,14 +127,33 @@ def _episode_errors(cfg: Config) -> list[str]:
         errors.append(f"memory.images={mem.images!r}, memory.image_tokens={mem.image_tokens}: use one of "
                       f"{', '.join(IMAGE_MODES)}, and image_tokens >= 0 (0: measured with the model's processor).")
     elif mem.images != "none":
-        if not is_vision_language(cfg.model.path):
-            errors.append(f"memory.images={mem.images} needs a vision-language model (a config.json with a "
-                          f"vision_config); model.path={cfg.model.path} is not one: use memory.images=none, or a "
-                          f"VL model directory (the tiny one: python scripts/make_tiny_model.py --vl).")
-        # The actors and engines take images; the learner's forward does not take their pixels yet, and would
-        # train on prompts whose image placeholders stand for nothing.
-        errors.append(f"memory.images={mem.images}: the learner does not train on images yet (issue 22: the "
-                      f"actor and engine side is in place); use memory.images=none.")
+        errors += _image_errors(cfg)
+    return errors
+
+
+def _image_errors(cfg: Config) -> list[str]:
+    """A run whose prompts show images: a vision-language model, room for the images, what trains them."""
+    mem, errors = cfg.memory, []
+    if not is_vision_language(cfg.model.path) and Path(cfg.model.path).resolve() != TINY_VL_MODEL_DIR.resolve():
+        errors.append(f"memory.images={mem.images} needs a vision-language model (a config.json with a "
+                      f"vision_config); model.path={cfg.model.path} is not one: use memory.images=none, or a VL "
+                      f"model directory (the tiny one: model.path={TINY_VL_MODEL_DIR}, made on first use).")
+    most = 1 if mem.images == "current" else mem.k + 1 if mem.kind == "last_k" else None
+    if most is None:
+        errors.append(f"memory.images=last_k with memory.kind={mem.kind}: that memory may show any number of "
+                      f"history pictures; use memory.kind=last_k (at most k + 1 pictures) or memory.images=current.")
+    elif most > cfg.engines.max_images_per_prompt:
+        errors.append(f"memory.images={mem.images} shows up to {most} pictures per prompt, more than "
+                      f"engines.max_images_per_prompt={cfg.engines.max_images_per_prompt}: raise it or lower memory.k.")
+    # The learner takes the pictures (learner.vision, Sequences.with_images), but a response that holds the model's
+    # image token (a random tiny model samples it) is taken for an image slot by the model's forward, which then
+    # fails; until the forward is told the prompt's slots, no run trains on images.
+    errors.append(f"memory.images={mem.images}: runs with images are not enabled yet (issue 22): a response that "
+                  f"holds the model's image token breaks the learner's forward; use memory.images=none.")
+    if cfg.model.lora_rank or cfg.algorithm.advantage in NEEDS_VALUES:
+        errors.append(f"memory.images={mem.images}: a vision-language policy trains full weights without a critic "
+                      f"for now (model.lora_rank={cfg.model.lora_rank}, algorithm.advantage="
+                      f"{cfg.algorithm.advantage}): use model.lora_rank=0 and a critic-free advantage (grpo, gigpo).")
     return errors
 
 
@@ -143,7 +166,7 @@ def _model_errors(cfg: Config) -> list[str]:
             f"model.path={cfg.model.path!r} is the warm-started tiny model, which is not made yet: run "
             f"`.venv/bin/python scripts/warm_start.py` once (1-2 minutes; it teaches only the action format)."
         )
-    elif model.resolve() != TINY_MODEL_DIR.resolve() and not (model / "config.json").is_file():
+    elif model.resolve() not in TINY_DIRS and not (model / "config.json").is_file():
         errors.append(
             f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json). "
             f"Point it at a local model directory, or leave it unset for the tiny local model."

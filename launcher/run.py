@@ -28,6 +28,7 @@ from launcher.join import run_join
 from launcher.progress import get_json, progress_loop, write_summary
 from launcher.supervisor import Launcher, RunFailed
 from launcher.tiny_model import ensure_tiny_model
+from launcher.tiny_vl_model import make_tiny_vl_model
 from launcher.wiring import resolved
 
 
@@ -125,6 +126,8 @@ def run(cfg: Config, run_dir: Path) -> int:
         return 2
     if Path(cfg.model.path).resolve() == config_mod.TINY_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.model.path)
+    if Path(cfg.model.path).resolve() == config_mod.TINY_VL_MODEL_DIR.resolve():
+        ensure_tiny_model(cfg.model.path, make=make_tiny_vl_model)
     if cfg.judges.count and cfg.judges.model and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.judges.model)  # a judge of the tiny model beside another policy
     run_dir.mkdir(parents=True, exist_ok=True)

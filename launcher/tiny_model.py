@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -153,9 +153,9 @@ def save_tiny(model: Any, out: Path, eos_id: int, pad_id: int, made_by: str, see
     return out
 
 
-def ensure_tiny_model(path: str | Path) -> Path:
-    """Make the tiny model at `path` unless a model directory is already there."""
+def ensure_tiny_model(path: str | Path, make: Callable[[Path], Path] = make_tiny_model) -> Path:
+    """Make the tiny model at `path` with `make` unless a model directory is already there."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        make_tiny_model(path)
+        make(path)
     return path

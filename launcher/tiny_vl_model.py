@@ -21,10 +21,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from agentstream.config import REPO_ROOT
 from launcher.tiny_model import make_tiny_model, save_tiny
 
-TINY_VL_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-vl-model"
 IMAGE_SIZE = 64  # pixels per side of the one tile an image becomes
 PATCH_SIZE = 8
 SCALE_FACTOR = 2  # pixel shuffle: SCALE_FACTOR**2 patches -> one token

@@ -19,6 +19,7 @@ B = rows (sequences) of a micro-batch, L = its longest sequence, Q = response to
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,10 +38,17 @@ class Sequences:
     behav_logp: Tensor  # [R] float32
     prompt_lens: Tensor  # [N] long
     response_lens: Tensor  # [N] long
+    pixels: tuple[dict[str, Tensor], ...] = ()
+    """Per transition, its images as the model's inputs (e.g. pixel_values [n, 3, H, W], pixel_attention_mask
+    [n, H, W]; empty without images); () when the batch has no images. Its prompt ids are then expanded."""
 
     @classmethod
-    def from_batch(cls, batch: Batch) -> "Sequences":
-        """Check that the columnar arrays agree with each other; raise ValueError saying what does not."""
+    def from_batch(cls, batch: Batch, expand: "Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]] | None"
+                   = None) -> "Sequences":
+        """Check that the columnar arrays agree with each other; raise ValueError saying what does not.
+
+        A batch with images needs `expand` (a vision-language policy's `learner.vision.expand_images`): each such
+        prompt's image placeholders become the model's image tokens, and its pixels the model's inputs."""
         n = len(batch.prompt_lens)
         if len(batch.response_lens) != n:
             raise ValueError(f"batch {batch.step}: {n} prompt_lens but {len(batch.response_lens)} response_lens")
@@ -57,13 +65,32 @@ class Sequences:
             raise ValueError(f"batch {batch.step}: a transition has an empty prompt; every prompt needs >= 1 token")
         if n and int(np.min(batch.response_lens)) < 0:
             raise ValueError(f"batch {batch.step}: negative response length")
-        return cls(
+        seqs = cls(
             prompt_ids=torch.from_numpy(np.asarray(batch.prompt_ids, dtype=np.int64)),
             response_ids=torch.from_numpy(np.asarray(batch.response_ids, dtype=np.int64)),
             behav_logp=torch.from_numpy(np.array(batch.logprobs, dtype=np.float32)),
             prompt_lens=torch.from_numpy(np.asarray(batch.prompt_lens, dtype=np.int64)),
             response_lens=torch.from_numpy(np.asarray(batch.response_lens, dtype=np.int64)),
         )
+        if not batch.image_data.size:
+            return seqs
+        if expand is None:
+            raise ValueError(f"batch {batch.step} holds images but the policy is not a vision-language model "
+                             f"(model.path has no vision_config): train a VL model, or run with memory.images=none")
+        return seqs.with_images(batch, expand)
+
+    def with_images(self, batch: Batch, expand: Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]]
+                    ) -> "Sequences":
+        """These sequences with each prompt's images expanded (`from_batch`)."""
+        ends = torch.cumsum(self.prompt_lens, 0).tolist()
+        prompts, pixels = [], []
+        for i, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+            ids, images = self.prompt_ids[start:end].numpy(), batch.images_of(i)
+            inputs = expand(ids, list(images)) if len(images) else {"input_ids": torch.from_numpy(ids)[None]}
+            prompts.append(inputs.pop("input_ids")[0])
+            pixels.append({k: v[0] for k, v in inputs.items()})  # [n, ...]: this prompt's images
+        return Sequences(torch.cat(prompts), self.response_ids, self.behav_logp,
+                         torch.tensor([len(p) for p in prompts], dtype=torch.long), self.response_lens, tuple(pixels))
 
     @property
     def num_transitions(self) -> int:
@@ -88,6 +115,8 @@ class MicroBatch:
     mask: Tensor  # [Q] bool, False only in a zero-weight micro-batch
     token_index: Tensor  # [Q] long, index of each token in the batch's response arrays
     position_ids: Tensor | None = None  # [B, L] long, restarting at 0 per sequence; packed rows only
+    pixels: dict[str, Tensor] | None = None  # the rows' images in row order (e.g. pixel_values [1, N, 3, H, W]);
+    # the model fills its image tokens with them in the order the tokens come, row after row
 
     @property
     def num_tokens(self) -> int:
@@ -169,6 +198,7 @@ def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor
         mask=torch.ones(token_index.numel(), dtype=torch.bool),
         token_index=token_index,
         position_ids=torch.cat(pos)[None],  # [1, L]
+        pixels=_pixels(seqs, seq_ids),
     )
 
 
@@ -198,7 +228,14 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         advantages=torch.cat(adv).to(torch.float32),
         mask=torch.ones(token_index.numel(), dtype=torch.bool),
         token_index=token_index,
+        pixels=_pixels(seqs, rows),
     )
+
+
+def _pixels(seqs: Sequences, seq_ids: list[int]) -> dict[str, Tensor] | None:
+    """The images of sequences `seq_ids`, in that order, as one forward's inputs ([1, N, ...]); None: no image."""
+    parts = [seqs.pixels[i] for i in seq_ids if seqs.pixels and seqs.pixels[i]]
+    return {k: torch.cat([p[k] for p in parts])[None] for k in parts[0]} if parts else None
 
 
 def dummy_micro_batch(pad_id: int = 0) -> MicroBatch:

@@ -197,6 +197,7 @@ def token_logprobs(
         inputs["attention_mask"] = mb.attention_mask.to(device)
     if mb.position_ids is not None:
         inputs["position_ids"] = mb.position_ids.to(device)
+    inputs.update({k: v.to(device) for k, v in (mb.pixels or {}).items()})
     targets = mb.targets.to(device)  # [Q]
     if chunk_tokens <= 0:
         out = model(**inputs, use_cache=False, logits_to_keep=keep.to(device))

@@ -26,9 +26,10 @@ micro-batch, S = sequences in it, T = the longest response in it.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,9 +45,11 @@ from learner.advantages import (
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
-from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs
+from engines.server import is_vision_language
+from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs, vocab_size
 from learner.preference import GLOBAL_SHARES
 from learner.token_rewards import rewards_to_go
+from learner.vision import expand_images
 
 if TYPE_CHECKING:
     from learner.critic import Critic
@@ -108,6 +111,8 @@ class StepModels:
 
     critic: "Critic | None" = None
     reference: nn.Module | None = None
+    processor: Any = None
+    """A vision-language policy's HF processor: expands a batch's images into the policy's inputs."""
 
 
 def make_step_models(model_cfg: ModelConfig, algo: AlgorithmConfig, learner: LearnerConfig, device: torch.device,
@@ -125,7 +130,12 @@ def make_step_models(model_cfg: ModelConfig, algo: AlgorithmConfig, learner: Lea
                              value_loss_agg=algo.value_loss_agg)
     if (algo.kl_coef > 0 or algo.advantage in NEEDS_LOGPROBS) and algo.reference == "frozen_copy":
         reference = load_frozen_reference(model_cfg.path, model_cfg.dtype, device, world_size)
-    return StepModels(critic=critic, reference=reference)
+    processor = None
+    if is_vision_language(model_cfg.path):
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model_cfg.path)
+    return StepModels(critic=critic, reference=reference, processor=processor)
 
 
 def load_frozen_reference(path: str, dtype: str, device: torch.device, world_size: int) -> nn.Module:
@@ -198,8 +208,8 @@ def whiten_global(adv: Tensor, tokens: Tensor, device: torch.device) -> Tensor:
     return whiten_batch(adv, tokens, total)
 
 
-def checked_sequences(batch: Batch, vocab: int) -> Sequences:
-    seqs = Sequences.from_batch(batch)
+def checked_sequences(batch: Batch, vocab: int, processor: Any = None) -> Sequences:
+    seqs = Sequences.from_batch(batch, None if processor is None else functools.partial(expand_images, processor))
     for name, ids in (("prompt_ids", seqs.prompt_ids), ("response_ids", seqs.response_ids)):
         if ids.numel() and (int(ids.max()) >= vocab or int(ids.min()) < 0):
             raise ValueError(f"batch {batch.step}: {name} holds token ids outside the model's vocabulary [0, {vocab})")
@@ -306,7 +316,7 @@ def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
 
 def batch_stats(batch: Batch, version: int) -> dict[str, float]:
     """Local sums/maxes: staleness = learner version - the oldest version that produced a response (mean,
-    max, and the fraction at each lag), rewards, invalid actions."""
+    max, and the fraction at each lag), rewards, invalid actions, prompt images."""
     lag = version - np.asarray(batch.version_lo, dtype=np.int64)  # [N]
     buckets = {f"staleness_n_{k}": float(np.count_nonzero(lag == k)) for k in range(STALENESS_BUCKETS)}
     buckets[f"staleness_n_{STALENESS_BUCKETS}plus"] = float(np.count_nonzero(lag >= STALENESS_BUCKETS))
@@ -315,6 +325,7 @@ def batch_stats(batch: Batch, version: int) -> dict[str, float]:
         "transitions": float(lag.size), "max:batch_version_lag": float(version - batch.learner_version),
         "reward_sum": float(np.sum(batch.rewards, dtype=np.float64)),
         "invalid": float(np.size(batch.valid) - np.count_nonzero(batch.valid)), **buckets,
+        "images": float(batch.image_shapes[:, 0].sum()) if batch.image_shapes.size else 0.0,
     }
 
 
@@ -330,7 +341,7 @@ def train_step(
     """Train on `batch` (this rank's share) at policy `version`; returns global (all-rank) metrics."""
     t0 = time.perf_counter()
     models = models or StepModels()
-    seqs = checked_sequences(batch, int(model.config.vocab_size))
+    seqs = checked_sequences(batch, vocab_size(model), models.processor)
     local: dict[str, float] = {}
     rewards = values = logp = ref_logp = None
     name, options = opts.algo.advantage, opts.advantage_options()
@@ -419,6 +430,7 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out.update({k.removeprefix("max:"): v for k, v in maxes.items()})
     out.update(staleness_mean=sums["staleness_sum"] / n, reward_mean=sums["reward_sum"] / n,
                invalid_frac=sums["invalid"] / n, valid_action_ratio=1.0 - sums["invalid"] / n,
+               images_per_transition=sums["images"] / n,
                zero_weight_micro_batches=sums["zero_weight_micro_batches"])
     out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
     if "reward_kl_sum" in sums:

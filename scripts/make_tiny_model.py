@@ -11,9 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentstream.config import TINY_MODEL_DIR  # noqa: E402
+from agentstream.config import TINY_MODEL_DIR, TINY_VL_MODEL_DIR  # noqa: E402
 from launcher.tiny_model import make_tiny_model  # noqa: E402
-from launcher.tiny_vl_model import TINY_VL_MODEL_DIR, make_tiny_vl_model  # noqa: E402
+from launcher.tiny_vl_model import make_tiny_vl_model  # noqa: E402
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

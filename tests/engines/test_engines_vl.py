@@ -81,7 +81,8 @@ def test_server_command_makes_room_for_images(vl_dir: Path, tmp_path: Path) -> N
 
     cfg = Config()
     cfg.model.path = str(vl_dir)
-    argv, _ = server_command(cfg.model, cfg.engines, 8000, on_gpu=False, max_images=3)
+    cfg.engines.max_images_per_prompt = 3
+    argv, _ = server_command(cfg.model, cfg.engines, 8000, on_gpu=False)
     assert json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) == {"image": 3, "video": 0}
     cfg.model.path = str(make_tiny_model(tmp_path / "text", texts=TEXTS, vocab_size=300))
     argv, _ = server_command(cfg.model, cfg.engines, 8000, on_gpu=False)

@@ -25,17 +25,30 @@ def test_memory_values_that_cannot_work(field: str, value: int, needle: str) -> 
     check_config(cfg)  # 1000 + 24 = 1024 fits exactly
 
 
-def test_images_need_a_known_mode_a_vision_language_model_and_for_now_say_the_learner_lacks_them(tmp_path) -> None:
-    cfg = C.Config()
-    cfg.memory.images = "all"
-    with pytest.raises(C.ConfigError, match=r"memory\.images='all', memory\.image_tokens=0: use one of none, current"):
-        check_config(cfg)
-    cfg.memory.images = "current"  # the default model (the tiny text one) has no vision tower
-    with pytest.raises(C.ConfigError, match=r"needs a vision-language model .*make_tiny_model\.py --vl"):
-        check_config(cfg)
-    (tmp_path / "config.json").write_text('{"vision_config": {}}')
-    cfg.model.path = str(tmp_path)
+
+
+def _refusal(cfg: C.Config) -> str:
     with pytest.raises(C.ConfigError) as refused:
         check_config(cfg)
-    assert "needs a vision-language model" not in str(refused.value)
-    assert "the learner does not train on images yet" in str(refused.value)
+    return str(refused.value)
+
+
+def test_images_need_a_known_mode_a_vision_language_model_and_room_in_the_engine(tmp_path) -> None:
+    cfg = C.Config()
+    cfg.memory.images = "all"
+    assert "memory.images='all', memory.image_tokens=0: use one of none, current" in _refusal(cfg)
+    cfg.memory.images = "current"  # the default model (the tiny text one) has no vision tower
+    assert "tiny-vl-model, made on first use" in _refusal(cfg)
+    for model in (C.TINY_VL_MODEL_DIR, tmp_path):  # the tiny one need not exist yet; any dir with a vision_config
+        (tmp_path / "config.json").write_text('{"vision_config": {}}')
+        cfg.model.path = str(model)
+        # what is left: images are not enabled yet (issue 22), and only that
+        assert _refusal(cfg).count("\n  - ") == 1 and "runs with images are not enabled yet" in _refusal(cfg)
+    cfg.memory.images, cfg.memory.k, cfg.engines.max_images_per_prompt = "last_k", 2, 3
+    assert "pictures per prompt" not in _refusal(cfg)  # the last 2 steps' pictures and the current one: 3
+    cfg.engines.max_images_per_prompt = 2
+    assert "up to 3 pictures per prompt, more than engines.max_images_per_prompt=2" in _refusal(cfg)
+    cfg.memory.kind = "full"
+    assert "memory.kind=full: that memory may show any number" in _refusal(cfg)
+    cfg.memory.kind, cfg.memory.images, cfg.model.lora_rank = "last_k", "current", 8
+    assert "full weights without a critic for now (model.lora_rank=8" in _refusal(cfg)
