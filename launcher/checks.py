@@ -145,11 +145,6 @@ def _image_errors(cfg: Config) -> list[str]:
     elif most > cfg.engines.max_images_per_prompt:
         errors.append(f"memory.images={mem.images} shows up to {most} pictures per prompt, more than "
                       f"engines.max_images_per_prompt={cfg.engines.max_images_per_prompt}: raise it or lower memory.k.")
-    # The learner takes the pictures (learner.vision, Sequences.with_images), but a response that holds the model's
-    # image token (a random tiny model samples it) is taken for an image slot by the model's forward, which then
-    # fails; until the forward is told the prompt's slots, no run trains on images.
-    errors.append(f"memory.images={mem.images}: runs with images are not enabled yet (issue 22): a response that "
-                  f"holds the model's image token breaks the learner's forward; use memory.images=none.")
     if cfg.model.lora_rank or cfg.algorithm.advantage in NEEDS_VALUES:
         errors.append(f"memory.images={mem.images}: a vision-language policy trains full weights without a critic "
                       f"for now (model.lora_rank={cfg.model.lora_rank}, algorithm.advantage="

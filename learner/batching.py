@@ -41,6 +41,9 @@ class Sequences:
     pixels: tuple[dict[str, Tensor], ...] = ()
     """Per transition, its images as the model's inputs (e.g. pixel_values [n, 3, H, W], pixel_attention_mask
     [n, H, W]; empty without images); () when the batch has no images. Its prompt ids are then expanded."""
+    image_slots: Tensor | None = None
+    """[S] bool: the prompt positions the images' features fill (None: no images). An image token elsewhere (one the
+    model generated, in a response or quoted in a later prompt) stays a token, as in the engine."""
 
     @classmethod
     def from_batch(cls, batch: Batch, expand: "Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]] | None"
@@ -83,14 +86,16 @@ class Sequences:
                     ) -> "Sequences":
         """These sequences with each prompt's images expanded (`from_batch`)."""
         ends = torch.cumsum(self.prompt_lens, 0).tolist()
-        prompts, pixels = [], []
+        prompts, slots, pixels = [], [], []
         for i, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
             ids, images = self.prompt_ids[start:end].numpy(), batch.images_of(i)
             inputs = expand(ids, list(images)) if len(images) else {"input_ids": torch.from_numpy(ids)[None]}
             prompts.append(inputs.pop("input_ids")[0])
+            slots.append(inputs.pop("image_slots", torch.zeros_like(prompts[-1], dtype=torch.bool)[None])[0])
             pixels.append({k: v[0] for k, v in inputs.items()})  # [n, ...]: this prompt's images
         return Sequences(torch.cat(prompts), self.response_ids, self.behav_logp,
-                         torch.tensor([len(p) for p in prompts], dtype=torch.long), self.response_lens, tuple(pixels))
+                         torch.tensor([len(p) for p in prompts], dtype=torch.long), self.response_lens, tuple(pixels),
+                         torch.cat(slots))
 
     @property
     def num_transitions(self) -> int:
@@ -116,7 +121,8 @@ class MicroBatch:
     token_index: Tensor  # [Q] long, index of each token in the batch's response arrays
     position_ids: Tensor | None = None  # [B, L] long, restarting at 0 per sequence; packed rows only
     pixels: dict[str, Tensor] | None = None  # the rows' images in row order (e.g. pixel_values [1, N, 3, H, W]);
-    # the model fills its image tokens with them in the order the tokens come, row after row
+    # the model fills the image slots with them in the order the slots come, row after row
+    image_slots: Tensor | None = None  # [B, L] bool, the prompt positions the images fill; None without images
 
     @property
     def num_tokens(self) -> int:
@@ -199,6 +205,9 @@ def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor
         token_index=token_index,
         position_ids=torch.cat(pos)[None],  # [1, L]
         pixels=_pixels(seqs, seq_ids),
+        image_slots=None if seqs.image_slots is None else torch.cat(
+            [torch.cat([seqs.image_slots[int(p_off[i]):int(p_off[i] + seqs.prompt_lens[i])],
+                        torch.zeros(int(seqs.response_lens[i]), dtype=torch.bool)]) for i in seq_ids])[None],
     )
 
 
@@ -206,6 +215,7 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
     width = max(int(seqs.prompt_lens[i] + seqs.response_lens[i]) for i in rows)
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
     attention_mask = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
+    slots = None if seqs.image_slots is None else torch.zeros(len(rows), width, dtype=torch.bool)  # [B, L]
     logit_rows, logit_pos, tok_index, adv = [], [], [], []
     for b, i in enumerate(rows):
         p, r = int(seqs.prompt_lens[i]), int(seqs.response_lens[i])
@@ -213,6 +223,8 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         input_ids[b, :p] = seqs.prompt_ids[po : po + p]
         input_ids[b, p : p + r] = seqs.response_ids[ro : ro + r]
         attention_mask[b, : p + r] = 1
+        if slots is not None:
+            slots[b, :p] = seqs.image_slots[po : po + p]
         logit_rows.append(torch.full((r,), b, dtype=torch.long))
         logit_pos.append(torch.arange(p - 1, p + r - 1))
         tok_index.append(torch.arange(ro, ro + r))
@@ -229,6 +241,7 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         mask=torch.ones(token_index.numel(), dtype=torch.bool),
         token_index=token_index,
         pixels=_pixels(seqs, rows),
+        image_slots=slots,
     )
 
 

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from engines.server import is_vision_language
 from learner.batching import MicroBatch
+from learner.vision import image_slots, merge_at_slots
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -120,6 +121,8 @@ def load_policy(
         raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(DTYPES)}")
     vision = is_vision_language(path)
     model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(path, dtype=torch.float32)
+    if vision:
+        merge_at_slots(model)  # images fill the prompt's slots only: a generated image token stays a token
     if vision and not train_vision:
         freeze_vision(model)
     if lora is not None:
@@ -200,10 +203,12 @@ def token_logprobs(
     inputs.update({k: v.to(device) for k, v in (mb.pixels or {}).items()})
     targets = mb.targets.to(device)  # [Q]
     if chunk_tokens <= 0:
-        out = model(**inputs, use_cache=False, logits_to_keep=keep.to(device))
+        with image_slots(model, mb.image_slots):
+            out = model(**inputs, use_cache=False, logits_to_keep=keep.to(device))
         logits = out.logits[mb.logit_rows.to(device), col.to(device)]  # [Q, V]
         return _logprob_and_entropy(logits, targets, entropy)
-    hidden = _last_hidden_state(model, inputs)  # [B, L, H]
+    with image_slots(model, mb.image_slots):
+        hidden = _last_hidden_state(model, inputs)  # [B, L, H]
     h = hidden[mb.logit_rows.to(device), mb.logit_pos.to(device)]  # [Q, H]
     head = _output_layer(model)
 

@@ -39,13 +39,12 @@ def test_images_need_a_known_mode_a_vision_language_model_and_room_in_the_engine
     assert "memory.images='all', memory.image_tokens=0: use one of none, current" in _refusal(cfg)
     cfg.memory.images = "current"  # the default model (the tiny text one) has no vision tower
     assert "tiny-vl-model, made on first use" in _refusal(cfg)
+    (tmp_path / "config.json").write_text('{"vision_config": {}}')
     for model in (C.TINY_VL_MODEL_DIR, tmp_path):  # the tiny one need not exist yet; any dir with a vision_config
-        (tmp_path / "config.json").write_text('{"vision_config": {}}')
         cfg.model.path = str(model)
-        # what is left: images are not enabled yet (issue 22), and only that
-        assert _refusal(cfg).count("\n  - ") == 1 and "runs with images are not enabled yet" in _refusal(cfg)
+        check_config(cfg)
     cfg.memory.images, cfg.memory.k, cfg.engines.max_images_per_prompt = "last_k", 2, 3
-    assert "pictures per prompt" not in _refusal(cfg)  # the last 2 steps' pictures and the current one: 3
+    check_config(cfg)  # the last 2 steps' pictures and the current one: 3
     cfg.engines.max_images_per_prompt = 2
     assert "up to 3 pictures per prompt, more than engines.max_images_per_prompt=2" in _refusal(cfg)
     cfg.memory.kind = "full"

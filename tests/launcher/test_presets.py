@@ -38,12 +38,15 @@ def test_every_yaml_under_conf_is_covered() -> None:
 
 @pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes(group: str, option: str, tmp_path: Path) -> None:
-    # A preset may name a model directory that is not on this machine (gpu_one, multi_node): the tiny one
-    # stands in so that everything else is validated too. multi_node needs CURVE keys: real ones, made here.
+    # A preset may name a model directory that is not on this machine (gpu_one, multi_node): the tiny one (the
+    # tiny VL one for a preset that shows images) stands in so that everything else is validated too. multi_node
+    # needs CURVE keys: real ones, made here.
     from agentstream.wire.curve import keygen
 
     keygen(tmp_path / "keys")
-    cfg = compose_cfg([f"{group}={option}", f"model.path={C.TINY_MODEL_DIR}", f"broker.curve_keys_dir={tmp_path / 'keys'}"])
+    vision = compose_cfg([f"{group}={option}"]).memory.images != "none"
+    tiny = C.TINY_VL_MODEL_DIR if vision else C.TINY_MODEL_DIR
+    cfg = compose_cfg([f"{group}={option}", f"model.path={tiny}", f"broker.curve_keys_dir={tmp_path / 'keys'}"])
     check_config(cfg)
 
 
@@ -55,6 +58,9 @@ def test_presets_set_what_their_comments_promise() -> None:
     multi = compose_cfg(["preset=multi_node"])
     assert (multi.broker.host, multi.learner.weight_host, multi.engines.count) == ("0.0.0.0", "0.0.0.0", 0)
     assert multi.broker.port == 5555 and multi.learner.weight_port == 5556  # fixed: other hosts are told them
+    vl = compose_cfg(["preset=cpu_tiny_vl"])
+    assert (vl.model.path, vl.env.kwargs["observation"], vl.memory.images) == (".cache/tiny-vl-model", "image",
+                                                                                "current")
     # The command line wins over a preset.
     assert compose_cfg(["preset=gpu_one", "learner.world_size=2"]).learner.world_size == 2
 

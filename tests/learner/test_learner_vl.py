@@ -1,9 +1,11 @@
 """The learner's policy for a vision-language model (the tiny Idefics3 of launcher/tiny_vl_model.py) under FSDP2:
 it loads as an image-text-to-text model with its vision side frozen (or trained, on request), shards only the
-language model's layers, and its log-probs of a response given an image are the plain HF model's."""
+language model's layers, and its log-probs of a batch's responses given their images are the plain HF model's,
+a response that holds the image token included (vLLM embeds it as a token; HF alone would take it for a slot)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +14,10 @@ import torch
 
 from torch.distributed.fsdp import FSDPModule
 
-from learner.model import load_policy, trainable_parameters, vocab_size
-from learner.vision import vl_response_logprobs
+from agentstream.wire.messages import Batch, Transition, image_columns
+from learner.batching import Sequences, make_micro_batches
+from learner.model import load_policy, token_logprobs, trainable_parameters, vocab_size
+from learner.vision import expand_images, vl_response_logprobs
 
 TEXTS = [f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n<action>left</action>" for i in range(30)]
 
@@ -39,23 +43,67 @@ def test_the_vision_side_is_frozen_unless_asked_and_only_language_layers_are_sha
     assert vocab_size(model) == model.get_output_embeddings().weight.shape[0] == model.config.text_config.vocab_size
 
 
-def test_sharded_log_probs_with_an_image_are_the_hf_models(vl_dir, one_rank) -> None:
+Case = tuple[list[int], np.ndarray, list[int]]  # prompt ids, its pictures [n, H, W, 3], response ids
+
+
+def batch_of(cases: list[Case]) -> Batch:
+    """A broker batch of one transition per case, its pictures on the wire's image columns."""
+    ts = [Transition(traj_id="t", group_id=0, actor="a", step=0, prompt_ids=np.array(p, np.int32),
+                     response_ids=np.array(r, np.int32), logprobs=np.zeros(len(r), np.float32), version_lo=0,
+                     version_hi=0, reward=0.0, done=True, truncated=False, valid=True, images=im)
+          for p, im, r in cases]
+    shapes, data = image_columns(ts)
+    n = len(ts)
+    return Batch(step=0, rank=0, learner_version=0, group_size=n, group_index=np.zeros(n, np.int32),
+                 traj_index=np.arange(n, dtype=np.int32), step_index=np.zeros(n, np.int32),
+                 prompt_lens=np.array([len(p) for p, _, _ in cases], np.int32),
+                 response_lens=np.array([len(r) for _, _, r in cases], np.int32), rewards=np.zeros(n, np.float32),
+                 dones=np.ones(n, bool), valid=np.ones(n, bool), version_lo=np.zeros(n, np.int32),
+                 version_hi=np.zeros(n, np.int32), prompt_ids=np.concatenate([p for p, _, _ in cases]).astype(np.int32),
+                 response_ids=np.concatenate([r for _, _, r in cases]).astype(np.int32),
+                 logprobs=np.zeros(sum(len(r) for _, _, r in cases), np.float32), image_shapes=shapes,
+                 image_data=data)
+
+
+def learner_logprobs(policy, processor, cases: list[Case], packing: bool) -> torch.Tensor:
+    """The learner's log-probs of every response token of `cases` [R], in one micro-batch: Sequences.from_batch
+    expands the images, make_micro_batches pads (or packs) them, token_logprobs runs the sharded policy."""
+    seqs = Sequences.from_batch(batch_of(cases), functools.partial(expand_images, processor))
+    mbs = make_micro_batches(seqs, torch.zeros(len(cases)), 4096, packing=packing)
+    assert len(mbs) == 1 and mbs[0].pixels["pixel_values"].shape[:2] == (1, sum(len(im) for _, im, _ in cases))
+    got = torch.zeros(seqs.num_response_tokens)
+    with torch.no_grad():
+        got[mbs[0].token_index] = token_logprobs(policy, mbs[0])[0]
+    return got
+
+
+def reference(plain, processor, cases: list[Case]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([vl_response_logprobs(plain, processor, p, r, list(im)) for p, im, r in cases])
+
+
+def prompt_of(tok, n_images: int, text: str) -> list[int]:
+    content = [{"type": "image"}] * n_images + [{"type": "text", "text": text}]
+    return tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                   tokenize=True, return_dict=False)
+
+
+def test_sharded_log_probs_with_two_images_are_the_hf_models(vl_dir, one_rank) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(vl_dir)
     plain = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
     policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1)
     rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8), rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)]
+    images = np.stack([rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(2)])
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "then "},
                                              {"type": "image"}, {"type": "text", "text": "go?"}]}]
     prompt = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                      return_dict=False)
     response = processor.tokenizer("<action>left</action>", add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        want = vl_response_logprobs(plain, processor, prompt, response, images)
-        got = vl_response_logprobs(policy, processor, prompt, response, images)
-        swapped = vl_response_logprobs(policy, processor, prompt, response, images[::-1])
+    want = reference(plain, processor, [(prompt, images, response)])
+    got = learner_logprobs(policy, processor, [(prompt, images, response)], packing=False)
+    swapped = learner_logprobs(policy, processor, [(prompt, images[::-1].copy(), response)], packing=False)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert (swapped - want).abs().max() > 1e-4  # the images' order reaches the sharded model
 
@@ -63,51 +111,45 @@ def test_sharded_log_probs_with_an_image_are_the_hf_models(vl_dir, one_rank) -> 
 @pytest.mark.parametrize("packing", [False, True])
 def test_a_batch_with_images_gives_each_response_its_own_images_log_probs(vl_dir, one_rank, packing) -> None:
     """Three transitions (two pictures, none, one) through Sequences.from_batch and the micro-batches, padded or
-    packed: every response token's log-prob is the one `vl_response_logprobs` gives that transition alone."""
-    import functools
-
-    from transformers import AutoProcessor
-
-    from agentstream.wire.messages import Batch, Transition, image_columns
-    from learner.batching import Sequences, make_micro_batches
-    from learner.model import token_logprobs
-    from learner.vision import expand_images
+    packed: every response token's log-prob is the one the plain HF model gives that transition alone."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(vl_dir)
+    plain = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
     policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1)
     tok = processor.tokenizer
     rng = np.random.default_rng(1)
-
-    def prompt(n_images: int, text: str) -> list[int]:
-        content = [{"type": "image"}] * n_images + [{"type": "text", "text": text}]
-        return tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False)
-
-    cases = [(prompt(2, "left?"), rng.integers(0, 256, (2, 32, 48, 3), dtype=np.uint8)),
-             (prompt(0, "no picture here"), np.zeros((0, 0, 0, 0), np.uint8)),
-             (prompt(1, "right?"), rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8))]
     responses = [tok(r, add_special_tokens=False)["input_ids"] for r in ("<action>left</action>", "go", "right")]
-    ts = [Transition(traj_id="t", group_id=0, actor="a", step=0, prompt_ids=np.array(p, np.int32),
-                     response_ids=np.array(r, np.int32), logprobs=np.zeros(len(r), np.float32), version_lo=0,
-                     version_hi=0, reward=0.0, done=True, truncated=False, valid=True, images=im)
-          for (p, im), r in zip(cases, responses)]
-    shapes, data = image_columns(ts)
-    n = len(ts)
-    batch = Batch(step=0, rank=0, learner_version=0, group_size=n, group_index=np.zeros(n, np.int32),
-                  traj_index=np.arange(n, dtype=np.int32), step_index=np.zeros(n, np.int32),
-                  prompt_lens=np.array([len(p) for p, _ in cases], np.int32),
-                  response_lens=np.array([len(r) for r in responses], np.int32), rewards=np.zeros(n, np.float32),
-                  dones=np.ones(n, bool), valid=np.ones(n, bool), version_lo=np.zeros(n, np.int32),
-                  version_hi=np.zeros(n, np.int32), prompt_ids=np.concatenate([p for p, _ in cases]).astype(np.int32),
-                  response_ids=np.concatenate(responses).astype(np.int32),
-                  logprobs=np.zeros(sum(map(len, responses)), np.float32), image_shapes=shapes, image_data=data)
+    cases = [(prompt_of(tok, 2, "left?"), rng.integers(0, 256, (2, 32, 48, 3), dtype=np.uint8), responses[0]),
+             (prompt_of(tok, 0, "no picture here"), np.zeros((0, 0, 0, 0), np.uint8), responses[1]),
+             (prompt_of(tok, 1, "right?"), rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8), responses[2])]
     with pytest.raises(ValueError, match="holds images but the policy is not a vision-language model"):
-        Sequences.from_batch(batch)
-    seqs = Sequences.from_batch(batch, functools.partial(expand_images, processor))
-    mbs = make_micro_batches(seqs, torch.zeros(n), 4096, packing=packing)
-    assert len(mbs) == 1 and mbs[0].pixels["pixel_values"].shape[:2] == (1, 3)  # 2 + 0 + 1 pictures, one forward
-    with torch.no_grad():
-        got = torch.zeros(seqs.num_response_tokens)
-        got[mbs[0].token_index] = token_logprobs(policy, mbs[0])[0]
-        want = torch.cat([vl_response_logprobs(policy, processor, p, r, list(im)) for (p, im), r in zip(cases, responses)])
+        Sequences.from_batch(batch_of(cases))
+    torch.testing.assert_close(learner_logprobs(policy, processor, cases, packing), reference(plain, processor, cases),
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_an_image_token_in_a_response_stays_a_token(vl_dir, one_rank, packing) -> None:
+    """The random policy samples its own image token now and then. The engine embeds it as a token; the learner
+    must too: only the prompt's slots take the pictures' features. Plain HF, given the pixels, takes every image
+    token for a slot and fails; the learner's log-probs equal the reference, which scatters at the slots."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(vl_dir)
+    plain = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
+    policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1)
+    tok, image_id = processor.tokenizer, processor.image_token_id
+    rng = np.random.default_rng(2)
+    action = tok("<action>up</action>", add_special_tokens=False)["input_ids"]
+    cases = [(prompt_of(tok, 1, "where?"), rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8),
+              [image_id] + action + [image_id, image_id]),
+             (prompt_of(tok, 2, "and now?"), rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8), action)]
+    inputs = expand_images(processor, cases[0][0], list(cases[0][1]))
+    ids = torch.cat([inputs.pop("input_ids"), torch.tensor([cases[0][2]])], dim=1)
+    inputs.pop("image_slots")
+    with pytest.raises(RuntimeError, match="source"), torch.no_grad():  # the plain merge: more slots than features
+        plain(input_ids=ids, **inputs, use_cache=False)
+    want = reference(plain, processor, cases)
+    got = learner_logprobs(policy, processor, cases, packing)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
