@@ -241,6 +241,8 @@ class BrokerConfig:
     """ZeroMQ send/receive high-water mark (messages) on every broker socket."""
     dashboard_history_s: int = 900
     """Seconds of once-a-second points the broker keeps for the dashboard's charts (/api/history)."""
+    dashboard_images: int = 8
+    """Observation pictures the dashboard shows (/api/images): the newest transitions' current pictures; 0: none."""
     logger: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     """Where the metrics go each second: any of jsonl, tensorboard, wandb, mlflow (`logger=[jsonl,wandb]`; [] none)."""
     project: str = "agentstream"

@@ -5,12 +5,15 @@ the keys time, run{name,status,reason,wall_s,total_steps}, learner{version,step_
 batch_wait_s}, engines[{name,url,address,incarnation,version,alive,requests_in_flight,weight_sync_s,
 last_seen_s}], actors[{name,address,incarnation,alive,episodes_in_flight,requests_in_flight,env_steps_hung,
 version,last_seen_s}], envs{env: {episodes,successes,env_steps,reward_mean,success_rate,invalid_action_ratio}},
-rates{...}, counters{...} (run totals), gauges{...}, staleness_hist{lag: count} and recent[point, ...]
-(the newest once-a-second points, see `broker.metrics.flatten`); `history_fn() -> [point, ...]` gives
-every point kept. Both run on the event loop per request and once per second per open stream: they must
-be quick and must not block. Usage inside the broker:
+rates{...}, counters{...} (run totals), gauges{...}, staleness_hist{lag: count}, recent[point, ...]
+(the newest once-a-second points, see `broker.metrics.flatten`) and images[{id,url,width,height,channels,actor,
+traj_id,group_id,step,reward,version_lo,version_hi,done,valid,prompt_images,received}] (the observation pictures
+kept, newest first, `broker.gallery`; [] in a text run); `history_fn() -> [point, ...]` gives every point kept.
+Both run on the event loop per request and once per second per open stream: they must be quick and must not
+block. Usage inside the broker:
 
-    app = make_app(broker.snapshot, history_fn=lambda: list(broker.history), history_s=900)
+    app = make_app(broker.snapshot, history_fn=lambda: list(broker.history), history_s=900,
+                   gallery=broker.gallery)
     runner = await serve(app, "127.0.0.1", cfg.dashboard_port)      # port 0 picks a free one
     ...
     await runner.cleanup()                                           # ends open streams, then closes
@@ -21,6 +24,8 @@ Routes:
     GET /api/state      the snapshot as JSON (non-finite floats become null: JSON has no NaN)
     GET /api/history    {"points": [...]}: the kept points, oldest first (the page fills its charts from it)
     GET /api/stream     server-sent events: one `data: <snapshot JSON>` per second until the client leaves
+    GET /api/images     {"images": [...]}: the kept observation pictures' metadata, newest first (as in the snapshot)
+    GET /api/images/{id}.png   one of them as PNG, encoded on request (404 once newer pictures pushed it out)
     GET /metrics        Prometheus text format 0.0.4 (names documented in broker/metrics.py)
 
 The page keeps showing the last state when the broker goes away (the run ended, or it died).
@@ -40,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from broker import metrics
+from broker.gallery import Gallery, png
 
 StateFn = Callable[[], dict[str, Any]]
 HistoryFn = Callable[[], list[dict[str, Any]]]
@@ -52,11 +58,13 @@ _HISTORY_FN = web.AppKey("history_fn", HistoryFn)
 _PAGE = web.AppKey("page", bytes)
 _INTERVAL = web.AppKey("stream_interval_s", float)
 _STOP = web.AppKey("stop", asyncio.Event)
+_GALLERY = web.AppKey("gallery", Gallery)
 
 
 def make_app(state_fn: StateFn, history_fn: HistoryFn | None = None, history_s: float = 600,
-             stream_interval_s: float = 1.0) -> web.Application:
-    """The dashboard app. `history_s` is how much history the page keeps and plots (in the browser)."""
+             stream_interval_s: float = 1.0, gallery: Gallery | None = None) -> web.Application:
+    """The dashboard app. `history_s` is how much history the page keeps and plots (in the browser); `gallery`:
+    the observation pictures `/api/images` serves (None: none)."""
     for needed in (PAGE_PATH, STATIC_DIR / "vendor" / "uPlot.iife.min.js"):
         if not needed.is_file():
             raise FileNotFoundError(f"dashboard file missing at {needed}; reinstall agentstream with its package data")
@@ -67,12 +75,15 @@ def make_app(state_fn: StateFn, history_fn: HistoryFn | None = None, history_s: 
     app[_PAGE] = page.encode("utf-8")
     app[_INTERVAL] = float(stream_interval_s)
     app[_STOP] = asyncio.Event()
+    app[_GALLERY] = gallery if gallery is not None else Gallery(0)
     app.on_shutdown.append(_signal_stop)
     app.router.add_get("/", _page)
     app.router.add_get("/api/state", _state)
     app.router.add_get("/api/history", _history)
     app.router.add_static("/static/vendor/", STATIC_DIR / "vendor")  # uPlot's script, style, licence
     app.router.add_get("/api/stream", _stream)
+    app.router.add_get("/api/images", _images)
+    app.router.add_get("/api/images/{id}.png", _image_png)
     app.router.add_get("/metrics", _metrics)
     return app
 
@@ -112,6 +123,23 @@ async def _state(request: web.Request) -> web.Response:
 async def _history(request: web.Request) -> web.Response:
     return web.Response(text=to_json({"points": request.app[_HISTORY_FN]()}), content_type="application/json",
                         headers={"Cache-Control": "no-store"})
+
+
+async def _images(request: web.Request) -> web.Response:
+    return web.Response(text=to_json({"images": request.app[_GALLERY].entries()}), content_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+
+async def _image_png(request: web.Request) -> web.Response:
+    gallery, picture_id = request.app[_GALLERY], request.match_info["id"]
+    picture = gallery.get(picture_id)
+    if picture is None:
+        raise web.HTTPNotFound(text=(
+            f"no observation picture {picture_id!r}: the broker keeps only the newest {gallery.size} "
+            f"(broker.dashboard_images) and none of a text run; /api/images lists those kept now"))
+    # A picture's id is never reused (broker.gallery): the browser may keep it for good.
+    return web.Response(body=png(picture.image), content_type="image/png",
+                        headers={"Cache-Control": "private, max-age=86400, immutable"})
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:

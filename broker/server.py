@@ -56,6 +56,7 @@ from agentstream.wire.messages import (
 from agentstream.wire.reconnect import take_over_reconnects
 from broker import dashboard, metrics, views
 from broker.buffer import ReplayBuffer
+from broker.gallery import Gallery
 from broker.sockets import recv_frames, send_frames
 from broker.spec import BrokerSpec, broker_spec
 from broker.state import BrokerState
@@ -109,6 +110,7 @@ class Broker:
         self.run_dir = run_dir
         self.history: deque[dict[str, float | None]] = deque(maxlen=max(1, self.cfg.dashboard_history_s))
         self.sinks: list[metrics.MetricsSink] = []
+        self.gallery = Gallery(self.cfg.dashboard_images)  # the newest observation pictures, for the dashboard
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
@@ -132,7 +134,7 @@ class Broker:
         # ZeroMQ drops the message (its resend protocol covers that), so a non-blocking send always returns.
         self._direct = zmq.Socket.shadow(self._sock.underlying)
         app = dashboard.make_app(self.snapshot, history_fn=lambda: list(self.history),
-                                 history_s=self.cfg.dashboard_history_s)
+                                 history_s=self.cfg.dashboard_history_s, gallery=self.gallery)
         app.router.add_get("/api/summary", self._summary_handler)
         runner = await dashboard.serve(app, self.cfg.dashboard_host, self.dashboard_port)
         self.status = "running"
@@ -332,9 +334,12 @@ class Broker:
         raw = None if self.state.wal is None else (
             [f.buffer for f in frames] if frames else [bytes(f) for f in encode(msg)])
         if isinstance(msg, Transition):
-            results = [self.state.ingest(msg, raw)]
+            ts, results, pictures = [msg], [self.state.ingest(msg, raw)], msg.images.size
         else:
-            results = self.state.ingest_many(msg.split(), raw)
+            ts = msg.split()
+            results, pictures = self.state.ingest_many(ts, raw), msg.image_shapes.size
+        if pictures:  # the dashboard's gallery (a text run stops here)
+            self.gallery.keep(ts, [res.outcome for res in results])
         completed, ack = False, None
         for res in results:
             if res.ack is not None:
@@ -535,8 +540,10 @@ class Broker:
         return views.summary(self.view())
 
     def snapshot(self) -> dict[str, Any]:
-        """The dashboard's state (schema in broker/dashboard.py), with the last few points for its charts."""
-        return {**views.dashboard_state(self.view()), "recent": list(self.history)[-5:]}
+        """The dashboard's state (schema in broker/dashboard.py), with the last few points for its charts and the
+        observation pictures kept."""
+        return {**views.dashboard_state(self.view()), "recent": list(self.history)[-5:],
+                "images": self.gallery.entries()}
 
 
 class _Stopped(Exception):

@@ -4,7 +4,8 @@
     .venv/bin/python -m pytest tests/test_dashboard_browser.py -q -p no:cacheprovider
 
 - `test_page_...` (~5 s): the page against hand-made snapshots: history then stream, a joining engine adds a
-  line, and when the server goes away the page keeps the last state.
+  line, the gallery of observation pictures stays hidden until pictures come, then shows the newest, and when
+  the server goes away the page keeps the last state.
 - `test_live_run_...` (~40-50 s): a real launcher run (the session's vLLM server, 1 learner rank, 2 actors); the charts'
   data advance between two moments, the actor table lists every actor, the page shows the final state after
   the run, and /metrics, metrics.jsonl and TensorBoard hold the same numbers. Screenshot: RUN/dashboard.png,
@@ -27,11 +28,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from e2e_testing import read_tensorboard, wait_for
 
 from agentstream.wire.addresses import free_port
+from agentstream.wire.messages import Transition
 from broker.dashboard import make_app, serve
+from broker.gallery import Gallery
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "runs" / "test-artifacts"
@@ -119,6 +123,7 @@ class FakeBroker:
 
     def __init__(self) -> None:
         self.n, self.engines = 30, 1
+        self.gallery = Gallery(3)
         self.loop = asyncio.new_event_loop()
         self.port = free_port()
         ready = threading.Event()
@@ -128,12 +133,18 @@ class FakeBroker:
 
     def state(self) -> dict[str, Any]:
         self.n += 1  # one new point per snapshot
-        return snapshot(self.n, self.engines)
+        return {**snapshot(self.n, self.engines), "images": self.gallery.entries()}
+
+    def show(self, ts: list[Transition]) -> None:
+        """Keep the pictures of `ts`, on the server's loop (where the snapshots read the gallery)."""
+        async def keep() -> None:
+            self.gallery.keep(ts, ["taken"] * len(ts), now=1000.0 + self.n)
+        asyncio.run_coroutine_threadsafe(keep(), self.loop).result(timeout=10)
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
         app = make_app(self.state, history_fn=lambda: [point(m, 1) for m in range(31)], history_s=600,
-                       stream_interval_s=0.25)
+                       stream_interval_s=0.25, gallery=self.gallery)
         self.runner = self.loop.run_until_complete(serve(app, "127.0.0.1", self.port))
         ready.set()
         self.loop.run_forever()
@@ -168,6 +179,7 @@ def test_page_draws_history_and_stream_and_keeps_the_last_state_when_the_server_
         assert [r[0] for r in table(browser, "engines-table")] == ["engine-0", "engine-1"]
         # The histogram has bars at lags 0 and 1.
         assert page(browser, "agentstreamDashboard.plots['chart-staleness_hist'].u.data") == [[0, 1], [5, 7]]
+        check_gallery(browser, fake)
     finally:
         fake.close()
     # The server is gone: the page says so and keeps the last state, charts included.
@@ -177,6 +189,34 @@ def test_page_draws_history_and_stream_and_keeps_the_last_state_when_the_server_
     assert browser.find_element("id", "tile-version").text == f"{last_version} / 99"
     assert min(kept[c] for c in LINE_CHARTS) > 33
     assert len(table(browser, "actors-table")) == 3
+    assert page(browser, "agentstreamDashboard.gallery()") == [e["id"] for e in fake.gallery.entries()]
+
+
+def observation(n: int) -> Transition:
+    """Step n of one trajectory; its prompt shows 2 pictures, 40 high and 48 wide, the current one last."""
+    images = np.random.default_rng(n).integers(0, 256, (2, 40, 48, 3), dtype=np.uint8)
+    return Transition(traj_id="t", group_id=0, actor="actor-1", step=n, prompt_ids=np.zeros(2, np.int32),
+                      response_ids=np.zeros(1, np.int32), logprobs=np.zeros(1, np.float32), version_lo=n,
+                      version_hi=n, reward=0.5, done=False, truncated=False, valid=True, images=images)
+
+
+def check_gallery(browser: Any, fake: FakeBroker) -> None:
+    """No pictures: no gallery. Then 4 steps with pictures: the newest 3 (the ring of 3), newest first, each
+    loaded at its own size, drawn 4x (224 px // 48) with pixelated rendering, with its caption."""
+    assert page(browser, "document.getElementById('gallery').hidden") is True
+    assert not browser.find_element("id", "gallery").is_displayed()
+    fake.show([observation(n) for n in range(4)])
+    want = [e["id"] for e in fake.gallery.entries()]
+    wait_until(lambda: page(browser, "agentstreamDashboard.gallery()") == want, 10, "the newest 3 pictures")
+    assert browser.find_element("id", "gallery").is_displayed()
+    imgs = "Array.from(document.querySelectorAll('#gallery-items img'))"
+    wait_until(lambda: page(browser, f"{imgs}.every(i => i.complete && i.naturalWidth > 0)"), 10, "pictures loaded")
+    assert page(browser, f"{imgs}.map(i => [i.naturalWidth, i.naturalHeight])") == [[48, 40]] * 3
+    assert page(browser, f"{imgs}.map(i => [i.clientWidth, i.clientHeight])") == [[192, 160]] * 3
+    assert page(browser, f"{imgs}.map(i => getComputedStyle(i).imageRendering)") == ["pixelated"] * 3
+    captions = page(browser, "Array.from(document.querySelectorAll('#gallery-items figcaption'), c => c.innerText)")
+    assert [c.split("\n")[0] for c in captions] == ["actor-1 · step 3", "actor-1 · step 2", "actor-1 · step 1"]
+    assert all(c.split("\n")[1].startswith(f"reward 0.500 · v{3 - i} ") for i, c in enumerate(captions)), captions
 
 
 # ------------------------------------------------------------------------------------------ a real run

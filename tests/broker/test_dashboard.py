@@ -264,7 +264,7 @@ async def test_page_loads_only_the_vendored_chart_library_from_the_broker(client
     resp = await client.get("/")
     assert resp.status == 200 and resp.content_type == "text/html"
     html = await resp.text()
-    for element_id in ["charts", "actors-table", "engines-table", "badge-conn", "tile-version"]:
+    for element_id in ["charts", "actors-table", "engines-table", "badge-conn", "tile-version", "gallery"]:
         assert f'id="{element_id}"' in html
     assert "window.agentstreamDashboard" in html and "EventSource" in html and "api/history" in html
     assert '<meta name="history-s" content="10.0">' in html  # make_app's history_s reached the page
