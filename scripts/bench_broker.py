@@ -1,6 +1,6 @@
 """Broker throughput: transitions/s through the real broker versus raw pyzmq PUSH/PULL, same payloads, same run.
 
-    .venv/bin/python scripts/bench_broker.py [--transitions 20000] [--sizes small,large] [--repeats 2]
+    .venv/bin/python scripts/bench_broker.py [--transitions 20000] [--sizes small,large,image] [--repeats 2]
 
 Three processes for the broker path, as in a run: a producer (an actor's stand-in: pipelined GroupRequests,
 then every transition of each granted group, each built as a `Transition`, the group's sent as one
@@ -9,7 +9,9 @@ one message each) encoded by `agentstream.wire.messages`), the real broker (`pyt
 a learner stub that only receives its batches (BatchRequest -> Batch -> VersionUpdate). The raw baseline
 sends the same encoded messages from the same producer code over PUSH -> PULL to a sink that only counts
 them. Rate = transitions / (last received - first sent). Sizes: small = 1 step per trajectory, 64 tokens
-(48 prompt + 16 response); large = 4 steps per trajectory, 2,048 tokens (1,536 + 512) per transition.
+(48 prompt + 16 response); large = 4 steps per trajectory, 2,048 tokens (1,536 + 512) per transition; image =
+small plus its prompt's picture (a 96x96 RGB Sokoban room, 27,648 bytes, as preset=cpu_tiny_vl sends), so the
+small and image rows of one run give the cost of images.
 The last line is the broker/raw ratio for each size (target >= 0.5).
 """
 
@@ -47,13 +49,20 @@ class Size:
     response: int
     steps: int  # transitions per trajectory
     groups_per_step: int  # groups per learner batch
+    image: tuple[int, int, int] | None = None  # each prompt's picture [H, W, C] (None: text only)
 
     @property
     def tokens(self) -> int:
         return self.prompt + self.response
 
+    @property
+    def payload_bytes(self) -> int:
+        """Token ids, log-probs and picture bytes of one transition."""
+        return self.tokens * 4 + self.response * 4 + (int(np.prod(self.image)) if self.image else 0)
 
-SIZES = {"small": Size("small", 48, 16, 1, 16), "large": Size("large", 1536, 512, 4, 4)}
+
+SIZES = {"small": Size("small", 48, 16, 1, 16), "large": Size("large", 1536, 512, 4, 4),
+         "image": Size("image", 48, 16, 1, 16, image=(96, 96, 3))}
 
 
 def make_transition(size: Size, rng: np.random.Generator, group_id: int, traj: int, step: int):
@@ -66,6 +75,8 @@ def make_transition(size: Size, rng: np.random.Generator, group_id: int, traj: i
         logprobs=-rng.random(size.response, dtype=np.float32), version_lo=0, version_hi=0,
         reward=1.0, done=step == size.steps - 1, truncated=False, valid=True, anchor="",
         info={"success": False},
+        images=rng.integers(0, 256, (1, *size.image), dtype=np.uint8) if size.image else np.zeros((0, 0, 0, 0),
+                                                                                                   np.uint8),
     )
 
 
@@ -88,7 +99,8 @@ def _group_transitions(size: Size, pool: list, group_id: int) -> list:
                 traj_id=f"bench.g{group_id}.{traj}", group_id=group_id, actor="bench", step=step,
                 prompt_ids=src.prompt_ids, response_ids=src.response_ids, logprobs=src.logprobs, version_lo=0,
                 version_hi=0, reward=1.0, done=step == size.steps - 1, truncated=False, valid=True,
-                info={"success": False}, incarnation=0, seq=group_id * GROUP_SIZE * size.steps + len(out)))
+                info={"success": False}, incarnation=0, seq=group_id * GROUP_SIZE * size.steps + len(out),
+                images=src.images))
     return out
 
 
@@ -311,9 +323,9 @@ def _wait_port(port: int, timeout_s: float = 60) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--transitions", type=int, default=20_000, help="small transitions per measurement "
+    parser.add_argument("--transitions", type=int, default=20_000, help="small (and image) transitions per measurement "
                         "(large ones: a quarter of this)")
-    parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large")
+    parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large, image")
     parser.add_argument("--repeats", type=int, default=2, help="measurements of each path (median reported)")
     parser.add_argument("--one-per-message", action="store_true", help="send each transition as its own "
                         "Transition message (both paths) instead of each group's as one Transitions message")
@@ -336,7 +348,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         for name in names:
             size = SIZES[name]
-            n = args.transitions if name == "small" else max(args.transitions // 4, 64)
+            n = args.transitions if name != "large" else max(args.transitions // 4, 64)
             raws, brokers, cpus = [], [], []
             for _ in range(args.repeats):  # interleaved: drift on the shared machine hits both alike
                 raws.append(run_raw(size, n, bundle))
@@ -344,7 +356,7 @@ def main() -> None:
                 brokers.append(rate)
                 cpus.append(cpu)
             raw, brk = statistics.median(raws), statistics.median(brokers)
-            mb = size.tokens * 4 + size.response * 4  # token ids + log-probs, bytes per transition
+            mb = size.payload_bytes
             ratios[name] = brk / raw
             print(f"{name:<6} {size.tokens:>6} {n:>7} {raw:>10.0f} {brk:>12.0f} {raw * mb / 1e6:>9.1f} "
                   f"{brk * mb / 1e6:>11.1f} {statistics.median(cpus) * 1e6:>12.1f} {brk / raw:>6.3f}", flush=True)
