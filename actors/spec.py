@@ -46,21 +46,23 @@ class EpisodeSpec:
     def make_memory(self, tokenizer: Any) -> memory.Memory:
         """A new memory that tokenizes with the model's `tokenizer` (prompt ids, the budget)."""
         m = self.memory
-        cost = m.image_tokens or (image_cost(tokenizer.name_or_path) if m.images != "none" else 0)
+        cost, placeholder = image_cost(tokenizer.name_or_path) if m.images != "none" else (0, "")
         return memory.make(m.kind, k=m.k, max_events=m.max_events, tokenizer=tokenizer,
-                           max_prompt_tokens=self.max_prompt_tokens, images=m.images, image_tokens=cost)
+                           max_prompt_tokens=self.max_prompt_tokens, images=m.images,
+                           image_tokens=m.image_tokens or cost, image_placeholder=placeholder)
 
 
 @functools.lru_cache(maxsize=None)
-def image_cost(model_path: str) -> int:
-    """Prompt tokens one image adds beyond its placeholder in the model at `model_path`, as its processor expands
-    a small picture (models that tile large pictures cost more for those; give memory.image_tokens then)."""
+def image_cost(model_path: str) -> tuple[int, str]:
+    """(prompt tokens one image adds beyond its placeholder in the model at `model_path`, as its processor expands
+    a small picture (models that tile large pictures cost more for those; give memory.image_tokens then); the
+    placeholder's text)."""
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(model_path)
     placeholder = processor.image_token if hasattr(processor, "image_token") else "<image>"
     ids = processor(text=placeholder, images=[np.zeros((32, 32, 3), np.uint8)], add_special_tokens=False)["input_ids"]
-    return len(ids[0]) - 1
+    return len(ids[0]) - 1, placeholder
 
 
 @dataclass(frozen=True)

@@ -81,17 +81,20 @@ def known_memories() -> list[str]:
 
 
 def make(kind: str, *, k: int = 2, max_events: int = 8, tokenizer: ChatTokenizer | None = None,
-         max_prompt_tokens: int | None = None, images: str = "none", image_tokens: int = 0) -> Memory:
+         max_prompt_tokens: int | None = None, images: str = "none", image_tokens: int = 0,
+         image_placeholder: str = "") -> Memory:
     """Build a memory module by name; an unknown name lists the known ones.
 
     k: recent steps shown verbatim (ignored by `full`); max_events: older key steps `key_events` keeps;
     max_prompt_tokens: the prompt budget (None: no budget), which needs the model's `tokenizer`;
     images: "none", "current" or "last_k" (see the module docstring); image_tokens: what one image costs
-    in the model on top of the chat template's tokens (needed with images under a budget).
+    in the model on top of the chat template's tokens (needed with images under a budget); image_placeholder:
+    the model's image token as text ("<image>"), written "[image]" where the text holds it (see memory.prompt).
     """
     if kind not in _REGISTRY:
         raise KeyError(f"unknown memory {kind!r}; known: {', '.join(known_memories())}")
-    return _REGISTRY[kind](k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens))
+    return _REGISTRY[kind](k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens,
+                                                            image_placeholder))
 
 
 __all__ = ["Memory", "Full", "KeyEvents", "LastK", "Summary", "known_memories", "make"]

@@ -10,7 +10,9 @@ put the current status, stays) and the step is counted in `truncated_steps`.
 Images (`images="current"|"last_k"`, for vision-language models): every message's content becomes a list of
 Hugging Face chat parts, `{"type": "image"}` placed right before the text of the step it shows, and
 `prompt_images` holds the pictures of the last prompt in the order of its image parts (what the engine gets
-beside the token ids). Joined, the text parts are exactly the string content of `images="none"`. "current"
+beside the token ids). Joined, the text parts are exactly the string content of `images="none"`, except that
+the model's image placeholder written out in any text (an observation, or an action the model spelt) reads
+`QUOTED_IMAGE`: the chat template would make it a placeholder with no picture, which the engine refuses. "current"
 shows the current observation's picture; "last_k" also shows the picture of every history step shown. The
 budget counts `image_tokens` per image on top of the chat template's tokens (its placeholder included) and
 drops history pictures first, oldest first (`dropped_images`), then history steps; never the current one.
@@ -30,6 +32,7 @@ Messages = list[dict[str, Any]]
 CUT_MARK = "[...] "  # starts an observation whose beginning was cut for the budget
 IMAGE_MODES = ("none", "current", "last_k")
 IMAGE_PART = {"type": "image"}
+QUOTED_IMAGE = "[image]"  # what a placeholder written in the text becomes when the memory shows images
 
 
 class ChatTokenizer(Protocol):
@@ -74,11 +77,12 @@ def current_step(step: int, observation: str) -> str:
 
 
 def assemble(instructions: str, sections: Sequence[Section], current: str, image: bool = False,
-             parts: bool = False) -> Messages:
+             parts: bool = False, placeholder: str = "") -> Messages:
     """The chat messages: instructions as the system message, history and the current step as the user's.
 
     With `parts`, contents are lists of chat parts: an image part before each block that has a picture and
-    before the current step when `image`; without, strings (pictures cannot be shown)."""
+    before the current step when `image`, and `placeholder` (the model's image token, "" for none) in the text
+    written QUOTED_IMAGE; without, strings (pictures cannot be shown)."""
     chunks: list[str | dict[str, str]] = []  # the user's text pieces, and image parts where pictures go
     for section in (s for s in sections if s.blocks):
         chunks += ["\n\n"] * bool(chunks) + [section.title + "\n"] * bool(section.title)
@@ -88,6 +92,9 @@ def assemble(instructions: str, sections: Sequence[Section], current: str, image
     if not parts:
         user = "".join(c for c in chunks if isinstance(c, str))
         return [{"role": "system", "content": instructions}, {"role": "user", "content": user}]
+    if placeholder:
+        instructions = instructions.replace(placeholder, QUOTED_IMAGE)
+        chunks = [c.replace(placeholder, QUOTED_IMAGE) if isinstance(c, str) else c for c in chunks]
     content: list[dict[str, str]] = []
     for chunk in chunks:
         if isinstance(chunk, dict):
@@ -172,7 +179,7 @@ class PromptFitter:
     """Builds each prompt under an optional token budget and counts what the budget cost."""
 
     def __init__(self, tokenizer: ChatTokenizer | None = None, max_prompt_tokens: int | None = None,
-                 images: str = "none", image_tokens: int = 0):
+                 images: str = "none", image_tokens: int = 0, image_placeholder: str = ""):
         if max_prompt_tokens is not None and max_prompt_tokens <= 0:
             raise ValueError(f"max_prompt_tokens={max_prompt_tokens}: must be positive (None: no budget)")
         if max_prompt_tokens is not None and tokenizer is None:
@@ -183,7 +190,7 @@ class PromptFitter:
             raise ValueError(f"image_tokens={image_tokens}: with images under a token budget, give the tokens one "
                              "image costs in the model (from its processor), a positive int")
         self.tokenizer, self.max_prompt_tokens = tokenizer, max_prompt_tokens
-        self.images, self.image_tokens = images, image_tokens
+        self.images, self.image_tokens, self.image_placeholder = images, image_tokens, image_placeholder
         self.dropped_steps = 0
         """History steps left out of prompts for the budget, summed over prompts."""
         self.truncated_steps = 0
@@ -222,7 +229,8 @@ class PromptFitter:
     def _assemble(self, instructions: str, sections: Sequence[Section], current: str, image: bool) -> Messages:
         """`assemble` in this fitter's form: part lists when it shows images; `image`: the current step has one."""
         shows = self.images != "none"
-        return assemble(instructions, sections, current, image and shows, parts=shows)
+        return assemble(instructions, sections, current, image and shows, parts=shows,
+                        placeholder=self.image_placeholder if shows else "")
 
     def check(self, instructions: str, step: int = 1, image: bool = True) -> None:
         """Raise unless the instructions fit with an empty observation and, when this fitter shows images and

@@ -190,7 +190,7 @@ async def test_an_episode_of_sokoban_pictures_reaches_the_engine_in_order(vl: VL
     from actors.spec import image_cost
 
     # One <image> becomes 19 tokens in the tiny model (3 around 16 image tokens): 18 beyond its placeholder.
-    assert image_cost(str(vl.model_dir)) == 18
+    assert image_cost(str(vl.model_dir)) == (18, "<image>")
     env = envs.make("agentstream/Sokoban-v0", max_steps=3, observation="image")
     mem = memory.make("last_k", k=1, tokenizer=vl.processor.tokenizer, images="last_k", image_tokens=18)
     turns: list[tuple[Turn, object]] = []

@@ -212,3 +212,35 @@ def test_random_episodes_keep_one_picture_per_image_part_within_the_budget(kind,
             info = {"valid": rng.random() < 0.8, "image": picture(n + 1) if rng.random() < 0.8 else None}
             mem.record(obs, f"<action>{rng.choice(['left', 'up'])}</action>", reward=rng.choice([0.0, -0.1, 1.0]),
                        info=info)
+
+
+@pytest.fixture(scope="module")
+def vl_processor(tmp_path_factory):
+    """The real tiny VL model's processor (its tokenizer knows "<image>" as the image token)."""
+    from launcher.tiny_vl_model import make_tiny_vl_model
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(make_tiny_vl_model(tmp_path_factory.mktemp("vl") / "vl", texts=["go up"]))
+
+
+@pytest.mark.parametrize("kind", memory.known_memories())
+def test_an_image_placeholder_written_in_the_text_is_quoted_so_each_one_left_has_its_picture(kind,
+                                                                                             vl_processor) -> None:
+    """An observation or an action that spells the model's image token out ("<image>") would become, through the
+    chat template, a placeholder with no picture (the engine refuses such a prompt, the learner cannot pair it).
+    With images shown, the memory writes it "[image]": the real tiny VL tokenizer then finds exactly one image
+    token per picture in every prompt. Text-only memories leave the text as it is."""
+    tok, image_id = vl_processor.tokenizer, vl_processor.image_token_id
+    for images in ("current", "last_k"):
+        mem = memory.make(kind, k=2, tokenizer=tok, images=images, image_placeholder="<image>")
+        mem.reset("RULES: never write <image>")
+        for n in range(1, 6):
+            msgs = mem.messages(f"o{n} shows <image> here", image=picture(n))
+            ids = mem.fitter.token_ids(msgs)
+            assert ids.count(image_id) == len(mem.prompt_images) >= 1, (kind, images, n)
+            texts = [p["text"] for m in msgs for p in m["content"] if p["type"] == "text"]
+            assert not any("<image>" in t for t in texts) and f"o{n} shows [image] here" in texts[-1]
+            mem.record(f"o{n} shows <image> here", "<image><action>up</action>", info={"image": picture(n + 1)})
+    plain = memory.make(kind, k=2, tokenizer=tok, image_placeholder="<image>")  # images="none": text as it is
+    plain.reset("RULES")
+    assert "o1 shows <image> here" in plain.messages("o1 shows <image> here")[1]["content"]
