@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import zmq
 import zmq.asyncio
@@ -54,6 +54,28 @@ def _configure(sock: zmq.Socket, name: str, hwm: int, curve_keys_dir: str = "", 
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, 5000)  # on close, flush what was sent (bounded)
     keep_alive(sock)  # a connection lost to a partition is made again
+
+
+BUNDLE_BYTES = 8 * 1024 * 1024
+"""Array bytes one Transitions message carries at most (a transition with more goes alone). Pictures make
+transitions large, and the broker refuses a message over broker.max_message_bytes (64 MiB) whole, every time it
+is resent: a bundle is cut by bytes as well as by count (MAX_BUNDLE)."""
+
+
+def bundles(ts: list[Transition], max_bytes: int = BUNDLE_BYTES) -> Iterator[list[Transition]]:
+    """`ts` in order, in runs of at most MAX_BUNDLE transitions and `max_bytes` array bytes (token ids, log-probs,
+    pictures); a transition over `max_bytes` alone makes a run."""
+    run: list[Transition] = []
+    size = 0
+    for t in ts:
+        n = t.prompt_ids.nbytes + t.response_ids.nbytes + t.logprobs.nbytes + t.images.nbytes
+        if run and (len(run) == MAX_BUNDLE or size + n > max_bytes):
+            yield run
+            run, size = [], 0
+        run.append(t)
+        size += n
+    if run:
+        yield run
 
 
 class SyncClient:
@@ -178,7 +200,8 @@ class AsyncClient:
             await self._wake.wait()
             self._wake.clear()
             while self._outgoing:
-                batch, self._outgoing = self._outgoing[:MAX_BUNDLE], self._outgoing[MAX_BUNDLE:]
+                batch = next(bundles(self._outgoing))
+                self._outgoing = self._outgoing[len(batch):]
                 await self._send_transitions(batch)
 
     async def _send_transitions(self, ts: list[Transition]) -> None:
@@ -215,8 +238,8 @@ class AsyncClient:
             await asyncio.sleep(self.ack_timeout_s / 2)
             if self._unacked and time.monotonic() - self._last_progress > self.ack_timeout_s:
                 pending = list(self._unacked)
-                for i in range(0, len(pending), MAX_BUNDLE):
-                    await self._send_transitions(pending[i:i + MAX_BUNDLE])
+                for batch in bundles(pending):
+                    await self._send_transitions(batch)
                 self.counters["transitions_resent"] += len(pending)
                 self._last_progress = time.monotonic()
             for req, fut in list(self._requests.values()):

@@ -1,15 +1,17 @@
 """The actor's broker client over a real ZeroMQ socket pair: transitions that come together go out together
-(one Transitions message), in seq order; acknowledged ones are forgotten; without an acknowledgement every
-unacknowledged one is sent again."""
+(one Transitions message, cut by count and by bytes), in seq order; acknowledged ones are forgotten; without an
+acknowledgement every unacknowledged one is sent again."""
 
 import asyncio
+import dataclasses
+import random
 
 import numpy as np
 import zmq
 import zmq.asyncio
 
-from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import Ack, Transition, Transitions, decode, encode
+from agentstream.wire.client import BUNDLE_BYTES, AsyncClient, bundles
+from agentstream.wire.messages import MAX_BUNDLE, Ack, Transition, Transitions, decode, encode
 from agentstream.wire.reconnect import take_over_reconnects
 
 
@@ -56,6 +58,50 @@ def test_transitions_sent_together_arrive_bundled_in_order_and_are_resent_until_
             assert client.unacked == 4  # 0..5 acknowledged
             _, _, again = await received(router, 4)  # nothing acknowledged for 0.4 s: 6..9 come again
             assert [t.seq for t in again] == [6, 7, 8, 9] and client.counters["transitions_resent"] >= 4
+        finally:
+            await client.close()
+            router.close(linger=0)
+
+    asyncio.run(main())
+
+
+def pictured(i: int, side: int) -> Transition:
+    """tr(i) with one side x side RGB picture."""
+    return dataclasses.replace(tr(i), images=np.full((1, side, side, 3), i % 256, np.uint8))
+
+
+def array_bytes(t: Transition) -> int:
+    return t.prompt_ids.nbytes + t.response_ids.nbytes + t.logprobs.nbytes + t.images.nbytes
+
+
+def test_bundles_keep_the_order_and_stay_within_the_count_and_the_bytes() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        limit = rng.choice([1, 500, 3000, 20_000])
+        ts = [pictured(i, rng.choice([0, 4, 20, 40])) if rng.random() < 0.7 else tr(i)
+              for i in range(rng.randint(0, 60))]
+        runs = list(bundles(ts, limit))
+        assert [t for run in runs for t in run] == ts and all(runs)
+        for run in runs:
+            assert len(run) == 1 or sum(map(array_bytes, run)) <= limit  # over the limit only alone
+        for a, b in zip(runs, runs[1:]):  # each cut was needed: the next transition did not fit
+            assert sum(map(array_bytes, a)) + array_bytes(b[0]) > limit
+    assert [len(r) for r in bundles([tr(i % 50) for i in range(MAX_BUNDLE + 5)])] == [MAX_BUNDLE, 5]
+
+
+def test_transitions_with_large_pictures_go_out_in_messages_under_the_byte_bound() -> None:
+    async def main() -> None:
+        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        client = AsyncClient(f"tcp://127.0.0.1:{port}", "actor-0")
+        await client.start(incarnation=1, max_unacked=64, ack_timeout_s=30)
+        try:
+            ts = [pictured(i, 1024) for i in range(6)]  # 3 MiB each: at most 2 fit in BUNDLE_BYTES (8 MiB)
+            await asyncio.gather(*(client.send_transition(t) for t in ts))
+            _, sizes, got = await received(router, 6)
+            assert max(sizes) <= BUNDLE_BYTES // array_bytes(ts[0]) == 2 and sum(sizes) == 6
+            assert [t.seq for t in got] == list(range(6))
+            assert [int(t.images[0, 0, 0, 0]) for t in got] == list(range(6))
         finally:
             await client.close()
             router.close(linger=0)
