@@ -116,8 +116,8 @@ def merge_at_slots(model: nn.Module) -> None:
 def image_slots(model: nn.Module, slots: Tensor | None) -> Iterator[None]:
     """Inside the block, forwards of `model` (made by `merge_at_slots`) fill the positions `slots` [B, L] bool
     marks with the images' features, in order; None: as the model merges on its own."""
-    inner = next((m for m in model.modules() if hasattr(m, "image_slots")), None)
-    if inner is None or slots is None:
+    inner = None if slots is None else next((m for m in model.modules() if hasattr(m, "image_slots")), None)
+    if inner is None:  # a text micro-batch looks for nothing
         yield
         return
     inner.image_slots = slots

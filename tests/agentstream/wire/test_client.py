@@ -3,6 +3,7 @@
 acknowledgement every unacknowledged one is sent again."""
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 
@@ -34,13 +35,23 @@ async def received(router: zmq.asyncio.Socket, n: int) -> tuple[bytes, list[int]
     return ident.bytes, sizes, got
 
 
+@contextlib.asynccontextmanager
+async def connected(incarnation: int, ack_timeout_s: float):
+    """(a started client named actor-0, the ROUTER it is connected to over loopback); both closed after."""
+    router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = AsyncClient(f"tcp://127.0.0.1:{port}", "actor-0")
+    await client.start(incarnation=incarnation, max_unacked=64, ack_timeout_s=ack_timeout_s)
+    try:
+        yield client, router
+    finally:
+        await client.close()
+        router.close(linger=0)
+
+
 def test_transitions_sent_together_arrive_bundled_in_order_and_are_resent_until_acknowledged() -> None:
     async def main() -> None:
-        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
-        port = router.bind_to_random_port("tcp://127.0.0.1")
-        client = AsyncClient(f"tcp://127.0.0.1:{port}", "actor-0")
-        await client.start(incarnation=3, max_unacked=64, ack_timeout_s=0.4)
-        try:
+        async with connected(incarnation=3, ack_timeout_s=0.4) as (client, router):
             await asyncio.gather(*(client.send_transition(tr(i)) for i in range(10)))
             ident, sizes, got = await received(router, 10)
             assert sum(sizes) == 10 and len(sizes) < 10  # fewer messages than transitions
@@ -58,9 +69,6 @@ def test_transitions_sent_together_arrive_bundled_in_order_and_are_resent_until_
             assert client.unacked == 4  # 0..5 acknowledged
             _, _, again = await received(router, 4)  # nothing acknowledged for 0.4 s: 6..9 come again
             assert [t.seq for t in again] == [6, 7, 8, 9] and client.counters["transitions_resent"] >= 4
-        finally:
-            await client.close()
-            router.close(linger=0)
 
     asyncio.run(main())
 
@@ -91,20 +99,13 @@ def test_bundles_keep_the_order_and_stay_within_the_count_and_the_bytes() -> Non
 
 def test_transitions_with_large_pictures_go_out_in_messages_under_the_byte_bound() -> None:
     async def main() -> None:
-        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
-        port = router.bind_to_random_port("tcp://127.0.0.1")
-        client = AsyncClient(f"tcp://127.0.0.1:{port}", "actor-0")
-        await client.start(incarnation=1, max_unacked=64, ack_timeout_s=30)
-        try:
+        async with connected(incarnation=1, ack_timeout_s=30) as (client, router):
             ts = [pictured(i, 1024) for i in range(6)]  # 3 MiB each: at most 2 fit in BUNDLE_BYTES (8 MiB)
             await asyncio.gather(*(client.send_transition(t) for t in ts))
             _, sizes, got = await received(router, 6)
             assert max(sizes) <= BUNDLE_BYTES // array_bytes(ts[0]) == 2 and sum(sizes) == 6
             assert [t.seq for t in got] == list(range(6))
             assert [int(t.images[0, 0, 0, 0]) for t in got] == list(range(6))
-        finally:
-            await client.close()
-            router.close(linger=0)
 
     asyncio.run(main())
 
