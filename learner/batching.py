@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from agentstream.wire.messages import Batch
+from learner.vision import join_images
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class Sequences:
     prompt_lens: Tensor  # [N] long
     response_lens: Tensor  # [N] long
     pixels: tuple[dict[str, Tensor], ...] = ()
-    """Per transition, its images as the model's inputs (e.g. pixel_values [n, 3, H, W], pixel_attention_mask
-    [n, H, W]; empty without images); () when the batch has no images. Its prompt ids are then expanded."""
+    """Per transition, its images as the model's inputs (`learner.vision.expand_images`: e.g. pixel_values
+    [1, n, 3, H, W]; empty without images); () when the batch has no images. Its prompt ids are then expanded."""
     image_slots: Tensor | None = None
     """[S] bool: the prompt positions the images' features fill (None: no images). An image token elsewhere (one the
     model generated, in a response or quoted in a later prompt) stays a token, as in the engine."""
@@ -92,7 +93,7 @@ class Sequences:
             inputs = expand(ids, list(images)) if len(images) else {"input_ids": torch.from_numpy(ids)[None]}
             prompts.append(inputs.pop("input_ids")[0])
             slots.append(inputs.pop("image_slots", torch.zeros_like(prompts[-1], dtype=torch.bool)[None])[0])
-            pixels.append({k: v[0] for k, v in inputs.items()})  # [n, ...]: this prompt's images
+            pixels.append(inputs)  # this prompt's images, in the model's layout
         return Sequences(torch.cat(prompts), self.response_ids, self.behav_logp,
                          torch.tensor([len(p) for p in prompts], dtype=torch.long), self.response_lens, tuple(pixels),
                          torch.cat(slots))
@@ -120,7 +121,7 @@ class MicroBatch:
     mask: Tensor  # [Q] bool, False only in a zero-weight micro-batch
     token_index: Tensor  # [Q] long, index of each token in the batch's response arrays
     position_ids: Tensor | None = None  # [B, L] long, restarting at 0 per sequence; packed rows only
-    pixels: dict[str, Tensor] | None = None  # the rows' images in row order (e.g. pixel_values [1, N, 3, H, W]);
+    pixels: dict[str, Tensor] | None = None  # the rows' images in row order (`join_images`: e.g. [1, N, 3, H, W]);
     # the model fills the image slots with them in the order the slots come, row after row
     image_slots: Tensor | None = None  # [B, L] bool, the prompt positions the images fill; None without images
 
@@ -246,9 +247,9 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
 
 
 def _pixels(seqs: Sequences, seq_ids: list[int]) -> dict[str, Tensor] | None:
-    """The images of sequences `seq_ids`, in that order, as one forward's inputs ([1, N, ...]); None: no image."""
+    """The images of sequences `seq_ids`, in that order, as one forward's inputs; None: no image."""
     parts = [seqs.pixels[i] for i in seq_ids if seqs.pixels and seqs.pixels[i]]
-    return {k: torch.cat([p[k] for p in parts])[None] for k in parts[0]} if parts else None
+    return join_images(parts) if parts else None
 
 
 def dummy_micro_batch(pad_id: int = 0) -> MicroBatch:

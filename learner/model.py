@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from engines.server import is_vision_language
 from learner.batching import MicroBatch
-from learner.vision import image_slots, merge_at_slots
+from learner.vision import image_slots, merge_at_slots, mrope_position_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -201,6 +201,10 @@ def token_logprobs(
     if mb.position_ids is not None:
         inputs["position_ids"] = mb.position_ids.to(device)
     inputs.update({k: v.to(device) for k, v in (mb.pixels or {}).items()})
+    positions = mrope_position_ids(model, mb.input_ids, mb.image_slots, (mb.pixels or {}).get("image_grid_thw"),
+                                   mb.attention_mask, mb.position_ids)  # Qwen-VL's [4, B, L]; None: the model's own
+    if positions is not None:
+        inputs["position_ids"] = positions.to(device)
     targets = mb.targets.to(device)  # [Q]
     if chunk_tokens <= 0:
         with image_slots(model, mb.image_slots):

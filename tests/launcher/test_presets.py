@@ -61,6 +61,9 @@ def test_presets_set_what_their_comments_promise() -> None:
     vl = compose_cfg(["preset=cpu_tiny_vl"])
     assert (vl.model.path, vl.env.kwargs["observation"], vl.memory.images) == (".cache/tiny-vl-model", "image",
                                                                                 "current")
+    gpu_vl = compose_cfg(["preset=gpu_vl"])
+    assert (gpu_vl.learner.backend, gpu_vl.model.dtype, gpu_vl.memory.images, gpu_vl.model.train_vision) == (
+        "nccl", "bfloat16", "current", False)
     # The command line wins over a preset.
     assert compose_cfg(["preset=gpu_one", "learner.world_size=2"]).learner.world_size == 2
 

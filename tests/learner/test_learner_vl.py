@@ -1,7 +1,8 @@
-"""The learner's policy for a vision-language model (the tiny Idefics3 of launcher/tiny_vl_model.py) under FSDP2:
-it loads as an image-text-to-text model with its vision side frozen (or trained, on request), shards only the
-language model's layers, and its log-probs of a batch's responses given their images are the plain HF model's,
-a response that holds the image token included (vLLM embeds it as a token; HF alone would take it for a slot)."""
+"""The learner's policy for a vision-language model (the tiny Idefics3 of launcher/tiny_vl_model.py, and a tiny
+Qwen2.5-VL: multimodal RoPE, flat patches) under FSDP2: it loads as an image-text-to-text model with its vision
+side frozen (or trained, on request), shards only the language model's layers, and its log-probs of a batch's
+responses given their images are the plain HF model's, a response that holds the image token included (vLLM
+embeds it as a token; HF alone would take it for a slot)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from agentstream.wire.messages import Batch, Transition, image_columns
 from learner.batching import Sequences, make_micro_batches
 from learner.model import load_policy, token_logprobs, trainable_parameters, vocab_size
 from learner.vision import expand_images, vl_response_logprobs
+from qwen_vl_testing import make_tiny_qwen_vl
 
 TEXTS = [f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n<action>left</action>" for i in range(30)]
 
@@ -27,6 +29,22 @@ def vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from launcher.tiny_vl_model import make_tiny_vl_model
 
     return make_tiny_vl_model(tmp_path_factory.mktemp("vl") / "tiny-vl", texts=TEXTS)
+
+
+@pytest.fixture(scope="module")
+def qwen_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    return make_tiny_qwen_vl(tmp_path_factory.mktemp("qwen-vl") / "tiny-qwen-vl", texts=TEXTS)
+
+
+@pytest.fixture(params=["idefics3", "qwen2.5-vl"])
+def family(request: pytest.FixtureRequest) -> tuple[Path, object]:
+    """A tiny VL model directory and its processor, of each family the learner takes."""
+    if request.param == "idefics3":
+        from transformers import AutoProcessor
+
+        vl_dir = request.getfixturevalue("vl_dir")
+        return vl_dir, AutoProcessor.from_pretrained(vl_dir)
+    return request.getfixturevalue("qwen_vl")
 
 
 @pytest.mark.parametrize("train_vision", [False, True])
@@ -70,7 +88,9 @@ def learner_logprobs(policy, processor, cases: list[Case], packing: bool) -> tor
     expands the images, make_micro_batches pads (or packs) them, token_logprobs runs the sharded policy."""
     seqs = Sequences.from_batch(batch_of(cases), functools.partial(expand_images, processor))
     mbs = make_micro_batches(seqs, torch.zeros(len(cases)), 4096, packing=packing)
-    assert len(mbs) == 1 and mbs[0].pixels["pixel_values"].shape[:2] == (1, sum(len(im) for _, im, _ in cases))
+    pixels = mbs[0].pixels
+    n_images = len(pixels["image_grid_thw"]) if "image_grid_thw" in pixels else pixels["pixel_values"].shape[1]
+    assert len(mbs) == 1 and n_images == sum(len(im) for _, im, _ in cases)
     got = torch.zeros(seqs.num_response_tokens)
     with torch.no_grad():
         got[mbs[0].token_index] = token_logprobs(policy, mbs[0])[0]
@@ -109,12 +129,12 @@ def test_sharded_log_probs_with_two_images_are_the_hf_models(vl_dir, one_rank) -
 
 
 @pytest.mark.parametrize("packing", [False, True])
-def test_a_batch_with_images_gives_each_response_its_own_images_log_probs(vl_dir, one_rank, packing) -> None:
+def test_a_batch_with_images_gives_each_response_its_own_images_log_probs(family, one_rank, packing) -> None:
     """Three transitions (two pictures, none, one) through Sequences.from_batch and the micro-batches, padded or
     packed: every response token's log-prob is the one the plain HF model gives that transition alone."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(vl_dir)
+    vl_dir, processor = family
     plain = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
     policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1)
     tok = processor.tokenizer
@@ -130,13 +150,13 @@ def test_a_batch_with_images_gives_each_response_its_own_images_log_probs(vl_dir
 
 
 @pytest.mark.parametrize("packing", [False, True])
-def test_an_image_token_in_a_response_stays_a_token(vl_dir, one_rank, packing) -> None:
+def test_an_image_token_in_a_response_stays_a_token(family, one_rank, packing) -> None:
     """The random policy samples its own image token now and then. The engine embeds it as a token; the learner
     must too: only the prompt's slots take the pictures' features. Plain HF, given the pixels, takes every image
     token for a slot and fails; the learner's log-probs equal the reference, which scatters at the slots."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(vl_dir)
+    vl_dir, processor = family
     plain = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
     policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1)
     tok, image_id = processor.tokenizer, processor.image_token_id
@@ -147,9 +167,37 @@ def test_an_image_token_in_a_response_stays_a_token(vl_dir, one_rank, packing) -
              (prompt_of(tok, 2, "and now?"), rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8), action)]
     inputs = expand_images(processor, cases[0][0], list(cases[0][1]))
     ids = torch.cat([inputs.pop("input_ids"), torch.tensor([cases[0][2]])], dim=1)
-    inputs.pop("image_slots")
-    with pytest.raises(RuntimeError, match="source"), torch.no_grad():  # the plain merge: more slots than features
-        plain(input_ids=ids, **inputs, use_cache=False)
+    mm_types = torch.cat([inputs.pop("image_slots"), torch.zeros(1, len(cases[0][2]), dtype=torch.bool)], 1).int()
+    extra = {"mm_token_type_ids": mm_types} if "image_grid_thw" in inputs else {}  # Qwen-VL's M-RoPE reads it
+    # the plain merge: more slots than features (Idefics3: a failed masked_scatter; Qwen-VL: its own count check)
+    with pytest.raises((RuntimeError, ValueError), match="source|do not match"), torch.no_grad():
+        plain(input_ids=ids, **inputs, **extra, use_cache=False)
     want = reference(plain, processor, cases)
     got = learner_logprobs(policy, processor, cases, packing)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_the_reference_is_the_hf_models_own_forward(family) -> None:
+    """Without an image token in the response, the reference (features scattered at the slots, Qwen-VL's positions
+    from its get_rope_index) equals the plain HF forward given input_ids and pixels, which merges and positions on
+    its own (Qwen-VL from mm_token_type_ids); and the pictures' order reaches it."""
+    from transformers import AutoModelForImageTextToText
+
+    vl_dir, processor = family
+    plain = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
+    tok = processor.tokenizer
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (56, 84, 3), dtype=np.uint8), rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)]
+    prompt = prompt_of(tok, 2, "which way?")
+    response = tok("<action>down</action>", add_special_tokens=False)["input_ids"]
+    inputs = expand_images(processor, prompt, images)
+    ids = torch.cat([inputs.pop("input_ids"), torch.tensor([response])], dim=1)  # [1, L + T]
+    mm_types = torch.cat([inputs.pop("image_slots"), torch.zeros(1, len(response), dtype=torch.bool)], 1).int()
+    extra = {"mm_token_type_ids": mm_types} if "image_grid_thw" in inputs else {}
+    with torch.no_grad():
+        logits = plain(input_ids=ids, **inputs, **extra, use_cache=False).logits[0, -len(response) - 1:-1]  # [T, V]
+        want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+        got = vl_response_logprobs(plain, processor, prompt, response, images)
+        swapped = vl_response_logprobs(plain, processor, prompt, response, images[::-1])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert (swapped - want).abs().max() > 1e-4
