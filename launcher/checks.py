@@ -145,10 +145,14 @@ def _image_errors(cfg: Config) -> list[str]:
     elif most > cfg.engines.max_images_per_prompt:
         errors.append(f"memory.images={mem.images} shows up to {most} pictures per prompt, more than "
                       f"engines.max_images_per_prompt={cfg.engines.max_images_per_prompt}: raise it or lower memory.k.")
-    if cfg.model.lora_rank or cfg.algorithm.advantage in NEEDS_VALUES:
-        errors.append(f"memory.images={mem.images}: a vision-language policy trains full weights without a critic "
-                      f"for now (model.lora_rank={cfg.model.lora_rank}, algorithm.advantage="
-                      f"{cfg.algorithm.advantage}): use model.lora_rank=0 and a critic-free advantage (grpo, gigpo).")
+    if cfg.algorithm.advantage in NEEDS_VALUES:
+        errors.append(f"memory.images={mem.images}: a vision-language policy trains without a critic for now "
+                      f"(algorithm.advantage={cfg.algorithm.advantage} needs one): use a critic-free advantage "
+                      f"(grpo, gigpo, rloo, ...).")
+    if cfg.model.lora_rank and cfg.model.train_vision:
+        errors.append(f"model.lora_rank={cfg.model.lora_rank} with model.train_vision=true: LoRA adapts the language "
+                      f"model only and the engine serves the vision tower it loaded; train the tower with full "
+                      f"weights (model.lora_rank=0), or keep it frozen (model.train_vision=false).")
     return errors
 
 

@@ -75,11 +75,15 @@ class LoraSpec:
     dropout: float = 0.0
     init_seed: int = 0  # peft draws A at random: the same seed on every rank and every run
 
-    def peft_config(self) -> Any:
+    def peft_config(self, within: list[str] | None = None) -> Any:
+        """peft's LoraConfig; `within`: adapt only these modules (full names), those of `target_modules` among
+        them (a vision-language model's language model: its vision tower has layers of the same names)."""
         from peft import LoraConfig, TaskType
 
+        targets = list(self.target_modules) if within is None else [
+            name for name in within if name.rsplit(".", 1)[-1] in self.target_modules]
         return LoraConfig(task_type=TaskType.CAUSAL_LM, r=self.rank, lora_alpha=self.alpha,
-                          target_modules=list(self.target_modules), lora_dropout=self.dropout, bias="none")
+                          target_modules=targets, lora_dropout=self.dropout, bias="none")
 
 
 def lora_spec(
@@ -92,6 +96,12 @@ def lora_spec(
 def is_vision_language_model(model: nn.Module) -> bool:
     """Whether `model` reads images (its config has a vision tower's)."""
     return getattr(model.config, "vision_config", None) is not None
+
+
+def language_modules(model: nn.Module) -> list[str]:
+    """The full names of a vision-language model's language-model modules (LoRA adapts those only, as vLLM does)."""
+    language = {id(m) for m in model.get_decoder().modules()}
+    return [name for name, m in model.named_modules() if id(m) in language]
 
 
 def freeze_vision(model: nn.Module) -> None:
@@ -132,7 +142,7 @@ def load_policy(
         # two runs would start alike. Drawn on CPU, whatever the device; the global RNG is left as it was.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(lora.init_seed)
-            model = get_peft_model(model, lora.peft_config())
+            model = get_peft_model(model, lora.peft_config(language_modules(model) if vision else None))
         model.peft_config["default"].base_model_name_or_path = str(path)
     model = model.to(device)
     mesh: DeviceMesh = init_device_mesh(device.type, (world_size,))

@@ -33,10 +33,10 @@ def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: in
                            max_model_len)
 
 
-def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model_len: int | None = None
-                ) -> Iterator[VllmServer]:
-    """A vLLM server of the model directory `model`, started as every engine is, until the generator closes; then
-    its whole process group is stopped and checked gone."""
+def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model_len: int | None = None,
+                lora_rank: int = 0) -> Iterator[VllmServer]:
+    """A vLLM server of the model directory `model`, started as every engine is (with LoRA adapters of up to
+    `lora_rank` when > 0), until the generator closes; then its whole process group is stopped and checked gone."""
     from agentstream.config import Config
     from agentstream.wire.addresses import free_port
     from engines.server import server_command, wait_ready
@@ -44,6 +44,7 @@ def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model
 
     cfg = Config()
     cfg.model.path = str(model)
+    cfg.model.lora_rank = lora_rank
     if max_model_len:
         cfg.engines.max_model_len = max_model_len
     port = free_port()
@@ -65,7 +66,8 @@ def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model
 @pytest.fixture(scope="session")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Iterator[VllmServer]]:
     """`serve_model` for a test's own model directory: `for server in serving(model_dir): ...`."""
-    return lambda model, max_model_len=None: serve_model(tmp_path_factory, model, max_model_len)
+    return lambda model, max_model_len=None, lora_rank=0: serve_model(tmp_path_factory, model, max_model_len,
+                                                                      lora_rank)
 
 
 @pytest.fixture(scope="session")

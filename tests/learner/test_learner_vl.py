@@ -201,3 +201,31 @@ def test_the_reference_is_the_hf_models_own_forward(family) -> None:
         swapped = vl_response_logprobs(plain, processor, prompt, response, images[::-1])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert (swapped - want).abs().max() > 1e-4
+
+
+def test_lora_adapts_the_language_model_only(family, one_rank) -> None:
+    """Both towers have layers named like the language model's (Idefics3's q_proj..; Qwen2.5-VL's gate_proj..);
+    the adapter goes on the language model's alone, the engine's LoRA covers no more. Training the adapter moves
+    the log-probs given a picture; the vision side's weights stay as loaded."""
+    from learner.model import LoraSpec
+
+    vl_dir, processor = family
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1, lora=LoraSpec(8, 16.0, targets))
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    layers = policy.config.get_text_config().num_hidden_layers
+    assert len(trainable) == 2 * 7 * layers and all("lora_" in n for n in trainable)
+    assert all(".language_model." in n or ".text_model." in n for n in trainable), trainable
+    rng = np.random.default_rng(4)
+    tok = processor.tokenizer
+    cases = [(prompt_of(tok, 1, "where?"), rng.integers(0, 256, (1, 56, 56, 3), dtype=np.uint8),
+              tok("<action>up</action>", add_special_tokens=False)["input_ids"])]
+    before = learner_logprobs(policy, processor, cases, packing=False)
+    tower = {n: p.detach().clone() for n, p in policy.named_parameters() if "visual" in n or "vision_model" in n}
+    opt = torch.optim.AdamW(trainable_parameters(policy), lr=1e-2)
+    seqs = Sequences.from_batch(batch_of(cases), functools.partial(expand_images, processor))
+    mb = make_micro_batches(seqs, torch.zeros(1), 4096, packing=False)[0]
+    (-token_logprobs(policy, mb)[0].mean()).backward()
+    opt.step()
+    assert (learner_logprobs(policy, processor, cases, packing=False) - before).abs().max() > 1e-3
+    assert tower and all(torch.equal(p.detach(), tower[n]) for n, p in policy.named_parameters() if n in tower)
