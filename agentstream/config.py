@@ -307,6 +307,10 @@ class LearnerConfig:
     packing: bool = False
     """Pack sequences into one row per micro-batch (position ids restart per sequence) instead of padding
     rows; saves padding, but on CPU attention over a packed row costs quadratic time in its length."""
+    share_prompts: bool = True
+    """Transitions with the same prompt (a group's G answers to its first observation) share one copy of it in a row
+    (an attention mask keeps the answers apart): the prompt's forward and backward run once, not G times. Exact
+    (each answer's log-probs and gradients are its own); not with images or flash attention (they pad as before)."""
     logprob_chunk_tokens: int = 0
     """Compute response log-probs this many tokens at a time (logits recomputed in backward): peak logits
     memory [chunk, vocab] instead of [response tokens, vocab]; for large vocabularies. 0: all at once."""

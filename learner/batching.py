@@ -112,7 +112,8 @@ class MicroBatch:
     """Right-padded sequences (or packed rows), and what the loss needs per response token."""
 
     input_ids: Tensor  # [B, L] long (padding: 0)
-    attention_mask: Tensor | None  # [B, L] long, 1 on real tokens; None for packed rows
+    attention_mask: Tensor | None  # [B, L] long, 1 on real tokens; None for packed rows; [B, 1, L, L] bool for
+    # rows of shared prompts (`_share`: True where a query position may see a key position)
     logit_rows: Tensor  # [Q] long, row of each response token
     logit_pos: Tensor  # [Q] long, position in its row whose logits predict the response token
     targets: Tensor  # [Q] long, the response tokens
@@ -120,7 +121,7 @@ class MicroBatch:
     advantages: Tensor  # [Q] float32
     mask: Tensor  # [Q] bool, False only in a zero-weight micro-batch
     token_index: Tensor  # [Q] long, index of each token in the batch's response arrays
-    position_ids: Tensor | None = None  # [B, L] long, restarting at 0 per sequence; packed rows only
+    position_ids: Tensor | None = None  # [B, L] long, restarting at 0 per sequence; packed and shared rows only
     pixels: dict[str, Tensor] | None = None  # the rows' images in row order (`join_images`: e.g. [1, N, 3, H, W]);
     # the model fills the image slots with them in the order the slots come, row after row
     image_slots: Tensor | None = None  # [B, L] bool, the prompt positions the images fill; None without images
@@ -161,11 +162,13 @@ def plan_packed_rows(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 
 def make_micro_batches(
-    seqs: Sequences, advantages: Tensor, token_budget: int, packing: bool = False, per_token: bool = False
+    seqs: Sequences, advantages: Tensor, token_budget: int, packing: bool = False, per_token: bool = False,
+    share_prompts: bool = False,
 ) -> list[MicroBatch]:
     """Pad (or, with `packing`, pack) every transition with a non-empty response into micro-batches;
     `advantages` is [N] (one value per transition, shared by its response tokens), or with `per_token` [R]
-    (one per response token, in the batch's order). Every response token appears exactly once."""
+    (one per response token, in the batch's order). Every response token appears exactly once.
+    `share_prompts`: the transitions of one prompt share one copy of it (`_share`; not with images)."""
     want = seqs.num_response_tokens if per_token else seqs.num_transitions
     if advantages.shape != (want,):
         raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected [{want}]"
@@ -175,9 +178,91 @@ def make_micro_batches(
     p_off = torch.cumsum(seqs.prompt_lens, 0) - seqs.prompt_lens  # [N]
     r_off = torch.cumsum(seqs.response_lens, 0) - seqs.response_lens  # [N]
     keep = [i for i in range(seqs.num_transitions) if int(seqs.response_lens[i]) > 0]
+    plan = plan_packed_rows if packing else plan_micro_batches
+    if share_prompts and seqs.image_slots is None:
+        units = prompt_units(seqs, keep, p_off, token_budget)
+        lengths = [int(seqs.prompt_lens[u[0]] + sum(int(seqs.response_lens[i]) for i in u)) for u in units]
+        def rows_of(m: list[int]) -> list[list[list[int]]]:  # packed: a bin's units in one row; padded: a row each
+            return [[units[j] for j in m]] if packing else [[units[j]] for j in m]
+
+        return [_share(rows_of(m), seqs, advantages, p_off, r_off) for m in plan(lengths, token_budget)]
     lengths = [int(seqs.prompt_lens[i] + seqs.response_lens[i]) for i in keep]
-    plan, build = (plan_packed_rows, _pack) if packing else (plan_micro_batches, _pad)
+    build = _pack if packing else _pad
     return [build([keep[j] for j in m], seqs, advantages, p_off, r_off) for m in plan(lengths, token_budget)]
+
+
+def prompt_units(seqs: Sequences, keep: list[int], p_off: Tensor, token_budget: int) -> list[list[int]]:
+    """The transitions of `keep` grouped by their prompt ids (a group's first step: every member's prompt is the
+    same), first seen first; a unit whose prompt and responses pass `token_budget` is split into several that do
+    not (each with a copy of the prompt; one member alone may still pass it)."""
+    by_prompt: dict[bytes, list[int]] = {}
+    for i in keep:
+        po, p = int(p_off[i]), int(seqs.prompt_lens[i])
+        by_prompt.setdefault(seqs.prompt_ids[po:po + p].numpy().tobytes(), []).append(i)
+    units: list[list[int]] = []
+    for members in by_prompt.values():
+        prompt = int(seqs.prompt_lens[members[0]])
+        units.append([])
+        used = prompt
+        for i in members:
+            r = int(seqs.response_lens[i])
+            if units[-1] and used + r > token_budget:
+                units.append([])
+                used = prompt
+            units[-1].append(i)
+            used += r
+    return units
+
+
+def _share(rows: list[list[list[int]]], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor
+           ) -> MicroBatch:
+    """Rows [B, L] of units (transitions with one prompt, `prompt_units`): each unit is its prompt once, then each
+    member's response, with a [B, 1, L, L] attention mask (a prompt token sees the prompt up to itself, a response
+    token the prompt and its own response up to itself, nothing of another unit) and position ids that go on from
+    the prompt's end in every response, so each response's log-probs are the ones it has alone after its prompt.
+    The first token of every response is predicted by the prompt's last position; padding sees only itself."""
+    width = max(sum(int(seqs.prompt_lens[u[0]]) + sum(int(seqs.response_lens[i]) for i in u) for u in row)
+                for row in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
+    positions = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
+    unit = torch.full((len(rows), width), -1, dtype=torch.long)  # [B, L] unit of each position (-1: padding)
+    span = torch.full((len(rows), width), -1, dtype=torch.long)  # [B, L] response of each position (-1: a prompt)
+    logit_rows, logit_pos, tok_index, adv = [], [], [], []
+    for b, row in enumerate(rows):
+        start = 0
+        for k, members in enumerate(row):
+            p, po = int(seqs.prompt_lens[members[0]]), int(p_off[members[0]])
+            input_ids[b, start:start + p] = seqs.prompt_ids[po:po + p]
+            positions[b, start:start + p] = torch.arange(p)
+            unit[b, start:start + p] = k
+            last_prompt, start = start + p - 1, start + p
+            for i in members:
+                r, ro = int(seqs.response_lens[i]), int(r_off[i])
+                input_ids[b, start:start + r] = seqs.response_ids[ro:ro + r]
+                positions[b, start:start + r] = torch.arange(p, p + r)
+                unit[b, start:start + r], span[b, start:start + r] = k, i
+                logit_rows.append(torch.full((r,), b, dtype=torch.long))
+                logit_pos.append(torch.cat([torch.tensor([last_prompt]), torch.arange(start, start + r - 1)]))
+                tok_index.append(torch.arange(ro, ro + r))
+                adv.append(advantages[ro:ro + r])
+                start += r
+    q, k = unit[:, :, None], unit[:, None, :]  # [B, L, 1], [B, 1, L]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()  # [L, L]
+    sees = (q == k) & (q >= 0) & causal & ((span[:, None, :] == -1) | (span[:, :, None] == span[:, None, :]))
+    sees |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: a row of no keys would give NaN
+    token_index = torch.cat(tok_index)  # [Q]
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=sees[:, None],  # [B, 1, L, L]
+        logit_rows=torch.cat(logit_rows),
+        logit_pos=torch.cat(logit_pos),
+        targets=seqs.response_ids[token_index],
+        behav_logp=seqs.behav_logp[token_index],
+        advantages=torch.cat(adv).to(torch.float32),
+        mask=torch.ones(token_index.numel(), dtype=torch.bool),
+        token_index=token_index,
+        position_ids=positions,
+    )
 
 
 def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor) -> MicroBatch:

@@ -176,6 +176,11 @@ def disabled_adapter(model: nn.Module) -> Iterator[nn.Module]:
         yield model
 
 
+def takes_attention_masks(model: nn.Module) -> bool:
+    """Whether `model`'s attention takes an arbitrary [B, 1, L, L] mask (sdpa, eager; flash attention does not)."""
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
 def vocab_size(model: nn.Module) -> int:
     return int(model.config.get_text_config().vocab_size)  # a vision-language model's is its language model's
 

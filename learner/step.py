@@ -46,7 +46,15 @@ from learner.advantages import (
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
 from engines.server import is_vision_language
-from learner.model import disabled_adapter, is_lora, load_policy, response_logprobs, token_logprobs, vocab_size
+from learner.model import (
+    disabled_adapter,
+    is_lora,
+    load_policy,
+    response_logprobs,
+    takes_attention_masks,
+    token_logprobs,
+    vocab_size,
+)
 from learner.preference import GLOBAL_SHARES
 from learner.token_rewards import rewards_to_go
 from learner.vision import expand_images
@@ -69,6 +77,7 @@ class StepOptions:
     max_grad_norm: float
     micro_batch_tokens: int
     packing: bool = False
+    share_prompts: bool = False  # batching.make_micro_batches' share_prompts (where the model's attention allows)
     logprob_chunk_tokens: int = 0  # learner.model.token_logprobs' chunk_tokens
     ppo_epochs: int = 1  # passes over the batch
     mini_batches: int = 1  # optimizer steps per pass
@@ -76,7 +85,8 @@ class StepOptions:
     @classmethod
     def from_config(cls, learner: LearnerConfig, algorithm: AlgorithmConfig) -> "StepOptions":
         return cls(algo=algorithm, max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
-                   packing=learner.packing, logprob_chunk_tokens=learner.logprob_chunk_tokens,
+                   packing=learner.packing, share_prompts=learner.share_prompts,
+                   logprob_chunk_tokens=learner.logprob_chunk_tokens,
                    ppo_epochs=learner.ppo_epochs, mini_batches=learner.mini_batches)
 
     @property
@@ -342,11 +352,13 @@ def train_step(
     t0 = time.perf_counter()
     models = models or StepModels()
     seqs = checked_sequences(batch, vocab_size(model), models.processor)
+    share = opts.share_prompts and takes_attention_masks(model)
     local: dict[str, float] = {}
     rewards = values = logp = ref_logp = None
     name, options = opts.algo.advantage, opts.advantage_options()
     if opts.kl_in_reward or name in NEEDS_LOGPROBS:  # no-grad passes before the advantages
-        zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing)
+        zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing,
+                                  share_prompts=share)
         zero = _pad_to_max(zero, device)[0]
     if opts.kl_in_reward:
         kl = reward_kl(model, zero, seqs, models, opts.algo.kl_estimator, opts.logprob_chunk_tokens)  # [N]
@@ -368,7 +380,8 @@ def train_step(
     if opts.algo.whiten_advantages or name in WHITENS:  # estimators that whiten got whiten=False
         weights = torch.ones_like(policy_adv) if per_token else seqs.response_lens  # each token once
         policy_adv = whiten_global(policy_adv, weights, device)
-    mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token)
+    mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token,
+                             share_prompts=share)
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
