@@ -1,0 +1,335 @@
+"""agentstream against a peer: Hugging Face TRL's `GRPOTrainer` (one process, HF `generate`, synchronous) on the
+same workload, in steady completions trained per second; the ratio agentstream/TRL last.
+
+    .venv/bin/python scripts/bench_peer.py [--batch 16,64] [--steps 8] [--modes sync,async] [--keep DIR]
+    .venv/bin/python scripts/bench_peer.py --batch 16 --steps 6 --peer-only
+    .venv/bin/python scripts/bench_peer.py --agentstream-only --modes sync learner.torch_threads=2
+
+The workload: the tiny local model in float32, reasoning-gym `basic_arithmetic` single-turn
+(`agentstream/Reasoning-v0`, one attempt, one env step), groups of 8, 32 response tokens, temperature 1.0,
+lr 1e-3, `--batch` completions per optimizer step (batch/8 groups).
+
+TRL runs `scripts/peer_trl.py` in a venv of its own (`.cache/peer-venv`: torch, trl, transformers at the
+project's pin, reasoning_gym; made here on first use, about a minute) on the prompts agentstream's actors send
+for the groups' seeds: this script plays each seed's first turn through the project's own env, memory and
+chat template and writes the prompt text, its token ids and the item into a JSONL; the worker checks the ids
+and scores answers with reasoning-gym's `score_answer`, as the env does. agentstream runs the real launcher
+(`scripts/launch.py`: broker, one vLLM engine, one learner rank, one actor) at `trainer.max_staleness=0`
+(sync) and at the config's default bound (async).
+
+Per run: start-up = launch to the end of the first optimizer step; steady = steps 2..N (TRL: the wall clock
+between the ends of step 1 and step N; agentstream: the learner's step times, as `bench_async.py` measures),
+completions/s = (N-1) x batch / steady. A `#` line after each run says where its step time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from agentstream.config import Config, TrainerConfig  # noqa: E402
+from agentstream.wire.addresses import free_port  # noqa: E402
+from bench_async import measure  # noqa: E402
+
+PEER_VENV = ROOT / ".cache" / "peer-venv"
+TRL_VERSION = "1.16.0"
+DATASET = "basic_arithmetic"
+TARGETS = {("sync", 16): 1.0, ("sync", 64): 1.0, ("async", 64): 1.5}  # agentstream/TRL, issue 25
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What both systems train on; `batch` completions per optimizer step."""
+
+    model: str
+    batch: int
+    steps: int
+    group_size: int = 8
+    max_tokens: int = 32
+    temperature: float = 1.0
+    lr: float = 1e-3
+
+    @property
+    def groups(self) -> int:
+        return self.batch // self.group_size
+
+
+@dataclass(frozen=True)
+class Result:
+    """One run: start-up = launch to the end of step 1; steady = steps 2..N."""
+
+    system: str
+    mode: str
+    batch: int
+    steps: int
+    startup_s: float
+    steady_s: float
+    detail: str
+
+    @property
+    def rate(self) -> float:
+        """Steady completions trained per second."""
+        return (self.steps - 1) * self.batch / self.steady_s
+
+
+def workload_overrides(w: Workload) -> list[str]:
+    """The launcher overrides that set the workload (the same for the prompts written for TRL)."""
+    return [
+        f"model.path={w.model}", "model.dtype=float32", "env.name=agentstream/Reasoning-v0",
+        f"+env.kwargs.dataset={DATASET}", "+env.kwargs.max_attempts=1", "env.max_steps=1",
+        f"env.group_size={w.group_size}", f"sampling.max_tokens={w.max_tokens}",
+        f"sampling.temperature={w.temperature}", f"learner.lr={w.lr}", f"trainer.groups_per_step={w.groups}",
+        f"trainer.total_steps={w.steps}",
+    ]
+
+
+def compose(overrides: list[str]) -> Config:
+    """The run's config as the launcher composes it (conf/config.yaml, presets, then `overrides`)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from agentstream import config as config_mod
+
+    config_mod.register_schemas()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=[*overrides, "run.output_dir=unused"])
+    return config_mod.to_object(cfg)
+
+
+def write_prompts(w: Workload, path: Path) -> int:
+    """One line per group of the TRL run: the first turn's prompt as agentstream's actor builds it for the
+    group's seed (the env's reset, the memory, the chat template), its token ids and the item. Returns the
+    number of prompt tokens of the first group."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from actors.episode import Answer, Turn, play
+    from actors.spec import EpisodeSpec
+    from broker.spec import broker_spec
+
+    cfg = compose(workload_overrides(w))
+    spec = EpisodeSpec.from_config(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(w.model)
+    seed_base = broker_spec(cfg).seed_base  # group g starts from seed_base + g
+    turns: list[Turn] = []
+
+    def first_turn(turn: Turn) -> Answer:
+        turns.append(turn)
+        return Answer("")
+
+    with path.open("w") as f:
+        for g in range(w.steps * w.groups):
+            env, mem = spec.make_env(), spec.make_memory(tokenizer)
+            try:
+                asyncio.run(play(env, mem, first_turn, seed=seed_base + g, step_limit=1))
+            finally:
+                env.close()
+            turn = turns[-1]
+            text = tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, tokenize=False)
+            f.write(json.dumps({"seed": seed_base + g, "dataset": DATASET, "prompt": text,
+                                "prompt_ids": turn.prompt_ids}) + "\n")
+    return len(turns[0].prompt_ids or [])
+
+
+def peer_python(log: IO[str]) -> tuple[Path, float]:
+    """The peer venv's python, made (or remade) when it does not import TRL; (python, seconds spent making it)."""
+    python = PEER_VENV / "bin" / "python"
+    pins = {p: installed_version(p) for p in ("torch", "transformers", "reasoning_gym")}
+    check = [str(python), "-c", f"import reasoning_gym, torch, transformers, trl; assert trl.__version__ == "
+             f"{TRL_VERSION!r} and transformers.__version__ == {pins['transformers']!r}"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python, 0.0
+    t0 = time.time()
+    print(f"# making the peer venv {PEER_VENV} (about a minute)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True)
+    packages = [f"trl=={TRL_VERSION}", *(f"{p}=={v.split('+')[0]}" for p, v in pins.items())]  # torch: the CPU wheel
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], stdout=log, stderr=log, check=True)
+    subprocess.run(check, check=True)
+    return python, time.time() - t0
+
+
+def installed_version(package: str) -> str:
+    """The version the project's venv runs, so that both sides run the same one."""
+    from importlib.metadata import version
+
+    return version(package)
+
+
+@contextmanager
+def child(argv: list[str], log: Path, stop_signal: int = signal.SIGTERM, grace_s: float = 30) -> Iterator[
+        subprocess.Popen]:
+    """A child process in its own session, output to `log`; stopped with `stop_signal` (then killed after
+    `grace_s`) if it is still running when the block ends, also on SIGTERM or Ctrl-C here."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(stop_signal)
+                try:
+                    proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result:
+    """TRL's GRPOTrainer on the prompts agentstream's actors would send."""
+    folder.mkdir(parents=True, exist_ok=True)
+    prompt_tokens = write_prompts(w, folder / "prompts.jsonl")
+    argv = [str(python), str(ROOT / "scripts" / "peer_trl.py"), "--prompts", str(folder / "prompts.jsonl"),
+            "--model", w.model, "--out", str(folder / "trl-out"), "--batch", str(w.batch), "--steps", str(w.steps),
+            "--group-size", str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature",
+            str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty())]
+    t0 = time.time()
+    with child(argv, folder / "trl.log") as proc:
+        proc.wait(timeout_s)
+    lines = (folder / "trl.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith('{"event"')]  # TRL prints its logs as dicts
+    steps = [e for e in events if e["event"] == "step"]
+    if proc.returncode != 0 or len(steps) != w.steps:
+        raise RuntimeError(f"the TRL run failed (exit {proc.returncode}, {len(steps)} of {w.steps} steps); "
+                           f"{folder / 'trl.log'} ends:\n{(folder / 'trl.log').read_text()[-3000:]}")
+    steady = steps[1:]
+    step_s = sum(e["t"] - e["t_begin"] for e in steady) / len(steady)
+    gen_s = sum(e["t_generated"] - e["t_begin"] for e in steady) / len(steady)
+    ready = next(e["t"] for e in events if e["event"] == "ready")
+    rewards = [e["reward_mean"] for e in events if e["event"] == "log"]
+    detail = (f"TRL step {step_s:.3f} s = generate {gen_s:.3f} + reward/loss/backward/optimizer "
+              f"{step_s - gen_s:.3f}; start-up: trainer built {ready - t0:.1f} s after launch; {prompt_tokens} "
+              f"prompt tokens; mean reward {sum(rewards) / max(len(rewards), 1):.3f}")
+    return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steps[-1]["t"] - steps[0]["t"], detail)
+
+
+def invalid_penalty() -> float:
+    """agentstream's reward for an answer that does not parse (trainer.invalid_action_penalty's default)."""
+    return TrainerConfig().invalid_action_penalty
+
+
+def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s: float,
+                    extra: list[str]) -> Result:
+    """The real launcher: broker, one vLLM engine it starts, one learner rank, one actor, at staleness `bound`;
+    `extra`: more launcher overrides."""
+    run_dir = folder / f"agentstream-{mode}-{w.batch}"
+    episodes = (bound + 1) * w.groups * w.group_size  # every group the bound lets be in flight
+    argv = [sys.executable, "scripts/launch.py", *workload_overrides(w), f"run.output_dir={run_dir}",
+            "engines.count=1", "learner.world_size=1", "actors.count=1", f"actors.episodes_per_actor={episodes}",
+            f"trainer.max_staleness={bound}", f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5",
+            *(o for o in extra if not o.startswith("trainer.max_staleness="))]  # the mode sets the bound
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with child(argv, folder / f"launch-{mode}-{w.batch}.log", signal.SIGINT, 90) as proc:  # SIGINT: a clean stop
+        proc.wait(timeout_s)
+    wall = time.time() - t0
+    if proc.returncode != 0 or not (run_dir / "summary.json").exists():
+        log = (folder / f"launch-{mode}-{w.batch}.log").read_text()
+        raise RuntimeError(f"the launcher run ({mode}, batch {w.batch}) failed (exit {proc.returncode}); it "
+                           f"printed:\n{log[-3000:]}")
+    m = measure(bound, wall, run_dir, [])
+    metrics = run_dir / "learner_metrics.jsonl"
+    rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if "version" in r][1:]
+    first_step_end = metrics.stat().st_mtime - m.train_s  # the learner wrote step N's row train_s after step 1's
+    mean = {k: sum(r.get(k, 0.0) for r in rows) / len(rows)
+            for k in ("step_time_s", "batch_wait_s", "compute_s", "publish_s")}
+    train = mean["step_time_s"] - mean["batch_wait_s"] - mean["publish_s"]
+    detail = (f"learner step {mean['step_time_s']:.3f} s = batch wait {mean['batch_wait_s']:.3f} + train "
+              f"{train:.3f} (compute {mean['compute_s']:.3f}) + publish {mean['publish_s']:.3f}; staleness "
+              f"{m.staleness_mean:.2f}; trained {m.transitions} transitions; {m.status}; wall {wall:.1f} s")
+    return Result("agentstream", mode, w.batch, w.steps, first_step_end - t0, m.train_s, detail)
+
+
+def print_result(r: Result) -> None:
+    print(f"{r.system:>11} {r.mode:>5} {r.batch:>5} {r.steps:>5} {r.startup_s:>10.1f} {r.steady_s:>8.2f} "
+          f"{r.rate:>13.1f}", flush=True)
+    print(f"# {r.detail}", flush=True)
+
+
+def ratios(results: list[Result]) -> list[str]:
+    """agentstream/TRL per (mode, batch), the issue's target in parentheses."""
+    peer = {r.batch: r for r in results if r.system == "TRL"}
+    out = []
+    for r in results:
+        if r.system == "agentstream" and r.batch in peer:
+            target = TARGETS.get((r.mode, r.batch))
+            out.append(f"{r.mode} at {r.batch}: {r.rate / peer[r.batch].rate:.2f}x"
+                       + (f" (target >= {target:.1f}x)" if target else " (no target)"))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", default="16,64", help="completions per optimizer step, a comma list")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run (steady state: 2..N)")
+    parser.add_argument("--modes", default="sync,async", help="agentstream's modes: sync (max_staleness=0), "
+                        "async (the config's default bound)")
+    parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
+    parser.add_argument("--peer-only", action="store_true", help="run TRL only")
+    parser.add_argument("--agentstream-only", action="store_true", help="run agentstream only")
+    parser.add_argument("--run-timeout-s", type=float, default=600.0)
+    parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
+    parser.add_argument("override", nargs="*", help="more launcher overrides for every agentstream run, e.g. "
+                        "learner.torch_threads=2 (trainer.max_staleness=K: the async bound)")
+    args = parser.parse_args()
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the runs this script started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: step 1 holds the start-up")
+    from agentstream.config import TINY_MODEL_DIR
+    from launcher.tiny_model import ensure_tiny_model
+
+    model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-peer-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = {"sync": 0, "async": compose(args.override).trainer.max_staleness}
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in bounds]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; known: {', '.join(bounds)}")
+    modes = [] if args.peer_only else modes
+    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows "
+          "every path; compare ratios within one run)", flush=True)
+    if not args.agentstream_only:
+        with (folder / "peer-venv.log").open("w") as log:
+            python, made_s = peer_python(log)
+        if made_s:
+            print(f"# peer venv made in {made_s:.0f} s", flush=True)
+    print(f"# {DATASET} single-turn, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; TRL {TRL_VERSION} "
+          f"(HF generate, 2 torch threads); agentstream: 1 vLLM engine, 1 learner rank, 1 actor; async = "
+          f"max_staleness {bounds['async']}; runs in {folder}", flush=True)
+    print(f"{'system':>11} {'mode':>5} {'batch':>5} {'steps':>5} {'start-up s':>10} {'steady s':>8} "
+          f"{'completions/s':>13}", flush=True)
+    results: list[Result] = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        w = Workload(model, batch, args.steps)
+        if batch % w.group_size:
+            raise SystemExit(f"--batch {batch}: must be a multiple of the group size {w.group_size}")
+        if not args.agentstream_only:
+            results.append(run_trl(w, python, folder / f"trl-{batch}", args.run_timeout_s))
+            print_result(results[-1])
+        for mode in modes:
+            results.append(run_agentstream(w, mode, bounds[mode], folder, args.run_timeout_s, args.override))
+            print_result(results[-1])
+    lines = ratios(results)
+    if lines:
+        print("agentstream/TRL completions/s: " + ", ".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The TRL side of `scripts/bench_peer.py`: Hugging Face TRL's `GRPOTrainer` (one process, HF `generate`,
+synchronous) on prompts that agentstream's actors would send, one JSON line of timings per step.
+
+    .cache/peer-venv/bin/python scripts/peer_trl.py --prompts prompts.jsonl --model .cache/tiny-model \
+        --batch 16 --steps 8 --out /tmp/trl-run
+
+It runs in the peer venv (torch, trl, transformers, reasoning_gym; `bench_peer.py` makes it) and imports
+nothing of the project, so that TRL's own pins decide what it runs. Each line of `--prompts` holds one group's
+prompt as already templated text (`prompt`), its token ids as agentstream's engine gets them (`prompt_ids`,
+checked against this tokenizer at start), and the reasoning-gym item it asks about (`dataset`, `seed`): the
+reward is the generator's own `score_answer` on the last `<answer>...</answer>`, and `--invalid-penalty` for a
+completion without one, as agentstream's env and actor score it.
+
+Printed, one JSON object a line: {"event": "ready", "t"} once the trainer is built; then per optimizer step
+{"event": "step", "step", "t_begin", "t_generated", "t"}: the wall clock at the step's start, when its
+completions reached the reward function (generation done) and at its end; then {"event": "log", "step",
+"reward_mean"} (TRL's mean reward of the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)  # as envs/reasoning.py
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def item(dataset: str, seed: int) -> tuple[Any, dict[str, Any]]:
+    """The reasoning-gym item agentstream's env resets to at `seed`: (dataset, entry)."""
+    import reasoning_gym
+
+    data = reasoning_gym.create_dataset(dataset, seed=seed, size=1)
+    return data, data[0]
+
+
+def score(text: str, dataset: str, seed: int, invalid_penalty: float) -> float:
+    """The last `<answer>` scored by the generator's verifier; no (or an empty) answer: the invalid penalty."""
+    matches = _ANSWER_RE.findall(text)
+    answer = matches[-1].strip() if matches else ""
+    if not answer:
+        return invalid_penalty
+    data, entry = item(dataset, seed)
+    try:
+        return float(data.score_answer(answer, entry))
+    except Exception:  # noqa: BLE001 - as envs/reasoning.py: a verifier that crashes on an odd answer scores 0
+        return 0.0
+
+
+def load_prompts(path: Path, tokenizer: Any) -> list[dict[str, Any]]:
+    """The groups' rows; fails if this tokenizer does not turn a prompt's text into agentstream's token ids
+    (TRL tokenizes string prompts itself, so the two sides would then train on different prompts)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    for row in rows:
+        ids = tokenizer(text=row["prompt"])["input_ids"]
+        if ids != row["prompt_ids"]:
+            raise SystemExit(f"seed {row['seed']}: the tokenizer gives {len(ids)} ids for the prompt text, "
+                             f"agentstream's engine gets {len(row['prompt_ids'])} different ones")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL from bench_peer.py, one group a line")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", type=Path, required=True, help="TRL's output_dir (nothing is saved there)")
+    parser.add_argument("--batch", type=int, default=16, help="completions per optimizer step")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--invalid-penalty", type=float, default=-0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    rows = load_prompts(args.prompts, tokenizer)
+    if len(rows) < args.steps * args.batch // args.group_size:
+        raise SystemExit(f"{len(rows)} prompts for {args.steps} steps of {args.batch // args.group_size} groups")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "task": r["dataset"], "seed": r["seed"]} for r in rows])
+    marks: dict[str, float] = {}
+
+    def reward(completions: list[str], task: list[str], seed: list[int], **_: Any) -> list[float]:
+        marks["generated"] = time.time()
+        return [score(c, d, s, args.invalid_penalty) for c, d, s in zip(completions, task, seed, strict=True)]
+
+    class Timings(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            marks["begin"] = time.time()
+
+        def on_step_end(self, _args: Any, state: Any, *_: Any, **__: Any) -> None:
+            emit(event="step", step=state.global_step, t_begin=marks.get("begin"), t_generated=marks.get("generated"),
+                 t=time.time())
+
+        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None,
+                   **__: Any) -> None:
+            if logs and "reward" in logs:  # TRL's mean reward of the step's completions
+                emit(event="log", step=state.global_step, reward_mean=logs["reward"])
+
+    config = GRPOConfig(
+        output_dir=str(args.out), use_cpu=True, bf16=False, fp16=False, seed=args.seed,
+        max_steps=args.steps, per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
+        num_generations=args.group_size, max_completion_length=args.max_tokens, temperature=args.temperature,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        beta=0.0, epsilon=0.2, epsilon_high=0.28,  # agentstream's algorithm.clip_low/clip_high
+        use_vllm=False, gradient_checkpointing=False, shuffle_dataset=False,
+        report_to="none", logging_steps=1, save_strategy="no", eval_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Timings()])
+    emit(event="ready", t=time.time())
+    trainer.train()
+    emit(event="done", t=time.time())
+
+
+if __name__ == "__main__":
+    main()
