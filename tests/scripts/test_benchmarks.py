@@ -91,6 +91,10 @@ def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(tiny
         assert 0 <= stale <= bound  # the broker enforces the bound; bound 0 is synchronous
         assert trained > 0
     assert lines[-1].startswith("speed-up over bound 0: bound 1 ")
+    # the ideal overlap: bound 0's time / max(its two parts), which sum to it: between 1x and 2x
+    assert lines[-2].startswith("ideal overlap: bound 0's ") and "reached: bound 1 " in lines[-2], lines[-2]
+    ideal = float(re.search(r"= ([\d.]+)x;", lines[-2]).group(1))
+    assert 1.0 <= ideal <= 2.0
 
 
 @pytest.mark.e2e
