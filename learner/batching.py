@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -250,45 +251,26 @@ def _share(rows: list[list[list[int]]], seqs: Sequences, advantages: Tensor, p_o
     causal = torch.ones(width, width, dtype=torch.bool).tril()  # [L, L]
     sees = (q == k) & (q >= 0) & causal & ((span[:, None, :] == -1) | (span[:, :, None] == span[:, None, :]))
     sees |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: a row of no keys would give NaN
-    token_index = torch.cat(tok_index)  # [Q]
-    return MicroBatch(
-        input_ids=input_ids,
-        attention_mask=sees[:, None],  # [B, 1, L, L]
-        logit_rows=torch.cat(logit_rows),
-        logit_pos=torch.cat(logit_pos),
-        targets=seqs.response_ids[token_index],
-        behav_logp=seqs.behav_logp[token_index],
-        advantages=torch.cat(adv).to(torch.float32),
-        mask=torch.ones(token_index.numel(), dtype=torch.bool),
-        token_index=token_index,
-        position_ids=positions,
-    )
+    return _micro_batch(seqs, input_ids, sees[:, None], logit_rows, logit_pos, tok_index, adv,  # mask [B, 1, L, L]
+                        position_ids=positions)
 
 
 def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor) -> MicroBatch:
     """One row [1, L]: the sequences end to end, position ids restarting at each (`advantages` [R])."""
-    ids, pos, logit_pos, tok_index, adv = [], [], [], [], []
+    ids, pos, logit_rows, logit_pos, tok_index, adv = [], [], [], [], [], []
     start = 0
     for i in seq_ids:
         p, r = int(seqs.prompt_lens[i]), int(seqs.response_lens[i])
         po, ro = int(p_off[i]), int(r_off[i])
         ids += [seqs.prompt_ids[po : po + p], seqs.response_ids[ro : ro + r]]
         pos.append(torch.arange(p + r))
+        logit_rows.append(torch.zeros(r, dtype=torch.long))
         logit_pos.append(torch.arange(start + p - 1, start + p + r - 1))
         tok_index.append(torch.arange(ro, ro + r))
         adv.append(advantages[ro : ro + r])
         start += p + r
-    token_index = torch.cat(tok_index)  # [Q]
-    return MicroBatch(
-        input_ids=torch.cat(ids)[None],  # [1, L]
-        attention_mask=None,
-        logit_rows=torch.zeros(token_index.numel(), dtype=torch.long),
-        logit_pos=torch.cat(logit_pos),
-        targets=seqs.response_ids[token_index],
-        behav_logp=seqs.behav_logp[token_index],
-        advantages=torch.cat(adv).to(torch.float32),
-        mask=torch.ones(token_index.numel(), dtype=torch.bool),
-        token_index=token_index,
+    return _micro_batch(
+        seqs, torch.cat(ids)[None], None, logit_rows, logit_pos, tok_index, adv,  # one row [1, L], no mask
         position_ids=torch.cat(pos)[None],  # [1, L]
         pixels=_pixels(seqs, seq_ids),
         image_slots=None if seqs.image_slots is None else torch.cat(
@@ -315,6 +297,14 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         logit_pos.append(torch.arange(p - 1, p + r - 1))
         tok_index.append(torch.arange(ro, ro + r))
         adv.append(advantages[ro : ro + r])
+    return _micro_batch(seqs, input_ids, attention_mask, logit_rows, logit_pos, tok_index, adv,
+                        pixels=_pixels(seqs, rows), image_slots=slots)
+
+
+def _micro_batch(seqs: Sequences, input_ids: Tensor, attention_mask: Tensor | None, logit_rows: list[Tensor],
+                 logit_pos: list[Tensor], tok_index: list[Tensor], adv: list[Tensor], **layout: Any) -> MicroBatch:
+    """A MicroBatch of rows `input_ids` from the per-sequence pieces every layout collects (each response's rows,
+    logit positions, token indices and advantages, in the same order); `layout`: its position ids and images."""
     token_index = torch.cat(tok_index)  # [Q]
     return MicroBatch(
         input_ids=input_ids,
@@ -326,8 +316,7 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         advantages=torch.cat(adv).to(torch.float32),
         mask=torch.ones(token_index.numel(), dtype=torch.bool),
         token_index=token_index,
-        pixels=_pixels(seqs, rows),
-        image_slots=slots,
+        **layout,
     )
 
 

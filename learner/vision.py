@@ -170,7 +170,7 @@ def mrope_position_ids(model: nn.Module, input_ids: Tensor, slots: Tensor | None
     the text positions in row 0 let transformers mask each one off from the others. Right-padded rows
     (`attention_mask`) count from 0 with padding at 0. A text-only sequence's positions are its text positions.
     `slots` [B, L] bool and `image_grid_thw` [N, 3] (the images in slot order) are None without images."""
-    rope = _rope_module(model)
+    rope = None if getattr(model.config, "vision_config", None) is None else _rope_module(model)  # text: no scan
     if rope is None:
         return None
     text = position_ids if position_ids is not None else (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]

@@ -161,6 +161,12 @@ def measure(bound: int, wall: float, run_dir: Path, samples: list[tuple[float, f
                      samples=samples, wait_s=wait_s, busy_s=train_s - wait_s)
 
 
+def load_line() -> str:
+    """The machine's load as a benchmark's first line says it."""
+    return (f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows "
+            f"every path; compare ratios within one run)")
+
+
 def ideal_speedup(sync: RunResult) -> float:
     """The most overlap can give over the synchronous run `sync` (bound 0, where the learner waits while the batch
     is generated, and the engines wait while it trains): its time / max(generating, training), the same work with
@@ -195,7 +201,7 @@ def main() -> None:
     model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-async-"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
+    print(load_line(), flush=True)
     print(f"# {args.steps} steps x {args.groups_per_step} groups x {args.group_size} episodes, <= {args.max_steps} "
           f"env steps, {args.latency_ms:.0f} ms mean env latency, {args.max_tokens} tokens/response, engine cores "
           f"{args.engine_cores or 'all'}", flush=True)

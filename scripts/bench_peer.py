@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from agentstream.config import Config, TrainerConfig  # noqa: E402
 from agentstream.wire.addresses import free_port  # noqa: E402
-from bench_async import measure  # noqa: E402
+from bench_async import load_line, measure  # noqa: E402
 
 PEER_VENV = ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
@@ -303,8 +303,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(bounds)}")
     modes = [] if args.peer_only else modes
-    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows "
-          "every path; compare ratios within one run)", flush=True)
+    print(load_line(), flush=True)
     if not args.agentstream_only:
         with (folder / "peer-venv.log").open("w") as log:
             python, made_s = peer_python(log)
