@@ -5,8 +5,9 @@ A randomly initialised tiny model almost never writes a parseable action, so RL 
 
 - prompts are exactly what an actor sends: random play through the actors' own loop (`actors.episode.play`),
   the real memory module and the model's chat template;
-- each answer is `<action>A</action>` + the end-of-turn token, with A drawn UNIFORMLY from the env's
-  admissible actions, independent of the observation. The env steps on that same action, so the prompts
+- each answer is `<action>A</action>` (`FormatSpec.template`) + the end-of-turn token, with A drawn UNIFORMLY
+  from the env's admissible actions (or from `FormatSpec.answers`, e.g. other items' answers for an env with
+  free-form answers), independent of the observation. The env steps on that same action, so the prompts
   cover the states (and history lines) random play reaches, and a model that fits the answers learns
   nothing about the solution (its best fit is a uniform choice).
 
@@ -45,6 +46,11 @@ class FormatSpec:
     """Memory k (recent steps shown)."""
     max_prompt_tokens: int = 0
     """Prompt token budget (0: none)."""
+    template: str = "<action>{}</action>"
+    """How an answer is written: the env's action format around the chosen answer."""
+    answers: tuple[str, ...] = ()
+    """Answers to draw from, whatever the prompt (e.g. the answers of other Reasoning items); empty: the env's
+    info['admissible_actions'] at each step."""
 
 
 @dataclass(frozen=True)
@@ -64,10 +70,11 @@ def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0)
     demos: list[Demo] = []
 
     def answer(turn: Turn) -> Answer:
-        actions = turn.info.get("admissible_actions")
+        actions = spec.answers or turn.info.get("admissible_actions")
         if not actions:
-            raise ValueError(f"{spec.env} lists no info['admissible_actions']; the format warm start needs them")
-        text = f"<action>{rng.choice(list(actions))}</action>"
+            raise ValueError(f"{spec.env} lists no info['admissible_actions']; give the format warm start answers "
+                             "to draw from (FormatSpec.answers)")
+        text = spec.template.format(rng.choice(list(actions)))
         return Answer(text, tokenizer.encode(text, add_special_tokens=False) + [eos])
 
     def keep(step: StepRecord[Answer]) -> None:

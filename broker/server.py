@@ -61,6 +61,7 @@ from broker.sockets import recv_frames, send_frames
 from broker.spec import BrokerSpec, broker_spec
 from broker.state import BrokerState
 from broker.stats import ACTOR_COUNTERS, StatsBook
+from broker.wal import FOLDER as WAL_FOLDER
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger("broker")
@@ -82,7 +83,7 @@ class Broker:
             partial_groups=c.dead_actor_groups, min_partial=c.min_partial_group, track_keys=c.track_keys,
             max_samples_per_group=t.max_samples_per_group, samples_per_insert=t.samples_per_insert,
         )
-        wal = WriteAheadLog(run_dir / "broker-wal", fsync=c.wal_fsync) if c.wal and run_dir else None
+        wal = WriteAheadLog(run_dir / WAL_FOLDER, fsync=c.wal_fsync) if c.wal and run_dir else None
         self.state = BrokerState(buffer, wal, compact_every=c.wal_compact_events)
         self.buffer = buffer  # read here; changed only through self.state
         self._acks: dict[bytes, Ack] = {}  # acknowledgements to send once the log is flushed

@@ -39,6 +39,8 @@ log = logging.getLogger("broker.wal")
 
 _HEAD = struct.Struct("<II")
 SNAPSHOT = "snapshot"
+FOLDER = "broker-wal"
+"""The log's folder in the run folder."""
 MAX_RECORD_BYTES = 1 << 31  # a length above this is garbage, not a record
 JOIN_BELOW_BYTES = 65536  # append_frames joins a message smaller than this into one write (scripts/bench_broker.py)
 IOV_MAX = 1024  # pieces per writev (Linux's limit)

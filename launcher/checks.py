@@ -22,6 +22,7 @@ from agentstream.config import (
 )
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.metrics import logger_errors
+from broker.wal import FOLDER as WAL_FOLDER
 from engines.server import is_vision_language
 from envs.registry import known_envs
 from gateway.spec import read_key
@@ -404,6 +405,11 @@ def _lora_and_checkpoint_errors(cfg: Config) -> list[str]:
         errors.append(f"checkpoint.every_steps={ck.every_steps}: must be >= 0 (0 = never save).")
     if ck.resume_from and ck.resume_from != "latest" and not Path(ck.resume_from).is_dir():
         errors.append(f"checkpoint.resume_from={ck.resume_from!r} is not a folder; give a step_XXXXXXXX folder or `latest`.")
+    wal = Path(cfg.run.output_dir) / WAL_FOLDER
+    if cfg.run.role == "all" and cfg.broker.wal and not ck.resume_from and wal.is_dir() and any(wal.iterdir()):
+        # its broker would recover the old buffer and learner version while a fresh learner starts at version 0
+        errors.append(f"run.output_dir={cfg.run.output_dir} holds an earlier run (its broker's log {wal}): give a new "
+                      "run.output_dir, or continue that run with checkpoint.resume_from=latest.")
     return errors
 
 

@@ -2,12 +2,16 @@
 
     .venv/bin/python scripts/warm_start.py                     # .cache/tiny-model -> .cache/tiny-model-warm
     .venv/bin/python scripts/warm_start.py --map-size 5 --frozen-prob 0.9 --max-steps 16 --steps 150
+    .venv/bin/python scripts/warm_start.py --env agentstream/Reasoning-v0 --dataset basic_arithmetic \
+        --dataset-kwargs '{"max_terms": 2, "max_digits": 1}' --out .cache/tiny-model-warm-arithmetic
 
 What it teaches (actors/demos.py makes the demonstrations, learner/sft.py fits them): prompts are real
-FrozenLake observations from random play through the actors' episode loop, built by the real memory module
-and the model's chat template; every answer is `<action>A</action>` with A drawn uniformly from the four
-moves, whatever the observation. So the model learns to write one valid action and
-stop; it learns nothing about where to go (the best fit to uniformly random answers is a uniform choice).
+observations from random play through the actors' episode loop, built by the real memory module and the
+model's chat template. FrozenLake: every answer is `<action>A</action>` with A drawn uniformly from the four
+moves, whatever the observation. Reasoning: every answer is `<answer>A</answer>` with A the answer of another
+item of the same generator (held-apart seeds), whatever the question. So the model learns to write one valid
+answer and stop; it learns nothing about the task (the best fit to answers drawn apart from the prompt is the
+answers' overall distribution).
 
 Idempotent: the output folder records a hash of every input (these arguments, the base model's files, the
 code of learner/sft.py, actors/demos.py, actors/episode.py, envs/ and memory/); a second call with the same
@@ -24,12 +28,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agentstream.config import REPO_ROOT, TINY_MODEL_DIR
+from agentstream.config import REPO_ROOT, TINY_MODEL_DIR  # noqa: E402
+
+if TYPE_CHECKING:
+    from actors.demos import FormatSpec
 
 DEFAULT_OUT = REPO_ROOT / ".cache" / "tiny-model-warm"
 STAMP = "agentstream_warm_start.json"
@@ -54,12 +62,38 @@ def input_key(args: argparse.Namespace, base: Path) -> str:
     return h.hexdigest()
 
 
-def sample_check(model, tokenizer, demos, n: int = 64, seed: int = 1) -> dict[str, float]:
-    """Sample answers (temperature 1) to `n` held-out prompts: fraction that parse, and the moves' shares."""
+def parser(env: str) -> Callable[[str], object]:
+    """The env's own answer parser."""
+    from envs.frozenlake import parse_action
+    from envs.reasoning import parse_answer
+
+    return parse_answer if "Reasoning" in env else parse_action
+
+
+def format_spec(args: argparse.Namespace) -> FormatSpec:
+    """Which env, memory and answers the demonstrations come from."""
+    from actors.demos import FormatSpec
+
+    if "Reasoning" in args.env:
+        from envs.base import VALIDATION_SEEDS
+        from envs.reasoning import load_item
+
+        kwargs = {"dataset": args.dataset, "max_attempts": 1, "dataset_kwargs": json.loads(args.dataset_kwargs)}
+        answers = tuple(str(load_item(args.dataset, seed, kwargs["dataset_kwargs"])[1]["answer"])
+                        for seed in VALIDATION_SEEDS[-args.answers:])  # items no run trains on
+        return FormatSpec(args.env, kwargs, 1, args.memory, args.k, template="<answer>{}</answer>", answers=answers)
+    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,
+              "view": args.view} if "FrozenLake" in args.env else {}
+    return FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
+
+
+def sample_check(model, tokenizer, demos, parse: Callable[[str], object], n: int = 64,
+                 seed: int = 1) -> dict[str, float]:
+    """Sample answers (temperature 1) to `n` held-out prompts: fraction that parse, and the shares of the four
+    most common answers."""
     import torch
 
     from envs.base import Action
-    from envs.frozenlake import parse_action
 
     torch.manual_seed(seed)
     moves: collections.Counter[str] = collections.Counter()
@@ -67,13 +101,14 @@ def sample_check(model, tokenizer, demos, n: int = 64, seed: int = 1) -> dict[st
     for d in demos[:n]:
         ids = torch.tensor([d.prompt_ids])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                             max_new_tokens=24, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                             max_new_tokens=24, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
         text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        parsed = parse_action(text)
+        parsed = parse(text)
         if isinstance(parsed, Action):
             valid += 1
             moves[str(parsed.value)] += 1
-    shares = {f"move_{k}": v / max(1, valid) for k, v in sorted(moves.items())}
+    shares = {f"answer_{k}": v / max(1, valid) for k, v in moves.most_common(4)}
     return {"valid_fraction": valid / len(demos[:n]), **shares}
 
 
@@ -89,6 +124,9 @@ def main() -> int:
                    help="FrozenLake observations say which moves are safe (the env's show_safe_moves)")
     p.add_argument("--view", default="grid", choices=["grid", "local"],
                    help="FrozenLake's view: the whole lake, or only the four cells one move away (the env's view)")
+    p.add_argument("--dataset", default="basic_arithmetic", help="Reasoning: the reasoning-gym generator")
+    p.add_argument("--dataset-kwargs", default="{}", help="Reasoning: the generator's arguments, a JSON object")
+    p.add_argument("--answers", type=int, default=500, help="Reasoning: how many other items' answers to draw from")
     p.add_argument("--memory", default="last_k")
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
@@ -103,7 +141,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from launcher.tiny_model import ensure_tiny_model
-    from actors.demos import FormatSpec, format_demos
+    from actors.demos import format_demos
     from learner.sft import SftOptions, train_sft
 
     base, out = Path(args.base), Path(args.out)
@@ -123,16 +161,14 @@ def main() -> int:
     torch.set_num_threads(min(4, os.cpu_count() or 1))  # it runs alone (the suite is serial): 2 cores ~1.5x faster
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,
-              "view": args.view} if "FrozenLake" in args.env else {}
-    spec = FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
+    spec = format_spec(args)
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
-    held_out = format_demos(spec, tokenizer, 20, seed=args.seed + 10_000)
-    print(f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} {kwargs}",
-          flush=True)
+    held_out = format_demos(spec, tokenizer, 64, seed=args.seed + 10_000)
+    print(f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} "
+          f"{spec.env_kwargs}", flush=True)
     history = train_sft(model, demos, SftOptions(args.steps, args.batch_size, args.lr, seed=args.seed),
                         pad_id=tokenizer.pad_token_id)
-    check = sample_check(model, tokenizer, held_out)
+    check = sample_check(model, tokenizer, held_out, parser(args.env))
     print(f"[warm-start] held-out sampled answers: {check}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

@@ -64,3 +64,20 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     cfg = compose_cfg(overrides=["trainer.total_steps=5"])
     C.save(cfg, tmp_path / "c.yaml")
     assert C.load(tmp_path / "c.yaml") == cfg
+
+
+def test_a_fresh_launch_into_an_earlier_runs_folder_is_refused(tmp_path: Path) -> None:
+    # The earlier run's broker log would be recovered (its buffer, the learner at version N) while a fresh learner
+    # starts at 0: the broker would wait forever for an engine at version N. Found by relaunching into a folder.
+    cfg = compose_cfg()
+    cfg.run.output_dir = str(tmp_path)
+    check_config(cfg)  # an empty folder is a fresh run's
+    (tmp_path / "broker-wal").mkdir()
+    check_config(cfg)  # so is an empty log folder
+    (tmp_path / "broker-wal" / "wal-000001.log").write_bytes(b"\0" * 8)
+    with pytest.raises(C.ConfigError, match="holds an earlier run .*checkpoint.resume_from=latest"):
+        check_config(cfg)
+    cfg.checkpoint.resume_from = "latest"  # continuing that run is what its log is for
+    check_config(cfg)
+    cfg.checkpoint.resume_from, cfg.broker.wal = "", False  # no log: nothing is recovered
+    check_config(cfg)
