@@ -74,3 +74,20 @@ def test_fitting_the_demos_makes_sampled_answers_parse(tiny) -> None:
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         valid += isinstance(parse_action(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)), Action)
     assert valid >= 15, f"only {valid}/20 sampled answers parse after the warm start"
+
+
+def test_an_env_without_admissible_actions_answers_from_the_given_answers(tiny) -> None:
+    from envs.reasoning import parse_answer
+
+    tok, _ = tiny
+    spec = FormatSpec("agentstream/Reasoning-v0", {"dataset": "basic_arithmetic", "max_attempts": 1}, max_steps=1,
+                      template="<answer>{}</answer>", answers=("7", "-3", "12"))
+    demos = format_demos(spec, tok, episodes=60, seed=0)
+    assert len(demos) == 60  # one answer ends a one-attempt episode
+    drawn = Counter(parse_answer(tok.decode(d.response_ids, skip_special_tokens=True)) for d in demos)
+    assert set(drawn) == {Action("7"), Action("-3"), Action("12")}  # drawn from the answers only, each drawn
+    assert all(n >= 8 for n in drawn.values()), drawn  # uniform: 20 each expected, P(< 8) ~ 1e-4
+    questions = {tok.decode(d.prompt_ids) for d in demos}
+    assert len(questions) > 50 and all("Calculate" in q for q in questions)  # the env's own questions
+    with pytest.raises(ValueError, match="FormatSpec.answers"):
+        format_demos(FormatSpec(spec.env, spec.env_kwargs, 1), tok, episodes=1)
