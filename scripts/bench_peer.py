@@ -4,6 +4,7 @@ same workload, in steady completions trained per second; the ratio agentstream/T
     .venv/bin/python scripts/bench_peer.py [--batch 16,64] [--steps 8] [--modes sync,async] [--keep DIR]
     .venv/bin/python scripts/bench_peer.py --batch 16 --steps 6 --peer-only
     .venv/bin/python scripts/bench_peer.py --agentstream-only --modes sync learner.torch_threads=2
+    .venv/bin/python scripts/bench_peer.py --learn [--batch 64] [--steps 40] [--seeds 3]
 
 The workload: the tiny local model in float32, reasoning-gym `basic_arithmetic` single-turn
 (`agentstream/Reasoning-v0`, one attempt, one env step), groups of 8, 32 response tokens, temperature 1.0,
@@ -20,6 +21,13 @@ and scores answers with reasoning-gym's `score_answer`, as the env does. agentst
 Per run: start-up = launch to the end of the first optimizer step; steady = steps 2..N (TRL: the wall clock
 between the ends of step 1 and step N; agentstream: the learner's step times, as `bench_async.py` measures),
 completions/s = (N-1) x batch / steady. A `#` line after each run says where its step time goes.
+
+`--learn` compares learning instead: both systems start from the same format-only warm start
+(`scripts/warm_start.py` on an easy arithmetic: two one-digit terms, + and -, made once into
+`.cache/tiny-model-warm-arithmetic`), `--seeds` runs each (run.seed and TRL's seed; each seed its own
+questions), and it prints the mean reward of the completions each step trained on against completions
+trained, then per system the mean reward over the run (the area under that curve per completion: who learns
+faster per sample has more) over the seeds, agentstream's minus TRL's with its standard error, the ratio last.
 """
 
 from __future__ import annotations
@@ -33,9 +41,10 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from statistics import mean, stdev
+from typing import IO, Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,6 +58,12 @@ PEER_VENV = ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
 DATASET = "basic_arithmetic"
 TARGETS = {("sync", 16): 1.0, ("sync", 64): 1.0, ("async", 64): 1.5}  # agentstream/TRL, issue 25
+LEARN_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+                "allow_parentheses": False, "allow_negation": False}
+"""--learn's arithmetic: answers from -9 to 18, so a sampled answer is sometimes right and a group's rewards differ."""
+LEARN_MODEL = ROOT / ".cache" / "tiny-model-warm-arithmetic"
+LEARN_WARM_START = ["--answer-range=-10,20"]
+"""The warm start's answers: any integer the task's answers lie in, uniformly (not their distribution)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,10 @@ class Workload:
     max_tokens: int = 32
     temperature: float = 1.0
     lr: float = 1e-3
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The reasoning-gym generator's arguments (empty: its defaults)."""
+    seed: int = 0
+    """run.seed (which questions, group g asks seed_base + g's) and TRL's seed."""
 
     @property
     def groups(self) -> int:
@@ -79,6 +98,8 @@ class Result:
     startup_s: float
     steady_s: float
     detail: str
+    rewards: tuple[float, ...] = ()
+    """Each step's mean reward of the completions it trained on."""
 
     @property
     def rate(self) -> float:
@@ -93,8 +114,20 @@ def workload_overrides(w: Workload) -> list[str]:
         f"+env.kwargs.dataset={DATASET}", "+env.kwargs.max_attempts=1", "env.max_steps=1",
         f"env.group_size={w.group_size}", f"sampling.max_tokens={w.max_tokens}",
         f"sampling.temperature={w.temperature}", f"learner.lr={w.lr}", f"trainer.groups_per_step={w.groups}",
-        f"trainer.total_steps={w.steps}",
+        f"trainer.total_steps={w.steps}", f"run.seed={w.seed}",
+        *([f"+env.kwargs.dataset_kwargs={hydra_value(w.dataset_kwargs)}"] if w.dataset_kwargs else []),
     ]
+
+
+def hydra_value(value: Any) -> str:
+    """`value` (dicts, lists, strings, numbers, booleans) in Hydra's override grammar."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, str) else str(value)
 
 
 def compose(overrides: list[str]) -> Config:
@@ -141,7 +174,7 @@ def write_prompts(w: Workload, path: Path) -> int:
                 env.close()
             turn = turns[-1]
             text = tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, tokenize=False)
-            f.write(json.dumps({"seed": seed_base + g, "dataset": DATASET, "prompt": text,
+            f.write(json.dumps({"seed": seed_base + g, "dataset": DATASET, "kwargs": w.dataset_kwargs, "prompt": text,
                                 "prompt_ids": turn.prompt_ids}) + "\n")
     return len(turns[0].prompt_ids or [])
 
@@ -197,7 +230,7 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     argv = [str(python), str(ROOT / "scripts" / "peer_trl.py"), "--prompts", str(folder / "prompts.jsonl"),
             "--model", w.model, "--out", str(folder / "trl-out"), "--batch", str(w.batch), "--steps", str(w.steps),
             "--group-size", str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature",
-            str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty())]
+            str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty()), "--seed", str(w.seed)]
     t0 = time.time()
     with child(argv, folder / "trl.log") as proc:
         proc.wait(timeout_s)
@@ -211,11 +244,12 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     step_s = sum(e["t"] - e["t_begin"] for e in steady) / len(steady)
     gen_s = sum(e["t_generated"] - e["t_begin"] for e in steady) / len(steady)
     ready = next(e["t"] for e in events if e["event"] == "ready")
-    rewards = [e["reward_mean"] for e in events if e["event"] == "log"]
+    rewards = [e["reward_mean"] for e in sorted((e for e in events if e["event"] == "log"), key=lambda e: e["step"])]
     detail = (f"TRL step {step_s:.3f} s = generate {gen_s:.3f} + reward/loss/backward/optimizer "
               f"{step_s - gen_s:.3f}; start-up: trainer built {ready - t0:.1f} s after launch; {prompt_tokens} "
               f"prompt tokens; mean reward {sum(rewards) / max(len(rewards), 1):.3f}")
-    return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steps[-1]["t"] - steps[0]["t"], detail)
+    return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steps[-1]["t"] - steps[0]["t"], detail,
+                  tuple(rewards))
 
 
 def invalid_penalty() -> float:
@@ -244,15 +278,18 @@ def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s:
                            f"printed:\n{log[-3000:]}")
     m = measure(bound, wall, run_dir, [])
     metrics = run_dir / "learner_metrics.jsonl"
-    rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if "version" in r][1:]
+    every = sorted((r for r in map(json.loads, metrics.read_text().splitlines()) if "version" in r),
+                   key=lambda r: r["version"])
+    rows = every[1:]
     first_step_end = metrics.stat().st_mtime - m.train_s  # the learner wrote step N's row train_s after step 1's
-    mean = {k: sum(r.get(k, 0.0) for r in rows) / len(rows)
-            for k in ("step_time_s", "batch_wait_s", "compute_s", "publish_s")}
-    train = mean["step_time_s"] - mean["batch_wait_s"] - mean["publish_s"]
-    detail = (f"learner step {mean['step_time_s']:.3f} s = batch wait {mean['batch_wait_s']:.3f} + train "
-              f"{train:.3f} (compute {mean['compute_s']:.3f}) + publish {mean['publish_s']:.3f}; staleness "
+    avg = {k: sum(r.get(k, 0.0) for r in rows) / len(rows)
+           for k in ("step_time_s", "batch_wait_s", "compute_s", "publish_s")}
+    train = avg["step_time_s"] - avg["batch_wait_s"] - avg["publish_s"]
+    detail = (f"learner step {avg['step_time_s']:.3f} s = batch wait {avg['batch_wait_s']:.3f} + train "
+              f"{train:.3f} (compute {avg['compute_s']:.3f}) + publish {avg['publish_s']:.3f}; staleness "
               f"{m.staleness_mean:.2f}; trained {m.transitions} transitions; {m.status}; wall {wall:.1f} s")
-    return Result("agentstream", mode, w.batch, w.steps, first_step_end - t0, m.train_s, detail)
+    return Result("agentstream", mode, w.batch, w.steps, first_step_end - t0, m.train_s, detail,
+                  tuple(r["reward_mean"] for r in every))
 
 
 def print_result(r: Result) -> None:
@@ -273,10 +310,80 @@ def ratios(results: list[Result]) -> list[str]:
     return out
 
 
+def warm_model(log: Path) -> Path:
+    """--learn's starting weights (made once; scripts/warm_start.py redoes them only when an input changed)."""
+    argv = [sys.executable, "scripts/warm_start.py", "--env", "agentstream/Reasoning-v0", "--dataset", DATASET,
+            "--dataset-kwargs", json.dumps(LEARN_KWARGS), *LEARN_WARM_START, "--out", str(LEARN_MODEL)]
+    with log.open("w") as out:
+        if subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+            raise RuntimeError(f"the warm start failed; {log} ends:\n{log.read_text()[-3000:]}")
+    return LEARN_MODEL
+
+
+def learning_lines(curves: dict[str, list[tuple[float, ...]]], batch: int, every: int) -> list[str]:
+    """`curves`: per system label (TRL first), each seed's per-step rewards. The table of the mean reward over
+    the seeds every `every` steps against completions trained; each system's mean reward over the run (the area
+    under its reward-against-completions curve, per completion: who learns faster per sample has more), its mean
+    +- standard deviation over the seeds; agentstream's minus TRL's (+- its standard error); the ratio last."""
+    labels = list(curves)
+    steps = min(len(c) for runs in curves.values() for c in runs)
+    lines = [f"{'step':>5} {'completions':>11} " + " ".join(f"{label:>16}" for label in labels)]
+    for i in [*range(0, steps - 1, every), steps - 1]:
+        lines.append(f"{i + 1:>5} {(i + 1) * batch:>11} "
+                     + " ".join(f"{mean(c[i] for c in curves[label]):>16.3f}" for label in labels))
+    areas = {label: [mean(c[:steps]) for c in runs] for label, runs in curves.items()}
+
+    def spread(xs: list[float]) -> float:
+        return stdev(xs) if len(xs) > 1 else 0.0
+
+    for label, xs in areas.items():
+        lines.append(f"# {label}: mean reward over the run {mean(xs):+.4f} +- {spread(xs):.4f} over {len(xs)} seeds "
+                     f"({', '.join(f'{x:+.4f}' for x in xs)}); at step 1 {mean(c[0] for c in curves[label]):+.4f}")
+    peer, rest = labels[0], labels[1:]
+    diffs, ratios_ = [], []
+    for label in rest:
+        se = (spread(areas[label]) ** 2 / len(areas[label]) + spread(areas[peer]) ** 2 / len(areas[peer])) ** 0.5
+        d = mean(areas[label]) - mean(areas[peer])
+        verdict = "as fast or faster" if d >= -2 * se else "slower"
+        diffs.append(f"{label} {d:+.4f} +- {se:.4f} ({verdict})")
+        ratio = mean(areas[label]) / mean(areas[peer]) if mean(areas[peer]) > 0 else float("nan")
+        ratios_.append(f"{label} {ratio:.2f}x")
+    lines.append(f"# mean reward minus {peer}'s (within 2 standard errors: as fast): " + ", ".join(diffs))
+    lines.append(f"mean reward over the run, over {peer}'s: " + ", ".join(ratios_))
+    return lines
+
+
+def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], folder: Path) -> None:
+    """--learn: reward against completions trained, TRL and agentstream from the same warm start, `--seeds` each."""
+    model = warm_model(folder / "warm-start.log")
+    with (folder / "peer-venv.log").open("w") as log:
+        python, _ = peer_python(log)
+    steps = args.steps or 40
+    print(f"# learning: {DATASET} {json.dumps(LEARN_KWARGS)}, from {model} (format-only warm start); "
+          f"{steps} steps, {args.seeds} seeds; runs in {folder}", flush=True)
+    for batch in (int(b) for b in args.batch.split(",")):
+        curves: dict[str, list[tuple[float, ...]]] = {}
+        for seed in range(args.seeds):
+            w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed)
+            runs = [run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
+            runs += [run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s,
+                                     args.override) for mode in modes]
+            for r in runs:
+                curves.setdefault(f"{r.system} {r.mode}", []).append(r.rewards)
+                print(f"# seed {seed}: {r.system} {r.mode} {batch}: mean reward {mean(r.rewards):+.4f}, "
+                      f"{r.rate:.1f} completions/s", flush=True)
+        for line in learning_lines(curves, batch, every=max(1, steps // 8)):
+            print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", default="16,64", help="completions per optimizer step, a comma list")
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run (steady state: 2..N)")
+    parser.add_argument("--steps", type=int, default=0, help="optimizer steps per run (steady state: 2..N); "
+                        "default 8, with --learn 40")
+    parser.add_argument("--learn", action="store_true", help="compare learning (reward against completions) "
+                        "from the same warm start instead of speed")
+    parser.add_argument("--seeds", type=int, default=3, help="--learn: runs per system")
     parser.add_argument("--modes", default="sync,async", help="agentstream's modes: sync (max_staleness=0), "
                         "async (the config's default bound)")
     parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
@@ -289,7 +396,7 @@ def main() -> None:
     args = parser.parse_args()
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the runs this script started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.steps < 2:
+    if args.steps and args.steps < 2:
         parser.error("--steps must be at least 2: step 1 holds the start-up")
     from agentstream.config import TINY_MODEL_DIR
     from launcher.tiny_model import ensure_tiny_model
@@ -304,6 +411,10 @@ def main() -> None:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(bounds)}")
     modes = [] if args.peer_only else modes
     print(load_line(), flush=True)
+    if args.learn:
+        learn(args, modes, bounds, folder)
+        return
+    args.steps = args.steps or 8
     if not args.agentstream_only:
         with (folder / "peer-venv.log").open("w") as log:
             python, made_s = peer_python(log)

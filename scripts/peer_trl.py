@@ -7,7 +7,8 @@ synchronous) on prompts that agentstream's actors would send, one JSON line of t
 It runs in the peer venv (torch, trl, transformers, reasoning_gym; `bench_peer.py` makes it) and imports
 nothing of the project, so that TRL's own pins decide what it runs. Each line of `--prompts` holds one group's
 prompt as already templated text (`prompt`), its token ids as agentstream's engine gets them (`prompt_ids`,
-checked against this tokenizer at start), and the reasoning-gym item it asks about (`dataset`, `seed`): the
+checked against this tokenizer at start), and the reasoning-gym item it asks about (`dataset`, `seed`, the
+generator's arguments `kwargs`): the
 reward is the generator's own `score_answer` on the last `<answer>...</answer>`, and `--invalid-penalty` for a
 completion without one, as agentstream's env and actor score it.
 
@@ -35,21 +36,21 @@ def emit(**fields: Any) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def item(dataset: str, seed: int) -> tuple[Any, dict[str, Any]]:
+def item(dataset: str, seed: int, kwargs_json: str) -> tuple[Any, dict[str, Any]]:
     """The reasoning-gym item agentstream's env resets to at `seed`: (dataset, entry)."""
     import reasoning_gym
 
-    data = reasoning_gym.create_dataset(dataset, seed=seed, size=1)
+    data = reasoning_gym.create_dataset(dataset, seed=seed, size=1, **json.loads(kwargs_json))
     return data, data[0]
 
 
-def score(text: str, dataset: str, seed: int, invalid_penalty: float) -> float:
+def score(text: str, dataset: str, seed: int, kwargs_json: str, invalid_penalty: float) -> float:
     """The last `<answer>` scored by the generator's verifier; no (or an empty) answer: the invalid penalty."""
     matches = _ANSWER_RE.findall(text)
     answer = matches[-1].strip() if matches else ""
     if not answer:
         return invalid_penalty
-    data, entry = item(dataset, seed)
+    data, entry = item(dataset, seed, kwargs_json)
     try:
         return float(data.score_answer(answer, entry))
     except Exception:  # noqa: BLE001 - as envs/reasoning.py: a verifier that crashes on an odd answer scores 0
@@ -95,12 +96,14 @@ def main() -> None:
     if len(rows) < args.steps * args.batch // args.group_size:
         raise SystemExit(f"{len(rows)} prompts for {args.steps} steps of {args.batch // args.group_size} groups")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "task": r["dataset"], "seed": r["seed"]} for r in rows])
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "task": r["dataset"], "seed": r["seed"],
+                                  "kwargs": json.dumps(r.get("kwargs") or {}, sort_keys=True)} for r in rows])
     marks: dict[str, float] = {}
 
-    def reward(completions: list[str], task: list[str], seed: list[int], **_: Any) -> list[float]:
+    def reward(completions: list[str], task: list[str], seed: list[int], kwargs: list[str], **_: Any) -> list[float]:
         marks["generated"] = time.time()
-        return [score(c, d, s, args.invalid_penalty) for c, d, s in zip(completions, task, seed, strict=True)]
+        return [score(c, d, s, k, args.invalid_penalty)
+                for c, d, s, k in zip(completions, task, seed, kwargs, strict=True)]
 
     class Timings(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:

@@ -9,7 +9,8 @@ What it teaches (actors/demos.py makes the demonstrations, learner/sft.py fits t
 observations from random play through the actors' episode loop, built by the real memory module and the
 model's chat template. FrozenLake: every answer is `<action>A</action>` with A drawn uniformly from the four
 moves, whatever the observation. Reasoning: every answer is `<answer>A</answer>` with A the answer of another
-item of the same generator (held-apart seeds), whatever the question. So the model learns to write one valid
+item of the same generator (held-apart seeds), or an integer drawn uniformly from `--answer-range`, whatever
+the question. So the model learns to write one valid
 answer and stop; it learns nothing about the task (the best fit to answers drawn apart from the prompt is the
 answers' overall distribution).
 
@@ -79,8 +80,12 @@ def format_spec(args: argparse.Namespace) -> FormatSpec:
         from envs.reasoning import load_item
 
         kwargs = {"dataset": args.dataset, "max_attempts": 1, "dataset_kwargs": json.loads(args.dataset_kwargs)}
-        answers = tuple(str(load_item(args.dataset, seed, kwargs["dataset_kwargs"])[1]["answer"])
-                        for seed in VALIDATION_SEEDS[-args.answers:])  # items no run trains on
+        if args.answer_range:
+            lo, hi = map(int, args.answer_range.split(","))
+            answers = tuple(str(n) for n in range(lo, hi + 1))
+        else:
+            answers = tuple(str(load_item(args.dataset, seed, kwargs["dataset_kwargs"])[1]["answer"])
+                            for seed in VALIDATION_SEEDS[-args.answers:])  # items no run trains on
         return FormatSpec(args.env, kwargs, 1, args.memory, args.k, template="<answer>{}</answer>", answers=answers)
     kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,
               "view": args.view} if "FrozenLake" in args.env else {}
@@ -127,6 +132,7 @@ def main() -> int:
     p.add_argument("--dataset", default="basic_arithmetic", help="Reasoning: the reasoning-gym generator")
     p.add_argument("--dataset-kwargs", default="{}", help="Reasoning: the generator's arguments, a JSON object")
     p.add_argument("--answers", type=int, default=500, help="Reasoning: how many other items' answers to draw from")
+    p.add_argument("--answer-range", default="", help="Reasoning: draw integers from LO,HI instead (uniformly)")
     p.add_argument("--memory", default="last_k")
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
