@@ -58,11 +58,12 @@ PEER_VENV = ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
 DATASET = "basic_arithmetic"
 TARGETS = {("sync", 16): 1.0, ("sync", 64): 1.0, ("async", 64): 1.5}  # agentstream/TRL, issue 25
-LEARN_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+LEARN_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["*"],
                 "allow_parentheses": False, "allow_negation": False}
-"""--learn's arithmetic: answers from -9 to 18, so a sampled answer is sometimes right and a group's rewards differ."""
+"""--learn's arithmetic: a product of two numbers from 0 to 10; one in six is 0 (a 0 in the question), so there is
+something to learn fast: that 0 is often right, then when."""
 LEARN_MODEL = ROOT / ".cache" / "tiny-model-warm-arithmetic"
-LEARN_WARM_START = ["--answer-range=-10,20"]
+LEARN_WARM_START = ["--answer-range=0,20"]
 """The warm start's answers: any integer the task's answers lie in, uniformly (not their distribution)."""
 
 

@@ -66,9 +66,9 @@ def test_the_learn_workload_reaches_the_env_and_the_peers_prompts(tmp_path: Path
     assert [line["seed"] for line in lines] == [2 * 1_000_003 + g for g in range(4)]  # run.seed's questions
     for line in lines:
         assert line["kwargs"] == bench_peer.LEARN_KWARGS
-        # two one-digit terms, + or -: what the TRL side's verifier is built with too
+        # two numbers from 0 to 10 multiplied: what the TRL side's verifier is built with too
         question = line["prompt"].split("Calculate ")[1].split(".")[0].split()
-        assert len(question) == 3 and question[1] in "+-" and all(abs(int(t)) <= 10 for t in question[::2])
+        assert len(question) == 3 and question[1] == "*" and all(0 <= int(t) <= 10 for t in question[::2])
 
 
 def test_learning_lines_compare_the_mean_reward_per_completion() -> None:
@@ -100,4 +100,4 @@ def test_the_learn_warm_start_writes_a_model_of_format_demonstrations(tmp_path: 
     stamp = json.loads((out / "agentstream_warm_start.json").read_text())
     assert stamp["demos"] == 12  # one answer per one-attempt episode
     assert 0.0 <= stamp["check"]["valid_fraction"] <= 1.0 and (out / "config.json").is_file()
-    assert stamp["args"]["answer_range"] == "-10,20" and stamp["args"]["env"] == "agentstream/Reasoning-v0"
+    assert stamp["args"]["answer_range"] == "0,20" and stamp["args"]["env"] == "agentstream/Reasoning-v0"
