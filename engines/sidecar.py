@@ -161,14 +161,17 @@ class ServerControl:
     async def _label_and_resume(self, version: int) -> None:
         # Label before resuming: no token of the new weights can be generated under the old label, which
         # is what makes a client's after-the-answer read an upper bound (engines.client).
-        await self.set_version(version)
         # Cached prefixes hold keys/values of the old weights. The request's own preemption happened at
         # pause; reset_running_requests makes the reset succeed even on servers that did not do that.
-        reset = await self.call("/reset_prefix_cache", params={"reset_running_requests": "true"})
+        # The label and the resets are independent and all precede /resume: sent together, the update waits for
+        # the slowest of them rather than their sum (4 calls of ~2-4 ms each here).
+        _, reset, *_ = await asyncio.gather(
+            self.set_version(version),
+            self.call("/reset_prefix_cache", params={"reset_running_requests": "true"}),
+            *(self.call(path, absent_ok=True) for path in MM_CACHE_RESETS),
+        )
         if isinstance(reset, dict) and reset.get("success") is False:
             raise ApplyError(f"{self.url}/reset_prefix_cache refused (blocks still held); stale KV would be reused")
-        for path in MM_CACHE_RESETS:
-            await self.call(path, absent_ok=True)
         await self.call("/resume")
 
     async def requests_in_flight(self) -> int:

@@ -16,7 +16,7 @@ from agentstream.wire.messages import EngineStatus, WeightUpdate, decode, encode
 from engines import EngineClient, WeightPublisher, serialize_adapter
 from engines import server as server_mod
 from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name, served_model_name
-from engines.sidecar import ApplyError, ServerControl, SidecarSpec, WeightSidecar, write_adapter
+from engines.sidecar import MM_CACHE_RESETS, ApplyError, ServerControl, SidecarSpec, WeightSidecar, write_adapter
 
 ADAPTER = {
     "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(8, 128),
@@ -69,8 +69,10 @@ def test_publisher_sends_adapters_as_peft_adapter_format():
 async def test_lora_apply_loads_the_adapter_in_place(fake_vllm, tmp_path):
     async with aiohttp.ClientSession() as session:
         await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 2, lora=True)
-    assert fake_vllm.calls == ["/pause", "/v1/load_lora_adapter", "/update_weight_version", "/reset_prefix_cache",
-                               "/reset_encoder_cache", "/reset_mm_cache", "/resume"]
+    assert fake_vllm.calls[:2] == ["/pause", "/v1/load_lora_adapter"] and fake_vllm.calls[-1] == "/resume"
+    # the label and the cache resets are sent together, all before /resume
+    assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache",
+                                                    *MM_CACHE_RESETS])
     assert fake_vllm.bodies[1] == {"lora_name": LORA_ADAPTER_NAME, "lora_path": str(tmp_path), "load_inplace": True}
     assert fake_vllm.version == "2"
 

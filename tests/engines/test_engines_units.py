@@ -20,7 +20,8 @@ from agentstream.wire.addresses import free_port
 from agentstream.wire.messages import EngineStatus, Stats, WeightUpdate, decode, encode
 from engines import EngineClient, EngineError, ServerNotReady, WeightPublisher, serialize_state_dict
 from engines import server as server_mod
-from engines.sidecar import ServerControl, SidecarSpec, WeightSidecar, prune_weight_dirs, write_weights
+from engines.sidecar import (MM_CACHE_RESETS, ServerControl, SidecarSpec, WeightSidecar, prune_weight_dirs,
+                             write_weights)
 from launcher import procs
 
 
@@ -291,8 +292,10 @@ async def test_server_control_apply_order(fake_vllm, tmp_path):
     async with aiohttp.ClientSession() as session:
         reports = await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 7)
     assert reports == [{"retied": True}]
-    assert fake_vllm.calls == ["/pause", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache",
-                               "/reset_encoder_cache", "/reset_mm_cache", "/resume"]
+    assert fake_vllm.calls[:2] == ["/pause", "/collective_rpc"] and fake_vllm.calls[-1] == "/resume"
+    # the label and the cache resets are sent together, all before /resume
+    assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache",
+                                                    *MM_CACHE_RESETS])
     assert fake_vllm.version == "7"
     rpc = fake_vllm.bodies[1]
     assert rpc == {"method": "agentstream_reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
