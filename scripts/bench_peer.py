@@ -23,7 +23,7 @@ between the ends of step 1 and step N; agentstream: the learner's step times, as
 completions/s = (N-1) x batch / steady. A `#` line after each run says where its step time goes.
 
 `--learn` compares learning instead: both systems start from the same format-only warm start
-(`scripts/warm_start.py` on an easy arithmetic: two one-digit terms, + and -, made once into
+(`scripts/warm_start.py` on an easy arithmetic: the product of two numbers from 0 to 10, made once into
 `.cache/tiny-model-warm-arithmetic`), `--seeds` runs each (run.seed and TRL's seed; each seed its own
 questions), and it prints the mean reward of the completions each step trained on against completions
 trained, then per system the mean reward over the run (the area under that curve per completion: who learns
@@ -248,7 +248,7 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     rewards = [e["reward_mean"] for e in sorted((e for e in events if e["event"] == "log"), key=lambda e: e["step"])]
     detail = (f"TRL step {step_s:.3f} s = generate {gen_s:.3f} + reward/loss/backward/optimizer "
               f"{step_s - gen_s:.3f}; start-up: trainer built {ready - t0:.1f} s after launch; {prompt_tokens} "
-              f"prompt tokens; mean reward {sum(rewards) / max(len(rewards), 1):.3f}")
+              f"prompt tokens; mean reward {mean(rewards) if rewards else 0.0:.3f}")
     return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steps[-1]["t"] - steps[0]["t"], detail,
                   tuple(rewards))
 

@@ -8,9 +8,9 @@ It runs in the peer venv (torch, trl, transformers, reasoning_gym; `bench_peer.p
 nothing of the project, so that TRL's own pins decide what it runs. Each line of `--prompts` holds one group's
 prompt as already templated text (`prompt`), its token ids as agentstream's engine gets them (`prompt_ids`,
 checked against this tokenizer at start), and the reasoning-gym item it asks about (`dataset`, `seed`, the
-generator's arguments `kwargs`): the
-reward is the generator's own `score_answer` on the last `<answer>...</answer>`, and `--invalid-penalty` for a
-completion without one, as agentstream's env and actor score it.
+generator's arguments `kwargs`): the reward is the generator's own `score_answer` on the last
+`<answer>...</answer>`, and `--invalid-penalty` for a completion without one, as agentstream's env and actor
+score it.
 
 Printed, one JSON object a line: {"event": "ready", "t"} once the trainer is built; then per optimizer step
 {"event": "step", "step", "t_begin", "t_generated", "t"}: the wall clock at the step's start, when its

@@ -10,9 +10,8 @@ observations from random play through the actors' episode loop, built by the rea
 model's chat template. FrozenLake: every answer is `<action>A</action>` with A drawn uniformly from the four
 moves, whatever the observation. Reasoning: every answer is `<answer>A</answer>` with A the answer of another
 item of the same generator (held-apart seeds), or an integer drawn uniformly from `--answer-range`, whatever
-the question. So the model learns to write one valid
-answer and stop; it learns nothing about the task (the best fit to answers drawn apart from the prompt is the
-answers' overall distribution).
+the question. So the model learns to write one valid answer and stop; it learns nothing about the task (the
+best fit to answers drawn apart from the prompt is the answers' overall distribution).
 
 Idempotent: the output folder records a hash of every input (these arguments, the base model's files, the
 code of learner/sft.py, actors/demos.py, actors/episode.py, envs/ and memory/); a second call with the same
@@ -101,7 +100,7 @@ def sample_check(model, tokenizer, demos, parse: Callable[[str], object], n: int
     from envs.base import Action
 
     torch.manual_seed(seed)
-    moves: collections.Counter[str] = collections.Counter()
+    answers: collections.Counter[str] = collections.Counter()
     valid = 0
     for d in demos[:n]:
         ids = torch.tensor([d.prompt_ids])
@@ -112,8 +111,8 @@ def sample_check(model, tokenizer, demos, parse: Callable[[str], object], n: int
         parsed = parse(text)
         if isinstance(parsed, Action):
             valid += 1
-            moves[str(parsed.value)] += 1
-    shares = {f"answer_{k}": v / max(1, valid) for k, v in moves.most_common(4)}
+            answers[str(parsed.value)] += 1
+    shares = {f"answer_{k}": v / max(1, valid) for k, v in answers.most_common(4)}
     return {"valid_fraction": valid / len(demos[:n]), **shares}
 
 
