@@ -1,8 +1,10 @@
-"""Helpers shared by tests: launcher runs as subprocesses, raw broker clients, the metrics trackers' files
-(TensorBoard, W&B, MLflow) read back."""
+"""Helpers shared by tests: launcher runs as subprocesses, raw broker clients, a vLLM server's load, the metrics
+trackers' files (TensorBoard, W&B, MLflow) read back."""
 
+import asyncio
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import zmq
 import zmq.asyncio
 
@@ -77,6 +80,26 @@ def dealer(address: str, name: str) -> zmq.asyncio.Socket:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     return sock
+
+
+async def vllm_metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
+    """One of a vLLM server's Prometheus metrics (`vllm:<name>`), summed over its labels."""
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return sum(float(v) for v in re.findall(rf"^vllm:{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+
+async def wait_until_all_decode(session: aiohttp.ClientSession, url: str, tasks: list[asyncio.Task],
+                                tokens_before: float) -> None:
+    """Until all of `tasks`' requests are in the engine's running batch, none waits, and they have sampled a
+    few tokens each. The token count alone can pass while one request has not yet reached the engine on a busy
+    machine; that one would start after an update the test means to land mid-way."""
+    n = len(tasks)
+    while not (await vllm_metric(session, url, "num_requests_running") == n
+               and await vllm_metric(session, url, "num_requests_waiting") == 0
+               and await vllm_metric(session, url, "generation_tokens_total") >= tokens_before + 2 * n):
+        assert not any(t.done() for t in tasks), "a request ended before the update could start"
+        await asyncio.sleep(0.05)
 
 
 def read_tensorboard(logdir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import torch
 import zmq
 
 from agentstream.config import REPO_ROOT, SamplingConfig
+from e2e_testing import vllm_metric, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
 from engines.stream import StreamLayout, StreamSource
 from launcher import procs
@@ -128,12 +128,6 @@ def stack_of(tmp_path) -> Iterator:
         s.close()
 
 
-async def tokens_generated(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return sum(float(v) for v in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M))
-
-
 async def generate(url: str, seeds: range) -> list:
     async with aiohttp.ClientSession() as session:
         client = EngineClient(url, session, timeout_s=60)
@@ -180,12 +174,10 @@ async def test_b_a_streamed_update_lands_while_32_requests_are_in_flight(tiny_en
     n, max_tokens = 32, 800
     async with aiohttp.ClientSession() as session:
         client = EngineClient(url, session, timeout_s=300, extra_body={"ignore_eos": True})
-        before = await tokens_generated(session, url)
+        before = await vllm_metric(session, url, "generation_tokens_total")
         tasks = [asyncio.create_task(client.generate(PROMPT, SamplingConfig(max_tokens=max_tokens), seed=s))
                  for s in range(n)]
-        while await tokens_generated(session, url) < before + n:  # every request has started
-            assert not any(t.done() for t in tasks), "a request ended before the update could start"
-            await asyncio.sleep(0.05)
+        await wait_until_all_decode(session, url, tasks, before)
         # Freeze them mid-way (the sidecar pauses too), so that the update surely lands while they are in flight.
         async with session.post(url + "/pause", params={"mode": "keep"}) as resp:
             assert resp.status == 200

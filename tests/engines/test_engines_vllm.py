@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-import re
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import zmq
 
 from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
+from e2e_testing import vllm_metric, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
 from launcher import procs
 
@@ -141,12 +141,6 @@ def stale_head(model: torch.nn.Module, old: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-async def tokens_generated(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return sum(float(v) for v in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M))
-
-
 # ------------------------------------------------------------------------------------ tests
 async def test_a_generate_matches_hf(server, hf):
     sampling = SamplingConfig(max_tokens=16, temperature=1.0, top_p=1.0)
@@ -201,11 +195,9 @@ async def test_c_update_while_requests_are_in_flight(server, stack, hf):
     async with aiohttp.ClientSession() as session:
         client = EngineClient(server.url, session, timeout_s=300, extra_body={"ignore_eos": True})
         assert await client.version() == 1
-        before = await tokens_generated(session, server.url)
+        before = await vllm_metric(session, server.url, "generation_tokens_total")
         tasks = [asyncio.create_task(client.generate(PROMPT, sampling, seed=s)) for s in range(n)]
-        while await tokens_generated(session, server.url) < before + n:  # every request has started
-            assert not any(t.done() for t in tasks), "a request ended before the update could start"
-            await asyncio.sleep(0.05)
+        await wait_until_all_decode(session, server.url, tasks, before)
         # Freeze the requests mid-way (as the agent's own pause would), so that the update surely lands
         # while they are in flight however slowly the agent is scheduled on a busy machine.
         async with session.post(server.url + "/pause", params={"mode": "keep"}) as resp:
