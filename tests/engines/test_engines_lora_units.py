@@ -69,8 +69,8 @@ def test_publisher_sends_adapters_as_peft_adapter_format():
 async def test_lora_apply_loads_the_adapter_in_place(fake_vllm, tmp_path):
     async with aiohttp.ClientSession() as session:
         await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 2, lora=True)
-    assert fake_vllm.calls[:2] == ["/pause", "/v1/load_lora_adapter"] and fake_vllm.calls[-1] == "/resume"
-    # the label and the cache resets are sent together, all before /resume
+    assert fake_vllm.calls[:2] == ["/sleep", "/v1/load_lora_adapter"] and fake_vllm.calls[-1] == "/wake_up"
+    # the label and the cache resets are sent together, all before /wake_up
     assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache",
                                                     *MM_CACHE_RESETS])
     assert fake_vllm.bodies[1] == {"lora_name": LORA_ADAPTER_NAME, "lora_path": str(tmp_path), "load_inplace": True}

@@ -26,6 +26,7 @@ from agentstream.config import REPO_ROOT, SamplingConfig
 from e2e_testing import vllm_metric, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
 from engines.stream import StreamLayout, StreamSource
+from engines.sidecar import ServerControl
 from launcher import procs
 
 pytestmark = pytest.mark.e2e
@@ -178,9 +179,9 @@ async def test_b_a_streamed_update_lands_while_32_requests_are_in_flight(tiny_en
         tasks = [asyncio.create_task(client.generate(PROMPT, SamplingConfig(max_tokens=max_tokens), seed=s))
                  for s in range(n)]
         await wait_until_all_decode(session, url, tasks, before)
-        # Freeze them mid-way (the sidecar pauses too), so that the update surely lands while they are in flight.
-        async with session.post(url + "/pause", params={"mode": "keep"}) as resp:
-            assert resp.status == 200
+        # Freeze them mid-way with the sidecar's own pause, so that the update surely lands while they are in flight
+        # (their KV stays: the update's cache reset must make them recompute it on the new weights).
+        await ServerControl(url, session, 60).pause()
         assert not any(t.done() for t in tasks), "a request ended before the update could start"
         await asyncio.to_thread(stack.publisher.publish_stream, 2, source(hf[2]))
         assert (await asyncio.to_thread(stack.wait_for, 2)) == {"engine-0": 2}

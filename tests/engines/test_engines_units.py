@@ -292,8 +292,8 @@ async def test_server_control_apply_order(fake_vllm, tmp_path):
     async with aiohttp.ClientSession() as session:
         reports = await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 7)
     assert reports == [{"retied": True}]
-    assert fake_vllm.calls[:2] == ["/pause", "/collective_rpc"] and fake_vllm.calls[-1] == "/resume"
-    # the label and the cache resets are sent together, all before /resume
+    assert fake_vllm.calls[:2] == ["/sleep", "/collective_rpc"] and fake_vllm.calls[-1] == "/wake_up"
+    # the label and the cache resets are sent together, all before /wake_up
     assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache",
                                                     *MM_CACHE_RESETS])
     assert fake_vllm.version == "7"
@@ -335,7 +335,7 @@ async def test_agent_exits_nonzero_when_an_update_fails(fake_vllm, tmp_path):
     log = (tmp_path / "sidecar.log").read_text()
     assert rc == 1, log
     assert "update to version 1 failed" in log and "HTTP 500" in log and "/collective_rpc" in log
-    assert "/resume" not in fake_vllm.calls[fake_vllm.calls.index("/collective_rpc"):]  # left paused
+    assert "/wake_up" not in fake_vllm.calls[fake_vllm.calls.index("/collective_rpc"):]  # left paused
     kinds = []
     while broker.poll(200):
         kinds.append(decode(broker.recv_multipart()[1:]))

@@ -108,7 +108,7 @@ async def test_update_survives_a_server_without_the_cache_resets(fake_vllm, tmp_
     fake_vllm.fail = {"/reset_encoder_cache": 404, "/reset_mm_cache": 404}  # an older vLLM: no such routes
     async with aiohttp.ClientSession() as session:
         await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 3)
-    assert fake_vllm.calls[-1] == "/resume" and {"/reset_encoder_cache", "/reset_mm_cache"} <= set(fake_vllm.calls)
+    assert fake_vllm.calls[-1] == "/wake_up" and {"/reset_encoder_cache", "/reset_mm_cache"} <= set(fake_vllm.calls)
     assert fake_vllm.version == "3"
 
 

@@ -31,6 +31,7 @@ from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
 from e2e_testing import vllm_metric, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
+from engines.sidecar import ServerControl
 from launcher import procs
 
 pytestmark = pytest.mark.e2e
@@ -198,10 +199,10 @@ async def test_c_update_while_requests_are_in_flight(server, stack, hf):
         before = await vllm_metric(session, server.url, "generation_tokens_total")
         tasks = [asyncio.create_task(client.generate(PROMPT, sampling, seed=s)) for s in range(n)]
         await wait_until_all_decode(session, server.url, tasks, before)
-        # Freeze the requests mid-way (as the agent's own pause would), so that the update surely lands
-        # while they are in flight however slowly the agent is scheduled on a busy machine.
-        async with session.post(server.url + "/pause", params={"mode": "keep"}) as resp:
-            assert resp.status == 200
+        # Freeze the requests mid-way with the sidecar's own pause, so that the update surely lands while they are
+        # in flight however slowly the sidecar is scheduled on a busy machine. That pause leaves their KV in place:
+        # only the update's cache reset makes them recompute it on the new weights, which the check below needs.
+        await ServerControl(server.url, session, 60).pause()
         assert not any(t.done() for t in tasks)
         # Copies this time (as a gathered FSDP state dict may hold them): lm_head.weight travels too.
         stack.publisher.publish(2, {k: v.clone() for k, v in hf[2].state_dict().items()})
