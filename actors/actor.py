@@ -49,7 +49,7 @@ from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import GroupGrant, Hello, Stats, Transition
 from engines.client import (
-    EngineClient, EngineError, EngineStalled, Generation, engines_from_broker, follow_engines,
+    EngineClient, EngineError, EngineStalled, Generation, engines_from_broker, follow_engines, text_decoder,
 )
 from envs.latency import sample_latency
 
@@ -364,7 +364,7 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         def client(url: str) -> EngineClient:
             return EngineClient(url, session, spec.client.request_timeout_s, model=spec.client.model_name,
-                                base_model=spec.client.base_model_name)
+                                base_model=spec.client.base_model_name, decode=text_decoder(tokenizer))
 
         judge = None
         if spec.judge is not None:  # its own servers, tokenizer and timeout; its weights never change

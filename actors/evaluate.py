@@ -36,7 +36,7 @@ from actors.spec import EpisodeSpec, EvaluatorSpec
 from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Stats
-from engines.client import EngineClient, Generation
+from engines.client import EngineClient, Generation, text_decoder
 from envs.base import VALIDATION_SEEDS
 
 log = logging.getLogger("evaluate")
@@ -171,7 +171,7 @@ async def _main(spec: EvaluatorSpec, name: str, broker_address: str, engine_url:
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
             engine = EngineClient(engine_url, session, spec.client.request_timeout_s, model=spec.client.model_name,
-                                  base_model=spec.client.base_model_name)
+                                  base_model=spec.client.base_model_name, decode=text_decoder(tokenizer))
             await evaluate_loop(spec, engine, tokenizer, broker, name, out, t0)
     finally:
         await broker.close()

@@ -31,6 +31,7 @@ from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
 from e2e_testing import vllm_metric, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
+from engines.client import text_decoder
 from engines.sidecar import ServerControl
 from launcher import procs
 
@@ -159,6 +160,29 @@ async def test_a_generate_matches_hf(server, hf):
     (expected,) = hf_logprobs(hf[0], PROMPT, [gen.response_ids])
     np.testing.assert_allclose(gen.logprobs, expected, atol=TOL, rtol=0)
     assert np.all(gen.logprobs < 0)
+
+
+async def test_a_token_ids_only_answers_match_vllms_text_answers(server, model_dir):
+    """With `decode` the engine answers token ids only and the client decodes the text: the same samples,
+    log-probs and text as vLLM's own text answers (the tiny model's random tokens hold special tokens and pieces
+    of words, what a decoder gets wrong first)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sampling = SamplingConfig(max_tokens=24, temperature=1.0, top_p=1.0)
+    async with aiohttp.ClientSession() as session:
+        text_mode = EngineClient(server.url, session, timeout_s=60)
+        tokens_mode = EngineClient(server.url, session, timeout_s=60, decode=text_decoder(tokenizer))
+        assert tokens_mode._generate_body(PROMPT, sampling, None, "m")["output_mode"] == "tokens"
+        for seed in range(24):
+            want, got = [await c.generate(PROMPT, sampling, seed=seed) for c in (text_mode, tokens_mode)]
+            assert np.array_equal(got.response_ids, want.response_ids), seed
+            np.testing.assert_array_equal(got.logprobs, want.logprobs)
+            assert got.text == want.text and got.finish_reason == want.finish_reason, (seed, got.text, want.text)
+        # stop strings need vLLM's text: such a request still asks for it
+        stopped = await tokens_mode.generate(PROMPT, sampling, seed=0, extra={"stop": [want.text[:1] or "a"]})
+        assert tokens_mode._generate_body(PROMPT, sampling, None, "m", {"stop": ["a"]})["output_mode"] == "text"
+        assert stopped.response_ids.size >= 1
 
 
 async def test_b_update_through_agent_matches_hf(server, stack, hf):
