@@ -303,7 +303,7 @@ class LearnerConfig:
     weight_host: str = "127.0.0.1"
     """Interface rank 0 binds to for weights (0.0.0.0 when engines run on other hosts)."""
     torch_threads: int = 1
-    """torch.set_num_threads per rank (1 on shared CPUs)."""
+    """torch.set_num_threads per rank (1 on shared CPUs); 0: `learner_threads` decides (the cpu_tiny preset)."""
     packing: bool = False
     """Pack sequences into one row per micro-batch (position ids restart per sequence) instead of padding
     rows; saves padding, but on CPU attention over a packed row costs quadratic time in its length."""
@@ -539,6 +539,18 @@ class Config:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     judges: JudgesConfig = field(default_factory=JudgesConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+
+def learner_threads(cfg: Config) -> int:
+    """Torch threads per learner rank: learner.torch_threads, or with 0 the host's cores shared among its ranks when
+    training is synchronous (trainer.max_staleness=0: the learner never computes beside the engines' generation;
+    on 2 cores, batch 64 of bench_peer: compute 0.23-0.28 -> 0.16-0.17 s a step), else 1 (it computes beside them)."""
+    if cfg.learner.torch_threads > 0:
+        return cfg.learner.torch_threads
+    if cfg.trainer.max_staleness > 0:
+        return 1
+    ranks_here = max(1, cfg.learner.world_size // max(1, cfg.learner.nnodes))
+    return max(1, len(os.sched_getaffinity(0)) // ranks_here)
 
 
 class ConfigError(ValueError):

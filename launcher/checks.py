@@ -182,6 +182,9 @@ def _scale_errors(cfg: Config) -> list[str]:
     if cfg.actors.count < (0 if cfg.gateway.enabled else 1):  # with the gateway, agent code alone may play
         errors.append(f"actors.count={cfg.actors.count}: must be at least 1 (or 0 with gateway.enabled=true, when "
                       f"agent code plays every episode through the gateway).")
+    if cfg.learner.torch_threads < 0:
+        errors.append(f"learner.torch_threads={cfg.learner.torch_threads}: must be >= 0 (0: chosen by the launcher, "
+                      f"every core when synchronous, else 1).")
     for name, value in [
         ("learner.world_size", cfg.learner.world_size),
         ("trainer.total_steps", cfg.trainer.total_steps),

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import aiohttp
 
-from agentstream.config import Config
+from agentstream.config import Config, learner_threads
 from agentstream.wire.addresses import free_port
 from launcher.placement import host_gpus, host_plan, visible
 from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
@@ -231,7 +231,8 @@ class Launcher:
         if resume:
             argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
         name = "learner" if c.nnodes == 1 else f"learner-node{node}"
-        return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(c.torch_threads), **self.gpus_of_learner()})
+        return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(learner_threads(self.cfg)),
+                                                   **self.gpus_of_learner()})
 
     def actor_child(self, i: int, incarnation: int = 0) -> Child:
         name = f"actor-{self.prefix}{i}"

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from agentstream.config import (
-    AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, load,
+    AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, learner_threads, load,
 )
 from agentstream.wire.client import SyncClient
 from agentstream.wire.messages import Batch, BatchRequest, Hello, Message, Reject, Stats, VersionUpdate
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = de
     try:
         cfg = load(args.config)
         spec = train_spec(cfg, args)
-        torch.set_num_threads(cfg.learner.torch_threads)
+        torch.set_num_threads(learner_threads(cfg))
         rank, world, device = init_distributed(cfg.learner.backend)
     except Exception as exc:
         print(f"{rank_name}: cannot start: {exc.__class__.__name__}: {exc}", file=sys.stderr)

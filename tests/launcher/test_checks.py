@@ -48,11 +48,27 @@ def test_launcher_overrides_reach_their_fields() -> None:
     (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
     (["learner.ppo_epochs=0"], "learner.ppo_epochs=0: must be at least 1"),
     (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
+    (["learner.torch_threads=-1"], "learner.torch_threads=-1: must be >= 0"),
     (["broker.logger=[jsonl,neptune]"], "broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard"),
 ])
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:
     with pytest.raises(C.ConfigError, match=re.escape(needle)):
         check_config(compose_cfg(overrides=overrides))
+
+
+def test_learner_threads_are_every_core_only_when_training_is_synchronous(monkeypatch) -> None:
+    monkeypatch.setattr(C.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    cases = [  # (overrides, threads per rank): 8 cores
+        (["learner.torch_threads=3"], 3),  # given: as given, whatever the staleness
+        (["learner.torch_threads=0", "trainer.max_staleness=2"], 1),  # beside the engines
+        (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=1"], 8),
+        (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=2"], 4),
+        (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=4", "learner.nnodes=2"], 4),
+        (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=16", "trainer.groups_per_step=16"], 1),
+    ]
+    for overrides, threads in cases:
+        assert C.learner_threads(compose_cfg(overrides=overrides)) == threads, overrides
+    assert compose_cfg().learner.torch_threads == 0  # the default preset (cpu_tiny) lets the launcher choose
 
 
 def test_wrong_type_is_refused_by_the_schema() -> None:
