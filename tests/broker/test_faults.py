@@ -459,5 +459,8 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
     if summary["transitions_dropped"].get("actor_silent", 0):
         assert summary["reliability"]["transitions_rejected"].get("unknown_group", 0) > 0
     assert "actor-0 silent" in (tmp_path / "run" / "broker.log").read_text()
-    # The sidecar's connection to the learner ended in the partition; made again, it asked for the newest weights.
-    assert "connected to the learner again" in (tmp_path / "sidecar.log").read_text()
+    # The sidecar's connection to the learner either ended in the partition and was made again (the sidecar then asks
+    # for the newest weights), or came through the 8 s cut whole (TCP retransmits; the ZMTP heartbeat timeout is 30 s;
+    # one clean-clone run saw this): either way the engine reached the weights published meanwhile (checked above).
+    reconnected = "connected to the learner again" in (tmp_path / "sidecar.log").read_text()
+    print(f"partition: the sidecar's connection to the learner was {'made again' if reconnected else 'kept'}")
