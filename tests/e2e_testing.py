@@ -82,11 +82,14 @@ def dealer(address: str, name: str) -> zmq.asyncio.Socket:
     return sock
 
 
-async def vllm_metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
-    """One of a vLLM server's Prometheus metrics (`vllm:<name>`), summed over its labels."""
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
+def vllm_metric(text: str, name: str) -> float:
+    """One of a vLLM server's Prometheus metrics (`vllm:<name>`) in its /metrics `text`, summed over its labels."""
     return sum(float(v) for v in re.findall(rf"^vllm:{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+
+async def vllm_metrics(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/metrics") as resp:
+        return await resp.text()
 
 
 async def wait_until_all_decode(session: aiohttp.ClientSession, url: str, tasks: list[asyncio.Task],
@@ -95,9 +98,11 @@ async def wait_until_all_decode(session: aiohttp.ClientSession, url: str, tasks:
     few tokens each. The token count alone can pass while one request has not yet reached the engine on a busy
     machine; that one would start after an update the test means to land mid-way."""
     n = len(tasks)
-    while not (await vllm_metric(session, url, "num_requests_running") == n
-               and await vllm_metric(session, url, "num_requests_waiting") == 0
-               and await vllm_metric(session, url, "generation_tokens_total") >= tokens_before + 2 * n):
+    while True:
+        text = await vllm_metrics(session, url)  # one read for the three figures
+        if (vllm_metric(text, "num_requests_running") == n and vllm_metric(text, "num_requests_waiting") == 0
+                and vllm_metric(text, "generation_tokens_total") >= tokens_before + 2 * n):
+            return
         assert not any(t.done() for t in tasks), "a request ended before the update could start"
         await asyncio.sleep(0.05)
 

@@ -23,7 +23,7 @@ import torch
 import zmq
 
 from agentstream.config import REPO_ROOT, SamplingConfig
-from e2e_testing import vllm_metric, wait_until_all_decode
+from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
 from engines.stream import StreamLayout, StreamSource
 from engines.sidecar import ServerControl
@@ -175,7 +175,7 @@ async def test_b_a_streamed_update_lands_while_32_requests_are_in_flight(tiny_en
     n, max_tokens = 32, 800
     async with aiohttp.ClientSession() as session:
         client = EngineClient(url, session, timeout_s=300, extra_body={"ignore_eos": True})
-        before = await vllm_metric(session, url, "generation_tokens_total")
+        before = vllm_metric(await vllm_metrics(session, url), "generation_tokens_total")
         tasks = [asyncio.create_task(client.generate(PROMPT, SamplingConfig(max_tokens=max_tokens), seed=s))
                  for s in range(n)]
         await wait_until_all_decode(session, url, tasks, before)

@@ -29,7 +29,7 @@ import zmq
 
 from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
-from e2e_testing import vllm_metric, wait_until_all_decode
+from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient, WeightPublisher
 from engines.client import text_decoder
 from engines.sidecar import ServerControl
@@ -220,7 +220,7 @@ async def test_c_update_while_requests_are_in_flight(server, stack, hf):
     async with aiohttp.ClientSession() as session:
         client = EngineClient(server.url, session, timeout_s=300, extra_body={"ignore_eos": True})
         assert await client.version() == 1
-        before = await vllm_metric(session, server.url, "generation_tokens_total")
+        before = vllm_metric(await vllm_metrics(session, server.url), "generation_tokens_total")
         tasks = [asyncio.create_task(client.generate(PROMPT, sampling, seed=s)) for s in range(n)]
         await wait_until_all_decode(session, server.url, tasks, before)
         # Freeze the requests mid-way with the sidecar's own pause, so that the update surely lands while they are
