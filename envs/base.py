@@ -29,6 +29,7 @@ Seeds: `TRAIN_SEEDS` and `VALIDATION_SEEDS` are disjoint ranges; a validation ru
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 import string
@@ -67,7 +68,14 @@ def check_observation(observation: str) -> str:
 
 
 def text_space(max_length: int = 8192, extra_chars: str = "") -> gym.spaces.Text:
-    """The observation/action space of a text env: printable text (plus `extra_chars`) up to `max_length`."""
+    """The observation/action space of a text env: printable text (plus `extra_chars`) up to `max_length`. A
+    copy of one made once: gymnasium indexes the charset in every `Text`, ~100 us, twice in each env an actor
+    makes per episode (the copy shares that read-only index; its random generator is its own)."""
+    return copy.copy(_text_space(max_length, extra_chars))
+
+
+@functools.lru_cache(maxsize=None)
+def _text_space(max_length: int, extra_chars: str) -> gym.spaces.Text:
     return gym.spaces.Text(max_length=max_length, min_length=0, charset=TEXT_CHARSET + extra_chars)
 
 

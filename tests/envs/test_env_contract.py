@@ -82,6 +82,18 @@ def test_same_seed_same_episode(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_each_env_samples_its_spaces_with_its_own_generator(name: str) -> None:
+    first, second = make(name), make(name)
+    assert first.action_space is not second.action_space
+    first.action_space.seed(7)
+    expected = first.action_space.sample()
+    first.action_space.seed(7)
+    second.action_space.seed(8)
+    second.action_space.sample()  # the other env's draws do not move this one's
+    assert first.action_space.sample() == expected
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_group_copies_start_identical_and_interleaving_is_harmless(name: str) -> None:
     group = [make(name) for _ in range(4)]
     starts = [env.reset(seed=123) for env in group]

@@ -59,6 +59,26 @@ def test_instructions_that_cannot_fit_fail_at_reset(tokenizer) -> None:
         mem.reset(INSTRUCTIONS)
 
 
+def test_the_reset_check_tokenizes_an_env_s_instructions_once_per_tokenizer_and_budget(tokenizer) -> None:
+    calls = []
+
+    class Counting:  # the tokenizer, counting its chat-template calls
+        def apply_chat_template(self, conversation, **kwargs):
+            calls.append(conversation)
+            return tokenizer.apply_chat_template(conversation, **kwargs)
+
+    counting = Counting()
+    for _ in range(3):  # three episodes of one env: one tokenization
+        memory.make("last_k", tokenizer=counting, max_prompt_tokens=BUDGET).reset(INSTRUCTIONS)
+    assert len(calls) == 1
+    memory.make("last_k", tokenizer=counting, max_prompt_tokens=BUDGET).reset(INSTRUCTIONS + " More.")
+    assert len(calls) == 2  # other instructions: checked
+    for _ in range(2):  # a smaller budget is checked anew, and a failed check is not remembered
+        with pytest.raises(ValueError, match="max_prompt_tokens=20 is too small"):
+            memory.make("last_k", tokenizer=counting, max_prompt_tokens=20).reset(INSTRUCTIONS)
+    assert len(calls) == 2 + 2 * 2  # (each failure counts the instructions again for its message)
+
+
 def test_a_budget_needs_a_tokenizer() -> None:
     with pytest.raises(ValueError, match="tokenizer"):
         memory.make("last_k", max_prompt_tokens=100)
