@@ -20,7 +20,11 @@ and scores answers with reasoning-gym's `score_answer`, as the env does. agentst
 
 Per run: start-up = launch to the end of the first optimizer step; steady = steps 2..N (TRL: the wall clock
 between the ends of step 1 and step N; agentstream: the learner's step times, as `bench_async.py` measures),
-completions/s = (N-1) x batch / steady. A `#` line after each run says where its step time goes.
+completions/s = (N-1) x batch / steady. A `#` line after each run says where its step time goes, and one
+where its CPU goes: the cores each process used on average over the steady steps (psutil, every 0.5 s), and
+the CPU seconds one completion cost. When a run keeps every core busy, cores / (CPU s per completion) bounds
+its rate; the ratio of the two systems' CPU s per completion bounds agentstream/TRL on this machine, whatever
+the overlap (printed before the ratios).
 
 `--learn` compares learning instead: both systems start from the same format-only warm start
 (`scripts/warm_start.py` on an easy arithmetic: the product of two numbers from 0 to 10, made once into
@@ -39,12 +43,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, stdev
 from typing import IO, Any, Iterator
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,6 +71,9 @@ LEARN_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1
 """--learn's arithmetic: a product of two numbers from 0 to 10; one in six is 0 (a 0 in the question), so there is
 something to learn fast: that 0 is often right, then when."""
 LEARN_MODEL = ROOT / ".cache" / "tiny-model-warm-arithmetic"
+ROLES = (("EngineCore", "vLLM engine core"), ("api_server", "vLLM API server"), ("learner.train", "learner"),
+         ("actors.actor", "actor"), ("broker.server", "broker"), ("engines.sidecar", "sidecar"), ("peer_trl", "TRL"))
+"""(a word of a process's command line, the name its CPU is reported under); "other" for the rest."""
 LEARN_WARM_START = ["--answer-range=0,20"]
 """The warm start's answers: any integer the task's answers lie in, uniformly (not their distribution)."""
 
@@ -88,6 +99,68 @@ class Workload:
         return self.batch // self.group_size
 
 
+class CpuSampler:
+    """CPU seconds of a process tree by role (`ROLES`), read every `every_s` seconds in a thread of this process
+    while the block runs; a process that exits keeps its last reading."""
+
+    def __init__(self, pid: int, every_s: float = 0.5):
+        self.root, self.every_s = psutil.Process(pid), every_s
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (time, CPU s of each role so far)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        seen: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU s)
+        while not self._stop.wait(self.every_s):
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:  # the root exited: its tree's last readings stay
+                continue
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    seen[p.pid] = (role(p.cmdline()), t.user + t.system)
+                except psutil.Error:
+                    pass
+            totals: dict[str, float] = defaultdict(float)
+            for name, cpu_s in seen.values():
+                totals[name] += cpu_s
+            self.samples.append((time.time(), dict(totals)))
+
+    def cores(self, t0: float, t1: float) -> dict[str, float]:
+        """Cores each role used on average between the first reading at or after `t0` and the last at or before
+        `t1`, most first; empty when fewer than two readings fall between."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {}
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        return dict(sorted(((r, (b[r] - a.get(r, 0.0)) / (tb - ta)) for r in b), key=lambda x: -x[1]))
+
+
+def role(cmdline: list[str]) -> str:
+    text = " ".join(cmdline)
+    return next((name for word, name in ROLES if word in text), "other")
+
+
+def cpu_line(cores: dict[str, float], rate: float) -> tuple[str, float]:
+    """The `#` line of where a run's CPU went, and its CPU s per completion (nan without readings)."""
+    if not cores:
+        return "CPU: too few readings in the steady steps", float("nan")
+    used = sum(cores.values())
+    per = used / rate
+    parts = ", ".join(f"{name} {c:.2f}" for name, c in cores.items() if c >= 0.005)
+    return (f"CPU cores used in the steady steps: {parts} = {used:.2f} of {os.cpu_count()}; "
+            f"{1000 * per:.1f} CPU ms per completion (at every core: {os.cpu_count() / per:.0f} completions/s)"), per
+
+
 @dataclass(frozen=True)
 class Result:
     """One run: start-up = launch to the end of step 1; steady = steps 2..N."""
@@ -101,6 +174,9 @@ class Result:
     detail: str
     rewards: tuple[float, ...] = ()
     """Each step's mean reward of the completions it trained on."""
+    cpu: str = ""
+    """Where its CPU went in the steady steps (`cpu_line`)."""
+    cpu_per_completion: float = float("nan")
 
     @property
     def rate(self) -> float:
@@ -233,7 +309,7 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
             "--group-size", str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature",
             str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty()), "--seed", str(w.seed)]
     t0 = time.time()
-    with child(argv, folder / "trl.log") as proc:
+    with child(argv, folder / "trl.log") as proc, CpuSampler(proc.pid) as cpu:
         proc.wait(timeout_s)
     lines = (folder / "trl.log").read_text().splitlines()
     events = [json.loads(line) for line in lines if line.startswith('{"event"')]  # TRL prints its logs as dicts
@@ -249,8 +325,9 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     detail = (f"TRL step {step_s:.3f} s = generate {gen_s:.3f} + reward/loss/backward/optimizer "
               f"{step_s - gen_s:.3f}; start-up: trainer built {ready - t0:.1f} s after launch; {prompt_tokens} "
               f"prompt tokens; mean reward {mean(rewards) if rewards else 0.0:.3f}")
-    return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steps[-1]["t"] - steps[0]["t"], detail,
-                  tuple(rewards))
+    steady_s = steps[-1]["t"] - steps[0]["t"]
+    return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steady_s, detail, tuple(rewards),
+                  *cpu_line(cpu.cores(steps[0]["t"], steps[-1]["t"]), (w.steps - 1) * w.batch / steady_s))
 
 
 def invalid_penalty() -> float:
@@ -270,11 +347,12 @@ def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s:
             *(o for o in extra if not o.startswith("trainer.max_staleness="))]  # the mode sets the bound
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with child(argv, folder / f"launch-{mode}-{w.batch}.log", signal.SIGINT, 90) as proc:  # SIGINT: a clean stop
+    launch_log = folder / f"launch-{mode}-{w.batch}.log"
+    with child(argv, launch_log, signal.SIGINT, 90) as proc, CpuSampler(proc.pid) as cpu:  # SIGINT: a clean stop
         proc.wait(timeout_s)
     wall = time.time() - t0
     if proc.returncode != 0 or not (run_dir / "summary.json").exists():
-        log = (folder / f"launch-{mode}-{w.batch}.log").read_text()
+        log = launch_log.read_text()
         raise RuntimeError(f"the launcher run ({mode}, batch {w.batch}) failed (exit {proc.returncode}); it "
                            f"printed:\n{log[-3000:]}")
     m = measure(bound, wall, run_dir, [])
@@ -289,14 +367,26 @@ def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s:
     detail = (f"learner step {avg['step_time_s']:.3f} s = batch wait {avg['batch_wait_s']:.3f} + train "
               f"{train:.3f} (compute {avg['compute_s']:.3f}) + publish {avg['publish_s']:.3f}; staleness "
               f"{m.staleness_mean:.2f}; trained {m.transitions} transitions; {m.status}; wall {wall:.1f} s")
+    rate = (w.steps - 1) * w.batch / m.train_s
     return Result("agentstream", mode, w.batch, w.steps, first_step_end - t0, m.train_s, detail,
-                  tuple(r["reward_mean"] for r in every))
+                  tuple(r["reward_mean"] for r in every), *cpu_line(cpu.cores(first_step_end, metrics.stat().st_mtime),
+                                                                    rate))
 
 
 def print_result(r: Result) -> None:
     print(f"{r.system:>11} {r.mode:>5} {r.batch:>5} {r.steps:>5} {r.startup_s:>10.1f} {r.steady_s:>8.2f} "
           f"{r.rate:>13.1f}", flush=True)
     print(f"# {r.detail}", flush=True)
+    if r.cpu:
+        print(f"# {r.cpu}", flush=True)
+
+
+def cpu_bounds(results: list[Result]) -> list[str]:
+    """Per (mode, batch): TRL's CPU s per completion over agentstream's, the most agentstream/TRL can reach on
+    this machine when both keep every core busy."""
+    peer = {r.batch: r for r in results if r.system == "TRL"}
+    return [f"{r.mode} at {r.batch}: {peer[r.batch].cpu_per_completion / r.cpu_per_completion:.2f}x"
+            for r in results if r.system == "agentstream" and r.batch in peer]
 
 
 def ratios(results: list[Result]) -> list[str]:
@@ -437,6 +527,10 @@ def main() -> None:
         for mode in modes:
             results.append(run_agentstream(w, mode, bounds[mode], folder, args.run_timeout_s, args.override))
             print_result(results[-1])
+    cpu_ratios = cpu_bounds(results)
+    if cpu_ratios:
+        print("# TRL's CPU s per completion over agentstream's (agentstream/TRL at every core busy): "
+              + ", ".join(cpu_ratios))
     lines = ratios(results)
     if lines:
         print("agentstream/TRL completions/s: " + ", ".join(lines))

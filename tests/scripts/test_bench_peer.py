@@ -5,6 +5,7 @@ venv of their own: they are benchmarks, run by hand; docs/benchmarks.md.)"""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,6 +52,36 @@ def test_ratios_put_agentstream_over_trl_with_the_targets() -> None:
     assert results[1].rate == pytest.approx(64.0)
     assert bench_peer.ratios(results) == ["sync at 16: 2.00x (target >= 1.0x)", "async at 16: 0.50x (no target)",
                                           "async at 64: 2.00x (target >= 1.5x)"]
+
+
+def test_the_cpu_sampler_reports_the_cores_each_process_of_a_tree_used(monkeypatch) -> None:
+    monkeypatch.setattr(bench_peer, "ROLES", (("BURN", "burner"), ("DOZE", "sleeper")))
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
+    tree = (f"import subprocess, sys\nkids = [subprocess.Popen([sys.executable, '-c', {busy!r}, 'burn'.upper()]), "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)', 'doze'.upper()])]\n"
+            "[k.wait() for k in kids]")  # (the parent's own command line names neither role)
+    proc = subprocess.Popen([sys.executable, "-c", tree])  # a parent ("other") and its two children
+    with bench_peer.CpuSampler(proc.pid, every_s=0.1) as cpu:
+        proc.wait()
+    t0 = cpu.samples[0][0] + 0.8  # both children started (a Python start-up is ~0.1 s)
+    cores = cpu.cores(t0, t0 + 1.5)
+    # a busy loop holds one core (at most 1; more than 0.3 leaves room for a loaded machine), a sleep none, and
+    # the parent only waits
+    assert 0.3 < cores["burner"] <= 1.05, cores
+    assert cores["sleeper"] < 0.1 and cores["other"] < 0.1, cores
+    assert list(cores)[0] == "burner"  # most first
+    assert cpu.cores(t0, t0) == {}  # fewer than two readings
+
+
+def test_cpu_lines_and_the_cpu_bound_on_the_ratio() -> None:
+    # 1.5 + 0.3 + 0.001 = 1.801 cores at 60 completions/s: 1.801 / 60 = 0.0300 CPU s = 30.0 ms per completion
+    line, per = bench_peer.cpu_line({"vLLM engine core": 1.5, "actor": 0.3, "broker": 0.001}, rate=60.0)
+    assert per == pytest.approx(1.801 / 60)
+    assert "vLLM engine core 1.50, actor 0.30 = 1.80 of" in line and "30.0 CPU ms per completion" in line
+    assert "broker" not in line  # under 0.005 cores: left out of the list, kept in the sum
+    trl = bench_peer.Result("TRL", "sync", 64, 5, 1.0, 2.0, "", cpu_per_completion=0.03)
+    ours = bench_peer.Result("agentstream", "async", 64, 5, 1.0, 2.0, "", cpu_per_completion=0.02)
+    assert bench_peer.cpu_bounds([trl, ours]) == ["async at 64: 1.50x"]  # 0.03 / 0.02
 
 
 def test_the_learn_workload_reaches_the_env_and_the_peers_prompts(tmp_path: Path) -> None:
