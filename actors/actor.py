@@ -61,6 +61,16 @@ class _GroupDropped(Exception):
 
 
 @dataclass
+class _SharedTurn:
+    """A group's first turn, sampled once for all its episodes (actors.share_first_turn): the answers of one request
+    of n = group size, handed out in the order the episodes ask."""
+
+    prompt_ids: list[int]
+    answers: asyncio.Task[list[Generation]]
+    taken: int = 0
+
+
+@dataclass
 class EpisodeResult:
     """How an actor's episode ended; `total_reward` includes the invalid-action penalties."""
 
@@ -97,6 +107,7 @@ class Actor:
         # Episodes of granted groups not yet started: (grant, index in the group, the group's engine).
         self._pending: collections.deque[tuple[GroupGrant, int, EngineClient]] = collections.deque()
         self._open: dict[int, int] = {}  # group id -> its episodes not yet finished
+        self._first_turns: dict[int, _SharedTurn] = {}  # group id -> its shared first turn, while in play
         self._deal = asyncio.Condition()
         # At most K/G + 1 groups in play: one group ahead of the K/G that K lanes fill, so a lane whose group's
         # other episodes still run starts the next group instead of idling, while what a paused learner lets
@@ -125,6 +136,7 @@ class Actor:
                     if not self._open[grant.group_id]:
                         del self._open[grant.group_id]
                         self._failed_groups.discard(grant.group_id)
+                        self._close_first_turn(grant.group_id)
                     self._deal.notify_all()
 
     async def _episode(self, grant: GroupGrant, i: int, engine: EngineClient) -> None:
@@ -139,7 +151,7 @@ class Actor:
             traj_id = base if attempt == 0 else f"{base}.r{attempt}"
             self._steps_sent[traj_id] = 0
             try:
-                await self.play(grant, traj_id, engine)
+                await self.play(grant, traj_id, engine, share_first_turn=attempt == 0 and self.spec.share_first_turn)
                 return
             except _GroupDropped:
                 self.counters["episodes_cut"] += 1
@@ -178,9 +190,11 @@ class Actor:
                 self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
             return self._pending.popleft()
 
-    async def play(self, grant: GroupGrant, traj_id: str, engine: EngineClient) -> EpisodeResult:
+    async def play(self, grant: GroupGrant, traj_id: str, engine: EngineClient, share_first_turn: bool = False
+                   ) -> EpisodeResult:
         """One episode from the group's seed to done/truncated (`actors.episode.play`); every step goes to the
-        broker as soon as it is taken."""
+        broker as soon as it is taken. `share_first_turn`: its first turn is one of the group's shared answers
+        (`_shared_answer`)."""
         env_spec = self.spec.episode.env
         mem = self.spec.episode.make_memory(self.tokenizer)
         env = self.spec.episode.make_env()
@@ -192,7 +206,9 @@ class Actor:
             nonlocal engine  # the episode stays with the engine that last answered it
             self.requests_in_flight += 1
             try:
-                gen, engine = await self._generate(turn.prompt_ids, engine, turn.images)
+                share = share_first_turn and turn.step == 0 and not turn.images and self.spec.group_size > 1
+                gen, engine = await self._generate(turn.prompt_ids, engine, turn.images,
+                                                   grant.group_id if share else None)
             finally:
                 self.requests_in_flight -= 1
             self.policy_version = max(self.policy_version, gen.version_hi)
@@ -267,18 +283,21 @@ class Actor:
             **({"images": np.stack(step.turn.images)} if step.turn.images else {}),  # one size: one env's pictures
         )
 
-    async def _generate(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = ()
-                        ) -> tuple[Generation, EngineClient]:
+    async def _generate(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
+                        group_id: int | None = None) -> tuple[Generation, EngineClient]:
         """Generate on `engine`; if it fails (dead, unreachable, timed out) or stalls (`_answer`), move to another
         engine and retry (counted as engine_failovers; stalls also as engine_stalls) until engines.request_timeout_s
         has passed without any answer. A retry is a new sample of the same prompt, never a continuation of what the
-        failed request may have produced. Returns the generation and the engine that answered (the episode stays
-        with it)."""
+        failed request may have produced. `group_id`: a first turn, answered from the group's shared request
+        (`_shared_answer`) unless that fails (then each of its episodes retries on its own). Returns the generation
+        and the engine that answered (the episode stays with it)."""
         deadline = time.monotonic() + self.spec.client.request_timeout_s
         while True:
             try:
-                return await self._answer(prompt_ids, engine, images), engine
+                gen = None if group_id is None else await self._shared_answer(group_id, prompt_ids, engine)
+                return gen or (await self._answer(prompt_ids, engine, images))[0], engine
             except EngineError as exc:
+                group_id = None
                 self.counters["engine_failovers"] += 1
                 self._engine_down[engine.url] = time.monotonic()
                 if time.monotonic() > deadline:
@@ -288,17 +307,39 @@ class Actor:
                 if time.monotonic() - self._engine_down.get(engine.url, -1e9) <= self._down_s:
                     await asyncio.sleep(1.0)  # every engine failed lately: wait for the first to recover
 
-    async def _answer(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = ()
-                      ) -> Generation:
-        """`engine.generate`, watched: a request unanswered for engines.stall_timeout_s has the engine probed
-        (`EngineClient.alive`, shared by all its waiting requests); a probe unanswered as long as well raises
+    async def _shared_answer(self, group_id: int, prompt_ids: list[int], engine: EngineClient) -> Generation | None:
+        """This episode's answer among its group's first turns: the group's first episode to ask sends one request
+        of n = group size, the others await its answers. None where this prompt is not the group's (an env whose
+        first observation depends on more than the seed) or every answer is taken: the episode asks on its own."""
+        shared = self._first_turns.get(group_id)
+        if shared is None:
+            request = asyncio.ensure_future(self._answer(prompt_ids, engine, n=self.spec.group_size))
+            shared = self._first_turns[group_id] = _SharedTurn(list(prompt_ids), request)
+        elif shared.taken >= self.spec.group_size or shared.prompt_ids != list(prompt_ids):
+            return None
+        i, shared.taken = shared.taken, shared.taken + 1
+        return (await asyncio.shield(shared.answers))[i]  # (an episode cancelled leaves the others' request be)
+
+    def _close_first_turn(self, group_id: int) -> None:
+        """The group is over: its shared request, if still running, is cancelled (no episode waits for it)."""
+        shared = self._first_turns.pop(group_id, None)
+        if shared is not None:
+            if not shared.answers.done():
+                shared.answers.cancel()
+            elif not shared.answers.cancelled():
+                shared.answers.exception()  # (its failure reached every episode that asked: retrieved)
+
+    async def _answer(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
+                      n: int = 1) -> list[Generation]:
+        """`engine.sample` of `n` answers, watched: a request unanswered for engines.stall_timeout_s has the engine
+        probed (`EngineClient.alive`, shared by all its waiting requests); a probe unanswered as long as well raises
         EngineStalled, and the request is cancelled. A busy engine answers the probe: its requests wait on (up to
         engines.request_timeout_s, the HTTP client's limit). With one engine there is nowhere to move a request: it
         waits on, as a cancelled one would only be sent to the same engine again."""
         stall = self.spec.client.stall_timeout_s
         if len(self.engines) < 2:
-            return await engine.generate(prompt_ids, self.spec.episode.sampling, images=images or None)
-        request = asyncio.ensure_future(engine.generate(prompt_ids, self.spec.episode.sampling, images=images or None))
+            return await engine.sample(prompt_ids, self.spec.episode.sampling, n, images=images or None)
+        request = asyncio.ensure_future(engine.sample(prompt_ids, self.spec.episode.sampling, n, images=images or None))
         try:
             while True:
                 done, _ = await asyncio.wait({request}, timeout=stall)

@@ -148,6 +148,8 @@ class ActorSpec:
     """An episode failed by its env (timeout, raised) or its engines is played again this many times, then dropped."""
     max_hung_steps: int = 8
     """Env steps left running after their timeout that the actor tolerates; one more and it exits."""
+    share_first_turn: bool = True
+    """A group's first turns are sampled in one request of n = group_size (actors.share_first_turn)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> ActorSpec:
@@ -155,7 +157,7 @@ class ActorSpec:
                    cfg.env.group_size, cfg.trainer.invalid_action_penalty, cfg.run.seed, cfg.run.log_interval_s,
                    cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s,
                    JudgeSpec.from_config(cfg), cfg.trainer.token_reward, dict(cfg.trainer.token_reward_kwargs),
-                   cfg.actors.episode_retries, cfg.actors.max_hung_steps)
+                   cfg.actors.episode_retries, cfg.actors.max_hung_steps, cfg.actors.share_first_turn)
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,10 @@ class ActorsConfig:
     max_hung_steps: int = 8
     """Env steps still running in their threads after env.step_timeout_s that an actor tolerates; one more and it
     exits (its restart ends the threads)."""
+    share_first_turn: bool = True
+    """A group's episodes start from one prompt (same seed): sample their first turns in one engine request of
+    n = env.group_size (vLLM's `n`, as verl's rollout.n), not one request each. An episode whose first prompt differs
+    from the group's, or played again after a failure, asks on its own."""
 
 
 @dataclass

@@ -163,18 +163,27 @@ class EngineClient:
         """Sample one response to `prompt_ids` ([P] token ids, chat template already applied). `extra`: more
         vLLM fields for this request only (the gateway's `stop`, `structured_outputs`), like `extra_body`.
         `images`: [H, W, 3] uint8 arrays, one per unexpanded image placeholder in `prompt_ids`, in order."""
+        return (await self.sample(prompt_ids, sampling, 1, seed, extra, images))[0]
+
+    async def sample(
+        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int, seed: int | None = None,
+        extra: Mapping[str, Any] | None = None, images: Sequence[np.ndarray] | None = None,
+    ) -> list[Generation]:
+        """`n` independent responses to one prompt in one request (vLLM's `n`: the engine runs them as n
+        sequences, its API server and this client handle one request): a group's first turn, whose prompt is the
+        same for all its episodes. Each response carries its own versions. Otherwise as `generate`."""
         if images:
-            return await self._generate_images(prompt_ids, sampling, seed, extra, images)
+            return await self._generate_images(prompt_ids, sampling, n, seed, extra, images)
         if not self.versioned:
             body = await self._request(
-                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model, extra)
+                "POST", "/v1/completions", self._completion_body(prompt_ids, sampling, seed, self.model, extra, n)
             )
-            return Generation(*self._parse_choice(body), version_lo=0, version_hi=0)
+            return [Generation(*c, version_lo=0, version_hi=0) for c in self._parse_choices(body, n)]
         if self.token_route is not False:
             try:
-                gen = await self._generate_tokens(prompt_ids, sampling, seed, extra)
+                gens = await self._generate_tokens(prompt_ids, sampling, n, seed, extra)
                 self.token_route = True
-                return gen
+                return gens
             except RouteMissing:
                 self.token_route = False
                 log.info("%s has no %s (started without --enable-scale-out): /v1/completions with version reads",
@@ -184,17 +193,17 @@ class EngineClient:
         # the engine resumes generating).
         lo = self._known_version if self._known_version is not None else await self.version()
         name = self.base_model if self.base_model is not None and lo == 0 else self.model
-        body, to_base = await self._post("/v1/completions", name,
-                                         lambda model: self._completion_body(prompt_ids, sampling, seed, model, extra))
+        body, to_base = await self._post(
+            "/v1/completions", name, lambda model: self._completion_body(prompt_ids, sampling, seed, model, extra, n))
         lo = 0 if to_base else lo
-        ids, logprobs, text, finish = self._parse_choice(body)
+        choices = self._parse_choices(body, n)
         hi = await self._version_after()
         # hi < lo only if the engine restarted (its version went back) while we held an old read.
-        return Generation(ids, logprobs, text, finish, version_lo=min(lo, hi), version_hi=hi)
+        return [Generation(*c, version_lo=min(lo, hi), version_hi=hi) for c in choices]
 
-    async def _generate_images(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig,
+    async def _generate_images(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int,
                                seed: int | None, extra: Mapping[str, Any] | None,
-                               images: Sequence[np.ndarray]) -> Generation:
+                               images: Sequence[np.ndarray]) -> list[Generation]:
         """One generation with images: on GENERATE only (the one route that takes token ids and images)."""
         missing = EngineError(f"{self.url} has no {GENERATE} (started without --enable-scale-out), the only route "
                               f"that takes token ids with images: start it with engines.server.server_command")
@@ -202,39 +211,42 @@ class EngineClient:
             raise missing
         parts = [{"type": "image_url", "url": png_data_uri(image)} for image in images]
         try:
-            gen = await self._generate_tokens(prompt_ids, sampling, seed, extra, parts)
+            gens = await self._generate_tokens(prompt_ids, sampling, n, seed, extra, parts)
         except RouteMissing:
             self.token_route = False
             raise missing from None
         self.token_route = True
-        return gen if self.versioned else replace(gen, version_lo=0, version_hi=0)
+        return gens if self.versioned else [replace(g, version_lo=0, version_hi=0) for g in gens]
 
-    async def _generate_tokens(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig,
+    async def _generate_tokens(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int,
                                seed: int | None, extra: Mapping[str, Any] | None,
-                               content_parts: list[dict[str, str]] | None = None) -> Generation:
-        """One generation on GENERATE; its versions are the labels of the weights that sampled its tokens.
+                               content_parts: list[dict[str, str]] | None = None) -> list[Generation]:
+        """`n` generations on GENERATE; their versions are the labels of the weights that sampled their tokens.
         `content_parts`: the images of the prompt's placeholders, as vLLM's image_url parts."""
         if self.base_model is not None and self._known_version is None:
             await self.version()  # (once: with LoRA, which name to ask for)
         name = self.base_model if self.base_model is not None and self._known_version == 0 else self.model
 
         def body_for(model: str) -> dict[str, Any]:
-            body = self._generate_body(prompt_ids, sampling, seed, model, extra)
+            body = self._generate_body(prompt_ids, sampling, seed, model, extra, n)
             return {**body, "content_parts": content_parts} if content_parts else body
 
         body, _ = await self._post(GENERATE, name, body_for)
-        ids, logprobs, text, finish = self._parse_choice(body)
-        if body.get("output_mode", "text") == "tokens":
-            assert self._decode is not None  # (tokens are asked for only with `decode`)
-            text = self._decode(ids.tolist())
-        try:
-            spans = body["choices"][0].get("weight_versions") or []
-            versions = [parse_version(span["version"], self.url) for span in spans] or [0]  # none: never labelled
-        except (KeyError, TypeError, AttributeError):
-            raise EngineError(f"{self.url}{GENERATE} answered weight_versions that are not spans: "
-                              f"{str(body['choices'][0].get('weight_versions'))[:200]}") from None
-        self._known_version = versions[-1]  # the engine's newest (a lower bound for its next request)
-        return Generation(ids, logprobs, text, finish, version_lo=min(versions), version_hi=max(versions))
+        gens, newest = [], []
+        for choice, (ids, logprobs, text, finish) in zip(body["choices"], self._parse_choices(body, n)):
+            if body.get("output_mode", "text") == "tokens":
+                assert self._decode is not None  # (tokens are asked for only with `decode`)
+                text = self._decode(ids.tolist())
+            try:
+                spans = choice.get("weight_versions") or []
+                versions = [parse_version(span["version"], self.url) for span in spans] or [0]  # none: unlabelled
+            except (KeyError, TypeError, AttributeError):
+                raise EngineError(f"{self.url}{GENERATE} answered weight_versions that are not spans: "
+                                  f"{str(choice.get('weight_versions'))[:200]}") from None
+            newest.append(versions[-1])
+            gens.append(Generation(ids, logprobs, text, finish, version_lo=min(versions), version_hi=max(versions)))
+        self._known_version = max(newest)  # the engine's newest (a lower bound for its next request)
+        return gens
 
     async def _post(self, path: str, name: str, body: Callable[[str], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """The answer to `body(name)` at `path`, and whether it came from the base model instead: with LoRA, an
@@ -273,7 +285,7 @@ class EngineClient:
     # ------------------------------------------------------------------------------------ internal
     def _completion_body(
         self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None, model: str,
-        extra: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None, n: int = 1,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             **self._extra,
@@ -290,12 +302,14 @@ class EngineClient:
         }
         if seed is not None:
             body["seed"] = int(seed)
+        if n != 1:
+            body["n"] = n
         return body
 
     def _generate_body(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None,
-                       model: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       model: str, extra: Mapping[str, Any] | None = None, n: int = 1) -> dict[str, Any]:
         """GENERATE's body: the same sampling as `_completion_body`, as vLLM's SamplingParams."""
-        params = self._completion_body(prompt_ids, sampling, seed, model, extra)
+        params = self._completion_body(prompt_ids, sampling, seed, model, extra, n)
         ids, model = params.pop("prompt"), params.pop("model")
         params.pop("return_token_ids")
         tokens = self._decode is not None and not params.get("stop")
@@ -304,9 +318,16 @@ class EngineClient:
         return {"token_ids": ids, "model": model, "sampling_params": params,
                 "output_mode": "tokens" if tokens else "text", "return_token_ids": True}
 
-    def _parse_choice(self, body: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str, str]:
+    def _parse_choices(self, body: dict[str, Any], n: int) -> list[tuple[np.ndarray, np.ndarray, str, str]]:
+        """(token ids [T], log-probs [T], text, finish reason) of each of the answer's `n` choices."""
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(choices, list) or len(choices) != n:
+            raise EngineError(f"{self.url} answered {len(choices) if isinstance(choices, list) else 'no'} choices "
+                              f"where {n} were asked for: {str(body)[:300]}")
+        return [self._parse_choice(choice, body) for choice in choices]
+
+    def _parse_choice(self, choice: Any, body: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str, str]:
         try:
-            choice = body["choices"][0]
             ids = np.asarray(choice["token_ids"], dtype=np.int32)  # [T]
             lps = choice["logprobs"]
             # /v1/completions: {"token_logprobs": [...]}; GENERATE (text mode): {"content": [{"logprob": ...}]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from actors.evaluate import Episode, play_episode
 from actors.spec import ActorSpec
 from agentstream.config import Config
 from agentstream.wire.messages import GroupGrant, Transition
-from engines.client import Generation
+from engines.client import EngineError, Generation
 
 RIGHT, LEFT = "<action>right</action>", "<action>left</action>"
 
@@ -30,8 +31,8 @@ class Corridor:
 
     instructions = "Walk right."
 
-    def __init__(self, max_steps: int = 8, blocking: bool = False):
-        self.max_steps, self.blocking = max_steps, blocking
+    def __init__(self, max_steps: int = 8, blocking: bool = False, start: int | None = None):
+        self.max_steps, self.blocking, self.start = max_steps, blocking, start  # start: a cell other than the seed
         self.threads: list[int] = []
         self.closed = False
 
@@ -40,7 +41,7 @@ class Corridor:
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
         self.threads.append(threading.get_ident())
-        self.pos, self.steps = int(seed or 0), 0
+        self.pos, self.steps = int(seed or 0) if self.start is None else self.start, 0
         return self._state()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -160,6 +161,10 @@ class Engine:
         ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)
         return Generation(ids, np.zeros(len(ids), np.float32), text, "stop", version_lo=5, version_hi=5)
 
+    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
+                     images: Any = None) -> list[Generation]:
+        return [await self.generate(prompt_ids, sampling, seed, images) for _ in range(n)]
+
 
 class Broker:
     def __init__(self) -> None:
@@ -236,3 +241,89 @@ async def test_a_cancel_that_comes_as_an_env_call_ends_is_never_lost(monkeypatch
     for _ in range(5):
         with pytest.raises(asyncio.CancelledError):
             await asyncio.create_task(calls.call(True, lambda: "answer"))
+
+
+class GroupEngine:
+    """Answers RIGHT to every request, each answer labelled with a version of its own (1, 2, 3, ...); records
+    (n, prompt) of every request; with `fail_shared`, a request of n > 1 fails as a dead engine's would."""
+
+    def __init__(self, url: str, fail_shared: bool = False) -> None:
+        self.url, self.fail_shared = url, fail_shared
+        self.requests: list[tuple[int, str]] = []
+        self.answered = 0
+
+    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
+                     images: Any = None) -> list[Generation]:
+        self.requests.append((n, bytes(prompt_ids).decode()))
+        await asyncio.sleep(0.001)
+        if n > 1 and self.fail_shared:
+            raise EngineError(f"{self.url}: injected failure")
+        ids = np.frombuffer(RIGHT.encode(), dtype=np.uint8).astype(np.int32)
+        self.answered += n
+        return [Generation(ids, np.zeros(len(ids), np.float32), RIGHT, "stop", v, v)
+                for v in range(self.answered - n + 1, self.answered + 1)]
+
+
+class GroupBroker(Broker):
+    """Grants `groups` groups (seed 1: two steps to the goal); then a lane that asks for more stops, as when its actor
+    is stopped."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.left = groups
+
+    async def request_group(self) -> GroupGrant:
+        if not self.left:
+            raise asyncio.CancelledError
+        self.left -= 1
+        return GroupGrant(group_id=self.left, seed=SEED, min_version=0)
+
+
+async def play_groups(spec: ActorSpec, engines: list[GroupEngine], groups: int) -> tuple[Actor, GroupBroker]:
+    """The actor's lanes (K = G = 4) play `groups` groups of the corridor to their end."""
+    broker = GroupBroker(groups)
+    actor = Actor(replace(spec, episodes_per_actor=4, group_size=4), "actor-0", 0, broker, engines,  # type: ignore
+                  ByteTokenizer())
+    lanes = [asyncio.create_task(actor._lane()) for _ in range(4)]
+    async with asyncio.timeout(10):
+        await asyncio.gather(*lanes, return_exceptions=True)
+    assert actor.counters["episodes"] == groups * 4 and not actor._open
+    return actor, broker
+
+
+async def test_a_groups_first_turns_are_one_request_of_n_answers(spec: tuple[ActorSpec, list[str]],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """actors.share_first_turn: a group's 4 episodes start from one prompt; their first turns come from one request
+    of n = 4, one answer each; their second turns (different prompts) ask one by one. A failed shared request has
+    each episode ask on its own, on the other engine; an episode whose first prompt is not the group's asks on its
+    own; with the option off, every turn asks on its own."""
+    actor_spec, _ = spec
+    first = PROMPTS[0]
+    second = f"Walk right.|Recent steps:\nStep 1:\nat 1\nYou answered: {RIGHT}\n\nNow (step 2):\nat 2"
+    engine = GroupEngine("http://e:1")
+    actor, broker = await play_groups(actor_spec, [engine], groups=2)
+    assert sorted(engine.requests) == [(1, second)] * 8 + [(4, first)] * 2
+    firsts = [t for t in broker.sent if t.step == 0]
+    for group in (0, 1):  # each episode got an answer of its own: a version of its own
+        assert len({t.version_lo for t in firsts if t.group_id == group}) == 4
+    assert {t.traj_id.rsplit(".", 1)[1] for t in firsts} == {"0", "1", "2", "3"} and not actor._first_turns
+
+    dead, alive = GroupEngine("http://dead:1", fail_shared=True), GroupEngine("http://alive:1")
+    monkeypatch.setattr(Actor, "_pick_engine", lambda self: dead if not self.counters["engine_failovers"] else alive)
+    actor, broker = await play_groups(actor_spec, [dead, alive], groups=1)
+    assert dead.requests == [(4, first)] and sorted(alive.requests) == [(1, first)] * 4 + [(1, second)] * 4
+    assert actor.counters["engine_failovers"] == 4 and actor.counters["infra_failures"] == 0
+    assert len(broker.sent) == 8 and not actor._first_turns
+
+    starts = iter([1, 2, 1, 1])  # the second episode's env starts elsewhere than its group's others
+    monkeypatch.setattr(Actor, "_pick_engine", lambda self: self.engines[0])
+    monkeypatch.setattr("actors.spec.envs.make", lambda name, **kwargs: Corridor(start=next(starts)))
+    engine = GroupEngine("http://e:1")
+    actor, broker = await play_groups(actor_spec, [engine], groups=1)
+    assert [n for n, prompt in engine.requests if prompt == first] == [4]
+    assert (1, "Walk right.|Now (step 1):\nat 2") in engine.requests and len(broker.sent) == 3 * 2 + 1
+
+    engine = GroupEngine("http://e:1")
+    monkeypatch.setattr("actors.spec.envs.make", lambda name, **kwargs: Corridor(**kwargs))
+    await play_groups(replace(actor_spec, share_first_turn=False), [engine], groups=1)
+    assert sorted(engine.requests) == [(1, first)] * 4 + [(1, second)] * 4

@@ -272,6 +272,10 @@ class Engine:
         ids = np.frombuffer(RIGHT.encode(), dtype=np.uint8).astype(np.int32)
         return Generation(ids, np.zeros(len(ids), np.float32), RIGHT, "stop", 0, 0)
 
+    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
+                     images: Any = None) -> list[Generation]:
+        return [await self.generate(prompt_ids, sampling, seed, images) for _ in range(n)]
+
 
 class Broker:
     def __init__(self) -> None:

@@ -41,7 +41,7 @@ async def play_lanes(actor: Actor, length: dict[str, float], timeout: float = 5.
     events: list[tuple[str, str, float]] = []
     loop = asyncio.get_running_loop()
 
-    async def play(grant: GroupGrant, traj_id: str, engine: object) -> None:
+    async def play(grant: GroupGrant, traj_id: str, engine: object, share_first_turn: bool = False) -> None:
         assert grant.seed == 101 + grant.group_id  # the episode plays its own group's seed
         events.append(("start", traj_id, loop.time()))
         await asyncio.sleep(length[traj_id])

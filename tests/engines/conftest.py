@@ -36,6 +36,8 @@ class FakeVLLM:
     token_route: bool = False  # serves /inference/v1/generate (else FastAPI's bare 404, as vLLM without
     # --enable-scale-out); its answer's weight_versions: `spans`, or one span of the current version
     spans: list[dict[str, Any]] | None = None
+    choice_spans: list[list[dict[str, Any]]] | None = None  # choice i's weight_versions (for n > 1), else `spans`
+    choices: int | None = None  # answer this many choices (None: the `n` asked for, 1 if none)
 
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
@@ -57,7 +59,7 @@ class FakeVLLM:
         if path == "/v1/completions":
             if self.bump_on_completion:
                 self.version = str(int(self.version) + 1)
-            return web.json_response({"choices": [self.completion]})
+            return web.json_response({"choices": [self.completion] * (self.choices or body.get("n", 1))})
         if path == "/inference/v1/generate":
             if not self.token_route:
                 return web.Response(status=404, text='{"detail":"Not Found"}', content_type="application/json")
@@ -65,9 +67,12 @@ class FakeVLLM:
             labelled = None if self.version in (None, "default") else [{"version": self.version, "start": 0, "end": n}]
             lps = [{"token_id": t, "logprob": lp} for t, lp in zip(self.completion["token_ids"],
                                                                   self.completion["logprobs"]["token_logprobs"])]
-            choice = {**self.completion, "logprobs": {"content": lps},
-                      "weight_versions": self.spans if self.spans is not None else labelled}
-            return web.json_response({"output_mode": "text", "choices": [choice]})
+            spans = [self.spans if self.spans is not None else labelled] * (
+                self.choices or body["sampling_params"].get("n", 1))
+            choices = [{**self.completion, "index": i, "logprobs": {"content": lps},
+                        "weight_versions": self.choice_spans[i] if self.choice_spans else s}
+                       for i, s in enumerate(spans)]
+            return web.json_response({"output_mode": "text", "choices": choices})
         if path == "/collective_rpc":
             return web.json_response({"results": [{"retied": True}]})
         if path == "/reset_prefix_cache":

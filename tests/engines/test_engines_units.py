@@ -214,6 +214,34 @@ async def test_on_the_token_route_versions_come_from_the_answer_without_reads(fa
             await client.generate([1], SamplingConfig())
 
 
+async def test_n_answers_to_one_prompt_come_in_one_request_each_with_its_versions(fake_vllm):
+    """`sample(n)` (a group's first turn): one request asking vLLM for n; each answer's interval is its own spans';
+    an answer with another number of choices is an error that says so; without the token route, n goes to
+    /v1/completions and every answer shares the bracketing reads."""
+    fake_vllm.token_route = True
+    fake_vllm.choice_spans = [[{"version": "3", "start": 0, "end": 3}],
+                              [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}],
+                              [{"version": "4", "start": 0, "end": 3}]]
+    async with aiohttp.ClientSession() as session:
+        client = EngineClient(fake_vllm.url, session, timeout_s=5)
+        gens = await client.sample([1, 2], SamplingConfig(max_tokens=3), 3)
+        assert [(g.version_lo, g.version_hi) for g in gens] == [(3, 3), (3, 4), (4, 4)]
+        assert all(g.response_ids.tolist() == [5, 6, 2] and g.text == "ab" for g in gens)
+        assert fake_vllm.bodies[-1]["sampling_params"]["n"] == 3 and fake_vllm.calls == ["/inference/v1/generate"]
+        assert client._known_version == 4  # the newest any answer saw
+        fake_vllm.choice_spans = None
+        assert "n" not in client._generate_body([1], SamplingConfig(), None, "m")["sampling_params"]  # n = 1: vLLM's
+        fake_vllm.choices = 2
+        with pytest.raises(EngineError, match="answered 2 choices where 3 were asked for"):
+            await client.sample([1, 2], SamplingConfig(), 3)
+
+        fake_vllm.token_route, fake_vllm.choices, fake_vllm.version = False, None, "5"
+        client = EngineClient(fake_vllm.url, session, timeout_s=5)
+        gens = await client.sample([1, 2], SamplingConfig(), 4)
+        assert [(g.version_lo, g.version_hi) for g in gens] == [(5, 5)] * 4
+        assert fake_vllm.bodies[fake_vllm.calls.index("/v1/completions")]["n"] == 4
+
+
 async def test_without_the_token_route_the_client_brackets_with_reads_from_then_on(fake_vllm):
     """A server without --enable-scale-out answers FastAPI's bare 404: /v1/completions and version reads, and
     the route is not asked for again."""

@@ -162,6 +162,17 @@ async def test_a_generate_matches_hf(server, hf):
     assert np.all(gen.logprobs < 0)
 
 
+async def test_a_sample_of_n_answers_matches_hf_answer_by_answer(server, hf):
+    """One request of n = 4 (a group's first turn, actors.share_first_turn): four samples of their own, each with
+    HF's log-probs."""
+    async with aiohttp.ClientSession() as session:
+        gens = await EngineClient(server.url, session, timeout_s=60).sample(PROMPT, SamplingConfig(max_tokens=16), 4)
+    assert len(gens) == 4 and len({g.response_ids.tobytes() for g in gens}) > 1
+    assert all((g.version_lo, g.version_hi) == (0, 0) for g in gens)
+    for gen, expected in zip(gens, hf_logprobs(hf[0], PROMPT, [g.response_ids for g in gens])):
+        np.testing.assert_allclose(gen.logprobs, expected, atol=TOL, rtol=0)
+
+
 async def test_a_token_ids_only_answers_match_vllms_text_answers(server, model_dir):
     """With `decode` the engine answers token ids only and the client decodes the text: the same samples,
     log-probs and text as vLLM's own text answers (the tiny model's random tokens hold special tokens and pieces
