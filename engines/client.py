@@ -204,7 +204,7 @@ class EngineClient:
     async def _generate_images(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int,
                                seed: int | None, extra: Mapping[str, Any] | None,
                                images: Sequence[np.ndarray]) -> list[Generation]:
-        """One generation with images: on GENERATE only (the one route that takes token ids and images)."""
+        """`n` generations with images: on GENERATE only (the one route that takes token ids and images)."""
         missing = EngineError(f"{self.url} has no {GENERATE} (started without --enable-scale-out), the only route "
                               f"that takes token ids with images: start it with engines.server.server_command")
         if self.token_route is False:
@@ -232,11 +232,12 @@ class EngineClient:
             return {**body, "content_parts": content_parts} if content_parts else body
 
         body, _ = await self._post(GENERATE, name, body_for)
+        tokens_only = body.get("output_mode", "text") == "tokens"
+        assert self._decode is not None or not tokens_only  # (tokens are asked for only with `decode`)
         gens, newest = [], []
         for choice, (ids, logprobs, text, finish) in zip(body["choices"], self._parse_choices(body, n)):
-            if body.get("output_mode", "text") == "tokens":
-                assert self._decode is not None  # (tokens are asked for only with `decode`)
-                text = self._decode(ids.tolist())
+            if tokens_only:
+                text = self._decode(ids.tolist())  # type: ignore[misc]
             try:
                 spans = choice.get("weight_versions") or []
                 versions = [parse_version(span["version"], self.url) for span in spans] or [0]  # none: unlabelled
