@@ -142,3 +142,22 @@ def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> N
     assert lines[-1].startswith("gateway/ceiling:")
     assert numbers(lines[-1])[0] == pytest.approx(rates["gateway (openai client)"] / rates["engine driven directly"],
                                                   abs=0.01)
+
+
+@pytest.mark.e2e
+def test_bench_generate_times_both_generators_on_every_shape(tiny_engine) -> None:
+    model, url = tiny_engine
+    lines = run_script("scripts/bench_generate.py", "--shapes", "1x1,2x3", "--tokens", "4", "--prompt-tokens", "12",
+                       "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
+    rows = {line.split()[0]: numbers(line.split(None, 1)[1]) for line in lines if line.split()[0] in ("1x1", "2x3")}
+    assert set(rows) == {"1x1", "2x3"}
+    for shape, (answers, engine_ms, hf_ms, engine_per_token, hf_per_token) in rows.items():
+        r, n = (int(x) for x in shape.split("x"))
+        assert answers == r * n and engine_ms > 0 and hf_ms > 0, shape
+        # per token = the batch's time over the 4 tokens each answer got (the script checks every answer's length)
+        assert engine_per_token == pytest.approx(engine_ms / 4, abs=0.5) and hf_per_token == pytest.approx(hf_ms / 4,
+                                                                                                             abs=0.5)
+    assert lines[-1].startswith("vLLM's time over HF generate's")
+    ratios = dict(part.split(": ") for part in lines[-1].split("): ", 1)[1].split(", "))
+    for shape, (_, engine_ms, hf_ms, _, _) in rows.items():
+        assert float(ratios[shape].rstrip("x")) == pytest.approx(engine_ms / hf_ms, rel=0.1, abs=0.02), shape

@@ -1,0 +1,175 @@
+"""Generation alone: a vLLM server as every engine is started (one compute thread on CPU) against Hugging Face
+`generate` in this process (TRL's generation, 2 torch threads), on one model and the same batches; nothing
+else runs.
+
+    .venv/bin/python scripts/bench_generate.py [--shapes 1x1,2x8,8x8] [--tokens 32] [--prompt-tokens 133]
+    .venv/bin/python scripts/bench_generate.py --model .cache/small-model
+
+A shape RxN is R distinct prompts of `--prompt-tokens` random token ids, each answered N times (vLLM: R
+concurrent requests of n = N, as the actors send a group's first turns; HF: one `generate` of the R prompts with
+num_return_sequences = N), `--tokens` sampled tokens per answer (temperature 1, the end-of-sequence token ignored
+by both). vLLM also returns each token's log-prob (the actors need them); HF returns the tokens only (TRL
+recomputes log-probs in its loss). Per shape: the median wall time of `--repeats` batches after one warm-up, the
+time one sampled token costs a whole batch (wall / tokens), and last vLLM's time over HF's.
+
+It isolates what `scripts/bench_peer.py`'s synchronous step waits on: on the tiny model the engine's time per
+token is the same for one answer as HF's is for a batch of sixteen (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_async import load_line, vllm_server  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    """R prompts, each answered N times."""
+
+    prompts: int
+    answers: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Shape":
+        try:
+            prompts, answers = (int(part) for part in text.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes: {text!r} is not RxN (R prompts, N answers each), e.g. 2x8") from None
+        if prompts < 1 or answers < 1:
+            raise SystemExit(f"--shapes: {text!r} needs R >= 1 and N >= 1")
+        return cls(prompts, answers)
+
+    def __str__(self) -> str:
+        return f"{self.prompts}x{self.answers}"
+
+
+def prompts_of(shape: Shape, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """`shape.prompts` distinct prompts of `length` token ids drawn below `vocab` (ids 0..9 left out: the tiny
+    model's specials)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(10, vocab, size=length).tolist() for _ in range(shape.prompts)]
+
+
+async def engine_times(url: str, model_dir: str, batches: list[list[list[int]]], answers: list[int], tokens: int,
+                       repeats: int) -> list[list[float]]:
+    """Wall seconds of each batch's `repeats` runs on the vLLM server at `url` (one warm-up run first): a batch is
+    its prompts sent at once, `answers` answers each, through the actors' client (token ids out, decoded here)."""
+    import aiohttp
+    from transformers import AutoTokenizer
+
+    from agentstream.config import SamplingConfig
+    from engines.client import EngineClient, text_decoder
+
+    sampling = SamplingConfig(max_tokens=tokens, temperature=1.0)
+    out = []
+    async with aiohttp.ClientSession() as session:
+        decode = text_decoder(AutoTokenizer.from_pretrained(model_dir))
+        engine = EngineClient(url, session, timeout_s=120, decode=decode)
+
+        async def run(prompts: list[list[int]], n: int) -> float:
+            t0 = time.perf_counter()
+            gens = await asyncio.gather(*(engine.sample(p, sampling, n=n, extra={"ignore_eos": True}) for p in prompts))
+            wall = time.perf_counter() - t0
+            lengths = {len(g.response_ids) for answers_ in gens for g in answers_}
+            if lengths != {tokens}:
+                raise RuntimeError(f"the engine answered {sorted(lengths)} tokens where {tokens} were asked for")
+            return wall
+
+        for prompts, n in zip(batches, answers, strict=True):
+            await run(prompts, n)
+            out.append([await run(prompts, n) for _ in range(repeats)])
+    return out
+
+
+def hf_times(model_dir: str, batches: list[list[list[int]]], answers: list[int], tokens: int, repeats: int,
+             threads: int) -> list[list[float]]:
+    """The same batches through Hugging Face `generate` on `threads` torch threads, as TRL samples a step's
+    prompts (one call, num_return_sequences answers each; equal-length prompts need no padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def run(prompts: list[list[int]], n: int) -> float:
+        ids = torch.tensor(prompts)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens, num_return_sequences=n,
+                                 pad_token_id=model.config.pad_token_id)
+        wall = time.perf_counter() - t0
+        if out.shape != (len(prompts) * n, ids.shape[1] + tokens):
+            raise RuntimeError(f"HF generate gave {tuple(out.shape)} for {len(prompts)} x {n} answers of {tokens}")
+        return wall
+
+    out = []
+    for prompts, n in zip(batches, answers, strict=True):
+        run(prompts, n)
+        out.append([run(prompts, n) for _ in range(repeats)])
+    return out
+
+
+def table(shapes: list[Shape], engine: list[list[float]], hf: list[list[float]], tokens: int) -> list[str]:
+    """One row per shape (medians in ms; per token = the batch's wall over `tokens`), then vLLM/HF last."""
+    rows = [f"{'shape':>6} {'answers':>7} {'vLLM ms':>8} {'HF ms':>8} {'vLLM ms/token':>13} {'HF ms/token':>11}"]
+    ratios = []
+    for shape, e, h in zip(shapes, engine, hf, strict=True):
+        e_ms, h_ms = statistics.median(e) * 1000, statistics.median(h) * 1000
+        rows.append(f"{str(shape):>6} {shape.prompts * shape.answers:>7} {e_ms:>8.0f} {h_ms:>8.0f} "
+                    f"{e_ms / tokens:>13.2f} {h_ms / tokens:>11.2f}")
+        ratios.append(f"{shape}: {e_ms / h_ms:.2f}x")
+    rows.append("vLLM's time over HF generate's (above 1: the engine is slower): " + ", ".join(ratios))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="", help="model directory (default: the tiny model, made if missing)")
+    parser.add_argument("--shapes", default="1x1,2x8,8x8", help="RxN: R prompts, N answers each (comma-separated)")
+    parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per answer")
+    parser.add_argument("--prompt-tokens", type=int, default=133, help="prompt length (bench_peer's prompts: 133)")
+    parser.add_argument("--repeats", type=int, default=8, help="timed batches per shape (after one warm-up)")
+    parser.add_argument("--hf-threads", type=int, default=2, help="torch threads for HF generate (TRL's: 2 here)")
+    parser.add_argument("--engine-url", default="", help="a running server of the same model (default: start one)")
+    args = parser.parse_args()
+    shapes = [Shape.parse(s) for s in args.shapes.split(",")]
+    if args.tokens < 1 or args.repeats < 1 or args.prompt_tokens < 1:
+        raise SystemExit("--tokens, --repeats and --prompt-tokens must be at least 1")
+
+    from transformers import AutoConfig
+
+    from agentstream.config import TINY_MODEL_DIR
+    from launcher.tiny_model import ensure_tiny_model
+
+    model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    batches = [prompts_of(s, args.prompt_tokens, vocab, seed=i) for i, s in enumerate(shapes)]
+    answers = [s.answers for s in shapes]
+    print(load_line(), flush=True)
+    print(f"# {Path(model).name}: {args.prompt_tokens}-token prompts, {args.tokens} tokens per answer, "
+          f"temperature 1.0; vLLM as the launcher starts it (1 compute thread on CPU), HF generate on "
+          f"{args.hf_threads} threads; medians of {args.repeats}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-generate-") as folder, \
+            vllm_server(model, Path(folder), args.engine_url) as url:
+        engine = asyncio.run(engine_times(url, model, batches, answers, args.tokens, args.repeats))
+    hf = hf_times(model, batches, answers, args.tokens, args.repeats, args.hf_threads)  # with the server gone
+    print("\n".join(table(shapes, engine, hf, args.tokens)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
