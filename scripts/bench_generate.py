@@ -161,14 +161,15 @@ def main() -> None:
     batches = [prompts_of(s, args.prompt_tokens, vocab, seed=i) for i, s in enumerate(shapes)]
     answers = [s.answers for s in shapes]
     print(load_line(), flush=True)
+    engine = f"at {args.engine_url}" if args.engine_url else "as the launcher starts it (1 compute thread on CPU)"
     print(f"# {Path(model).name}: {args.prompt_tokens}-token prompts, {args.tokens} tokens per answer, "
-          f"temperature 1.0; vLLM as the launcher starts it (1 compute thread on CPU), HF generate on "
-          f"{args.hf_threads} threads; medians of {args.repeats}", flush=True)
+          f"temperature 1.0; vLLM {engine}, HF generate on {args.hf_threads} threads; medians of {args.repeats}",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as folder, \
             vllm_server(model, Path(folder), args.engine_url) as url:
-        engine = asyncio.run(engine_times(url, model, batches, answers, args.tokens, args.repeats))
+        times = asyncio.run(engine_times(url, model, batches, answers, args.tokens, args.repeats))
     hf = hf_times(model, batches, answers, args.tokens, args.repeats, args.hf_threads)  # with the server gone
-    print("\n".join(table(shapes, engine, hf, args.tokens)), flush=True)
+    print("\n".join(table(shapes, times, hf, args.tokens)), flush=True)
 
 
 if __name__ == "__main__":
