@@ -9,11 +9,12 @@ A shape RxN is R distinct prompts of `--prompt-tokens` random token ids, each an
 concurrent requests of n = N, as the actors send a group's first turns; HF: one `generate` of the R prompts with
 num_return_sequences = N), `--tokens` sampled tokens per answer (temperature 1, the end-of-sequence token ignored
 by both). vLLM also returns each token's log-prob (the actors need them); HF returns the tokens only (TRL
-recomputes log-probs in its loss). Per shape: the median wall time of `--repeats` batches after one warm-up, the
-time one sampled token costs a whole batch (wall / tokens), and last vLLM's time over HF's.
+recomputes log-probs in its loss). Every batch has prompts of its own (none is in vLLM's prefix cache), the same
+for both. Per shape: the median wall time of `--repeats` batches after one warm-up, the time one sampled token
+costs a whole batch (wall / tokens), and last vLLM's time over HF's.
 
-It isolates what `scripts/bench_peer.py`'s synchronous step waits on: on the tiny model the engine's time per
-token is the same for one answer as HF's is for a batch of sixteen (docs/benchmarks.md).
+It isolates what `scripts/bench_peer.py`'s synchronous step waits on: on the tiny model one answer from the
+engine takes about as long as HF's batch of sixteen (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -56,17 +57,17 @@ class Shape:
 
 
 def prompts_of(shape: Shape, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    """`shape.prompts` distinct prompts of `length` token ids drawn below `vocab` (ids 0..9 left out: the tiny
-    model's specials)."""
+    """`shape.prompts` distinct prompts of `length` token ids drawn from 10 to `vocab` - 1 (the tiny model's
+    special tokens are 0, 1 and 2)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     return [rng.integers(10, vocab, size=length).tolist() for _ in range(shape.prompts)]
 
 
-async def engine_times(url: str, model_dir: str, batches: list[list[list[int]]], answers: list[int], tokens: int,
-                       repeats: int) -> list[list[float]]:
-    """Wall seconds of each batch's `repeats` runs on the vLLM server at `url` (one warm-up run first): a batch is
+async def engine_times(url: str, model_dir: str, batches: list[list[list[list[int]]]], answers: list[int],
+                       tokens: int) -> list[list[float]]:
+    """Wall seconds of each shape's batches on the vLLM server at `url`, the first a warm-up left out: a batch is
     its prompts sent at once, `answers` answers each, through the actors' client (token ids out, decoded here)."""
     import aiohttp
     from transformers import AutoTokenizer
@@ -89,14 +90,13 @@ async def engine_times(url: str, model_dir: str, batches: list[list[list[int]]],
                 raise RuntimeError(f"the engine answered {sorted(lengths)} tokens where {tokens} were asked for")
             return wall
 
-        for prompts, n in zip(batches, answers, strict=True):
-            await run(prompts, n)
-            out.append([await run(prompts, n) for _ in range(repeats)])
+        for runs, n in zip(batches, answers, strict=True):
+            out.append([await run(prompts, n) for prompts in runs][1:])
     return out
 
 
-def hf_times(model_dir: str, batches: list[list[list[int]]], answers: list[int], tokens: int, repeats: int,
-             threads: int) -> list[list[float]]:
+def hf_times(model_dir: str, batches: list[list[list[list[int]]]], answers: list[int], tokens: int, threads: int
+             ) -> list[list[float]]:
     """The same batches through Hugging Face `generate` on `threads` torch threads, as TRL samples a step's
     prompts (one call, num_return_sequences answers each; equal-length prompts need no padding)."""
     import torch
@@ -117,11 +117,7 @@ def hf_times(model_dir: str, batches: list[list[list[int]]], answers: list[int],
             raise RuntimeError(f"HF generate gave {tuple(out.shape)} for {len(prompts)} x {n} answers of {tokens}")
         return wall
 
-    out = []
-    for prompts, n in zip(batches, answers, strict=True):
-        run(prompts, n)
-        out.append([run(prompts, n) for _ in range(repeats)])
-    return out
+    return [[run(prompts, n) for prompts in runs][1:] for runs, n in zip(batches, answers, strict=True)]
 
 
 def table(shapes: list[Shape], engine: list[list[float]], hf: list[list[float]], tokens: int) -> list[str]:
@@ -158,7 +154,9 @@ def main() -> None:
 
     model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
     vocab = AutoConfig.from_pretrained(model).vocab_size
-    batches = [prompts_of(s, args.prompt_tokens, vocab, seed=i) for i, s in enumerate(shapes)]
+    # new prompts for every batch, the same for both (vLLM's prefix cache never holds a prompt it is timed on)
+    batches = [[prompts_of(s, args.prompt_tokens, vocab, seed=i * 1000 + k) for k in range(args.repeats + 1)]
+               for i, s in enumerate(shapes)]
     answers = [s.answers for s in shapes]
     print(load_line(), flush=True)
     engine = f"at {args.engine_url}" if args.engine_url else "as the launcher starts it (1 compute thread on CPU)"
@@ -167,8 +165,8 @@ def main() -> None:
           flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as folder, \
             vllm_server(model, Path(folder), args.engine_url) as url:
-        times = asyncio.run(engine_times(url, model, batches, answers, args.tokens, args.repeats))
-    hf = hf_times(model, batches, answers, args.tokens, args.repeats, args.hf_threads)  # with the server gone
+        times = asyncio.run(engine_times(url, model, batches, answers, args.tokens))
+    hf = hf_times(model, batches, answers, args.tokens, args.hf_threads)  # with the server gone
     print("\n".join(table(shapes, times, hf, args.tokens)), flush=True)
 
 
