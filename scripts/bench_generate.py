@@ -65,10 +65,10 @@ def prompts_of(shape: Shape, length: int, vocab: int, seed: int = 0) -> list[lis
     return [rng.integers(10, vocab, size=length).tolist() for _ in range(shape.prompts)]
 
 
-async def engine_times(url: str, model_dir: str, batches: list[list[list[list[int]]]], answers: list[int],
+async def engine_times(url: str, model_dir: str, shapes: list[Shape], batches: list[list[list[list[int]]]],
                        tokens: int) -> list[list[float]]:
     """Wall seconds of each shape's batches on the vLLM server at `url`, the first a warm-up left out: a batch is
-    its prompts sent at once, `answers` answers each, through the actors' client (token ids out, decoded here)."""
+    its prompts sent at once, the shape's answers each, through the actors' client (token ids out, decoded here)."""
     import aiohttp
     from transformers import AutoTokenizer
 
@@ -85,17 +85,17 @@ async def engine_times(url: str, model_dir: str, batches: list[list[list[list[in
             t0 = time.perf_counter()
             gens = await asyncio.gather(*(engine.sample(p, sampling, n=n, extra={"ignore_eos": True}) for p in prompts))
             wall = time.perf_counter() - t0
-            lengths = {len(g.response_ids) for answers_ in gens for g in answers_}
+            lengths = {len(g.response_ids) for group in gens for g in group}
             if lengths != {tokens}:
                 raise RuntimeError(f"the engine answered {sorted(lengths)} tokens where {tokens} were asked for")
             return wall
 
-        for runs, n in zip(batches, answers, strict=True):
-            out.append([await run(prompts, n) for prompts in runs][1:])
+        for shape, runs in zip(shapes, batches, strict=True):
+            out.append([await run(prompts, shape.answers) for prompts in runs][1:])
     return out
 
 
-def hf_times(model_dir: str, batches: list[list[list[list[int]]]], answers: list[int], tokens: int, threads: int
+def hf_times(model_dir: str, shapes: list[Shape], batches: list[list[list[list[int]]]], tokens: int, threads: int
              ) -> list[list[float]]:
     """The same batches through Hugging Face `generate` on `threads` torch threads, as TRL samples a step's
     prompts (one call, num_return_sequences answers each; equal-length prompts need no padding)."""
@@ -117,7 +117,7 @@ def hf_times(model_dir: str, batches: list[list[list[list[int]]]], answers: list
             raise RuntimeError(f"HF generate gave {tuple(out.shape)} for {len(prompts)} x {n} answers of {tokens}")
         return wall
 
-    return [[run(prompts, n) for prompts in runs][1:] for runs, n in zip(batches, answers, strict=True)]
+    return [[run(prompts, shape.answers) for prompts in runs][1:] for shape, runs in zip(shapes, batches, strict=True)]
 
 
 def table(shapes: list[Shape], engine: list[list[float]], hf: list[list[float]], tokens: int) -> list[str]:
@@ -157,7 +157,6 @@ def main() -> None:
     # new prompts for every batch, the same for both (vLLM's prefix cache never holds a prompt it is timed on)
     batches = [[prompts_of(s, args.prompt_tokens, vocab, seed=i * 1000 + k) for k in range(args.repeats + 1)]
                for i, s in enumerate(shapes)]
-    answers = [s.answers for s in shapes]
     print(load_line(), flush=True)
     engine = f"at {args.engine_url}" if args.engine_url else "as the launcher starts it (1 compute thread on CPU)"
     print(f"# {Path(model).name}: {args.prompt_tokens}-token prompts, {args.tokens} tokens per answer, "
@@ -165,8 +164,8 @@ def main() -> None:
           flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as folder, \
             vllm_server(model, Path(folder), args.engine_url) as url:
-        times = asyncio.run(engine_times(url, model, batches, answers, args.tokens))
-    hf = hf_times(model, batches, answers, args.tokens, args.hf_threads)  # with the server gone
+        times = asyncio.run(engine_times(url, model, shapes, batches, args.tokens))
+    hf = hf_times(model, shapes, batches, args.tokens, args.hf_threads)  # with the server gone
     print("\n".join(table(shapes, times, hf, args.tokens)), flush=True)
 
 
