@@ -22,13 +22,10 @@ SIGTERM: stop starting steps, send the final stats, exit.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
-import os
 import random
 import signal
 import time
@@ -37,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from actors import episode
@@ -47,9 +43,10 @@ from actors.spec import ActorSpec
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
 from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import GroupGrant, Hello, Stats, Transition
-from engines.client import (
-    EngineClient, EngineError, EngineStalled, Generation, engines_from_broker, follow_engines, text_decoder,
+from agentstream.wire.messages import GroupGrant, Stats, Transition
+from engines.client import EngineClient, EngineError, EngineStalled, Generation, clamp_to_grant, text_decoder
+from engines.user import (
+    EnginePool, connect, engines_from_broker, follow_engines, goodbye, process_arguments, report_stats, run_process,
 )
 from envs.latency import sample_latency
 
@@ -94,11 +91,10 @@ class Actor:
         self.in_flight = 0
         self.requests_in_flight = 0  # reported as gauges: engine requests awaited now, newest policy version seen
         self.policy_version = -1
-        self._engine_rr = itertools.count()  # round robin over self.engines, which may grow (follow_engines)
-        self._engine_down: dict[str, float] = {}  # url -> when a request to it last failed
-        # An engine that failed or stalled gets no new request for this long; then it rejoins (if still stalled, each
-        # request sent to it costs 2 x stall_timeout_s again, so this bounds that waste to about half the time).
-        self._down_s = 2 * spec.client.stall_timeout_s
+        # An engine that failed or stalled gets no new request for 2 x stall_timeout_s; then it rejoins (if still
+        # stalled, each request sent to it costs 2 x stall_timeout_s again, so this bounds that waste to about half
+        # the time).
+        self.pool = EnginePool(self.engines, down_s=2 * spec.client.stall_timeout_s)
         self.env_calls = EnvCalls(spec.episode.env.step_timeout_s, spec.max_hung_steps)
         self._failed_groups: set[int] = set()  # groups given up (an episode failed every attempt), while in play
         self._steps_sent: dict[str, int] = {}  # traj_id -> steps sent, while its episode plays
@@ -121,7 +117,7 @@ class Actor:
         its episode takes the next one at once, from the next group if its own has none left to start, so K
         requests stay in flight instead of K minus the episodes that wait for their group's slowest."""
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._report_loop())
+            tg.create_task(report_stats(self.broker, self.stats, self.spec.log_interval_s))
             for _ in range(self.spec.episodes_per_actor):
                 tg.create_task(self._lane())
 
@@ -273,11 +269,11 @@ class Actor:
         actor's invalid-action penalty and the token rewards' sum; `info`: the judge's verdict on a judged last
         step)."""
         gen = step.response
+        version_lo, version_hi = clamp_to_grant(gen.version_lo, gen.version_hi, grant.min_version)
         return Transition(
             traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step.turn.step,
             prompt_ids=np.asarray(step.turn.prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
-            logprobs=gen.logprobs, version_lo=max(gen.version_lo, grant.min_version),
-            version_hi=max(gen.version_hi, grant.min_version), reward=reward, done=step.terminated,
+            logprobs=gen.logprobs, version_lo=version_lo, version_hi=version_hi, reward=reward, done=step.terminated,
             truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,
             info={"success": bool(step.info.get("success", False)), **info}, token_rewards=token_rewards,
             **({"images": np.stack(step.turn.images)} if step.turn.images else {}),  # one size: one env's pictures
@@ -299,12 +295,12 @@ class Actor:
             except EngineError as exc:
                 group_id = None
                 self.counters["engine_failovers"] += 1
-                self._engine_down[engine.url] = time.monotonic()
+                self.pool.failed(engine)
                 if time.monotonic() > deadline:
                     raise
                 engine = self._pick_engine()
                 log.warning("%s: %s; moving to %s", self.name, exc, engine.url)
-                if time.monotonic() - self._engine_down.get(engine.url, -1e9) <= self._down_s:
+                if self.pool.is_down(engine):
                     await asyncio.sleep(1.0)  # every engine failed lately: wait for the first to recover
 
     async def _shared_answer(self, group_id: int, prompt_ids: list[int], engine: EngineClient) -> Generation | None:
@@ -360,11 +356,8 @@ class Actor:
                     await request
 
     def _pick_engine(self) -> EngineClient:
-        """The next engine, round robin over those that did not fail in the last `_down_s` seconds (all of them if
-        every one did): a stalled or dead engine rejoins once that time has passed."""
-        now = time.monotonic()
-        up = [e for e in self.engines if now - self._engine_down.get(e.url, -1e9) > self._down_s] or self.engines
-        return up[next(self._engine_rr) % len(up)]
+        """The engine of a new group, or of a request moving off a failed one (`EnginePool.pick`)."""
+        return self.pool.pick()
 
     def _count_step(self, n_tokens: int, valid: bool) -> None:
         self.counters.update(env_steps=1, transitions_sent=1, tokens_generated=n_tokens,
@@ -383,11 +376,6 @@ class Actor:
                              "env_steps_hung": self.env_calls.hung},
                      final=final)
 
-    async def _report_loop(self) -> None:
-        while True:
-            await self.broker.send(self.stats())
-            await asyncio.sleep(self.spec.log_interval_s)
-
 
 async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],
                 judge_urls: list[str]) -> int:
@@ -397,24 +385,16 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
         log.error("%s: judges.count > 0 but no --judge URL was given; the launcher passes its judges' URLs", name)
         return 2
     tokenizer = AutoTokenizer.from_pretrained(spec.client.model_path)
-    broker = AsyncClient(broker_address, name=name, curve_keys_dir=spec.client.curve_keys_dir)
-    await broker.start(incarnation, spec.max_unacked, spec.ack_timeout_s)
-    await broker.send(Hello(role="actor", name=name, incarnation=incarnation, pid=os.getpid(),
-                            want_welcome=True))  # the broker's Welcome lists the engines (and later joiners)
-    timeout = aiohttp.ClientTimeout(total=spec.client.request_timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        def client(url: str) -> EngineClient:
-            return EngineClient(url, session, spec.client.request_timeout_s, model=spec.client.model_name,
-                                base_model=spec.client.base_model_name, decode=text_decoder(tokenizer))
-
+    async with connect(name, incarnation, broker_address, spec.client, spec.max_unacked, spec.ack_timeout_s,
+                       decode=text_decoder(tokenizer)) as links:
         judge = None
         if spec.judge is not None:  # its own servers, tokenizer and timeout; its weights never change
             j = spec.judge
             judge_tokenizer = (tokenizer if j.model_path == spec.client.model_path
                                else AutoTokenizer.from_pretrained(j.model_path))
-            judge = Judge(j, [EngineClient(url, session, j.timeout_s, versioned=False) for url in judge_urls],
+            judge = Judge(j, [EngineClient(url, links.session, j.timeout_s, versioned=False) for url in judge_urls],
                           judge_tokenizer)
-        actor = Actor(spec, name, incarnation, broker, [], tokenizer, judge)
+        actor = Actor(spec, name, incarnation, links.broker, [], tokenizer, judge)
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # before any wait: a stopped actor always sends its final stats
@@ -422,8 +402,8 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
         follower: asyncio.Task[None] | None = None
         code = 0
         try:
-            actor.engines.extend(client(url) for url in engine_urls or await engines_from_broker(broker))
-            follower = asyncio.create_task(follow_engines(broker, actor, client))  # engines that join later
+            actor.engines.extend(links.engine(url) for url in engine_urls or await engines_from_broker(links.broker))
+            follower = asyncio.create_task(follow_engines(links.broker, actor, links.engine))  # engines joining later
             await actor.run()
         except asyncio.CancelledError:
             log.info("%s: stopping (signal)", name)
@@ -433,31 +413,19 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
         finally:
             if follower is not None:
                 follower.cancel()
-            with contextlib.suppress(Exception):
-                await broker.drain(spec.shutdown_timeout_s / 2)  # what was sent is acknowledged, or counted
-                await broker.send(actor.stats(final=True))
-            await broker.close()
+            await goodbye(links.broker, lambda: actor.stats(final=True), spec.shutdown_timeout_s / 2)
     return code
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="run config written by the launcher")
-    parser.add_argument("--name", required=True, help="actor name (its identity at the broker)")
-    parser.add_argument("--incarnation", type=int, default=0, help="how many times this actor was restarted")
-    parser.add_argument("--broker", required=True, help="broker ZeroMQ address")
-    parser.add_argument("--engine", action="append", default=[],
-                        help="engine base URL (repeatable); none: learn them from the broker. Engines that join "
-                             "later (role=engines) are used too")
+    parser = process_arguments(__doc__, name_help="actor name (its identity at the broker)",
+                               engine_help="engine base URL (repeatable); none: learn them from the broker. Engines "
+                                           "that join later (role=engines) are used too")
     parser.add_argument("--judge", action="append", default=[],
                         help="LLM judge server base URL (repeatable; needed with judges.count > 0)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    spec = ActorSpec.from_config(config_mod.load(args.config))
-    started = time.time()
-    code = asyncio.run(_main(spec, args.name, args.incarnation, args.broker, args.engine, args.judge))
-    log.info("%s: exit %d after %.1fs", args.name, code, time.time() - started)
-    raise SystemExit(code)
+    run_process(args.name, log, lambda: _main(ActorSpec.from_config(config_mod.load(args.config)), args.name,
+                                              args.incarnation, args.broker, args.engine, args.judge))
 
 
 if __name__ == "__main__":

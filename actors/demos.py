@@ -13,7 +13,8 @@ A randomly initialised tiny model almost never writes a parseable action, so RL 
 
     demos = format_demos(FormatSpec("agentstream/FrozenLake-v0", {"map_size": 5}, 16, "last_k", 2), tok, 200)
 
-`scripts/warm_start.py` is the command that makes them, fits them and writes a model directory.
+`python -m launcher.warm_start` (launcher/warm_start.py) is the command that makes them, fits them and writes a
+model directory.
 """
 
 from __future__ import annotations

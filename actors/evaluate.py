@@ -44,7 +44,7 @@ CSV_NAME = "validation.csv"
 
 
 @dataclass(frozen=True)
-class Episode:
+class ValidationEpisode:
     """How one validation episode ended."""
 
     success: bool
@@ -79,7 +79,8 @@ def is_due(version: int, last_done: int | None, every: int, total: int) -> bool:
     return version >= next_due
 
 
-def summarize(results: list[Episode], version: int, version_end: int, wall_s: float, trajectories: int) -> Validation:
+def summarize(results: list[ValidationEpisode], version: int, version_end: int, wall_s: float, trajectories: int
+              ) -> Validation:
     """Aggregate episode outcomes into one `Validation` row."""
     n, steps = len(results), sum(e.steps for e in results)
     return Validation(
@@ -90,7 +91,7 @@ def summarize(results: list[Episode], version: int, version_end: int, wall_s: fl
     )
 
 
-async def play_episode(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, seed: int) -> Episode:
+async def play_episode(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, seed: int) -> ValidationEpisode:
     """One episode from `seed` through the actors' own loop (`actors.episode.play`: same env, memory and chat
     template), sampled with `spec.sampling`, sent nowhere."""
     mem = spec.make_memory(tokenizer)
@@ -103,7 +104,7 @@ async def play_episode(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, 
         outcome = await episode.play(env, mem, generate, seed=seed)
     finally:
         env.close()
-    return Episode(outcome.success, outcome.env_return, outcome.steps, outcome.invalid)
+    return ValidationEpisode(outcome.success, outcome.env_return, outcome.steps, outcome.invalid)
 
 
 async def validate_once(spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, t0: float) -> Validation:

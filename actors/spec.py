@@ -20,7 +20,7 @@ import numpy as np
 import envs
 import memory
 from agentstream.config import Config, EnvConfig, MemoryConfig, SamplingConfig
-from engines.server import base_model_name, served_model_name
+from agentstream.models import base_model_name, served_model_name
 from envs.base import TextEnv
 
 

@@ -548,7 +548,7 @@ class Config:
 def learner_threads(cfg: Config) -> int:
     """Torch threads per learner rank: learner.torch_threads, or with 0 the host's cores shared among its ranks when
     training is synchronous (trainer.max_staleness=0: the learner never computes beside the engines' generation;
-    on 2 cores, batch 64 of bench_peer: compute 0.23-0.28 -> 0.16-0.17 s a step), else 1 (it computes beside them)."""
+    on 2 cores, batch 64 of bench/peer.py: compute 0.23-0.28 -> 0.16-0.17 s a step), else 1 (it computes beside them)."""
     if cfg.learner.torch_threads > 0:
         return cfg.learner.torch_threads
     if cfg.trainer.max_staleness > 0:

@@ -62,7 +62,7 @@ class Group:
 
     def min_version(self) -> int:
         """The oldest policy version in the group. Asked of ready groups only, which take no more transitions:
-        cached (every batch formation asks it of every ready group, scripts/bench_broker.py)."""
+        cached (every batch formation asks it of every ready group, bench/broker.py)."""
         if self._min_version is None:
             self._min_version = min(t.version_lo for steps in self.trajectories.values() for t in steps)
         return self._min_version
@@ -110,7 +110,7 @@ def build_batch(step: int, rank: int, learner_version: int, group_size: int, gro
             group_index += [gi] * len(steps)
             ts += steps
             traj += 1
-    # Measured by scripts/bench_broker.py: one row tuple per transition, transposed once; token arrays concatenated
+    # Measured by bench/broker.py: one row tuple per transition, transposed once; token arrays concatenated
     # straight into their dtype (they arrive as int32/float32: no second copy)
     rows = [(t.step, t.prompt_ids.size, t.response_ids.size, t.reward, t.done or t.truncated, t.valid, t.version_lo,
              t.version_hi) for t in ts]

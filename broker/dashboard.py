@@ -6,7 +6,7 @@ batch_wait_s}, engines[{name,url,address,incarnation,version,alive,requests_in_f
 last_seen_s}], actors[{name,address,incarnation,alive,episodes_in_flight,requests_in_flight,env_steps_hung,
 version,last_seen_s}], envs{env: {episodes,successes,env_steps,reward_mean,success_rate,invalid_action_ratio}},
 rates{...}, counters{...} (run totals), gauges{...}, staleness_hist{lag: count}, recent[point, ...]
-(the newest once-a-second points, see `broker.metrics.flatten`) and images[{id,url,width,height,channels,actor,
+(the newest once-a-second points, see `broker.sinks.flatten`) and images[{id,url,width,height,channels,actor,
 traj_id,group_id,step,reward,version_lo,version_hi,done,valid,prompt_images,received}] (the observation pictures
 kept, newest first, `broker.gallery`; [] in a text run); `history_fn() -> [point, ...]` gives every point kept.
 Both run on the event loop per request and once per second per open stream: they must be quick and must not
@@ -26,7 +26,7 @@ Routes:
     GET /api/stream     server-sent events: one `data: <snapshot JSON>` per second until the client leaves
     GET /api/images     {"images": [...]}: the kept observation pictures' metadata, newest first (as in the snapshot)
     GET /api/images/{id}.png   one of them as PNG, encoded on request (404 once newer pictures pushed it out)
-    GET /metrics        Prometheus text format 0.0.4 (names documented in broker/metrics.py)
+    GET /metrics        Prometheus text format 0.0.4 (names documented in broker/catalogue.py)
 
 The page keeps showing the last state when the broker goes away (the run ended, or it died).
 Open a tunnel and point a browser at it: `ssh -L 8787:127.0.0.1:8787 host`, then http://127.0.0.1:8787/.
@@ -44,7 +44,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import metrics
+from broker import prometheus
 from broker.gallery import Gallery, png
 
 StateFn = Callable[[], dict[str, Any]]
@@ -167,8 +167,8 @@ async def _snapshots(state_fn: StateFn, stop: asyncio.Event, interval_s: float) 
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = metrics.render_prometheus(request.app[_STATE_FN]())
-    return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
+    body = prometheus.render_prometheus(request.app[_STATE_FN]())
+    return web.Response(body=body, headers={"Content-Type": prometheus.CONTENT_TYPE})
 
 
 def to_json(state: dict[str, Any]) -> str:

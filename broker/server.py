@@ -54,9 +54,10 @@ from agentstream.wire.messages import (
     encode,
 )
 from agentstream.wire.reconnect import take_over_reconnects
-from broker import dashboard, metrics, views
+from broker import dashboard, views
 from broker.buffer import ReplayBuffer
 from broker.gallery import Gallery
+from broker.sinks import MetricsSink, flatten, open_sinks
 from broker.sockets import recv_frames, send_frames
 from broker.spec import BrokerSpec, broker_spec
 from broker.state import BrokerState
@@ -110,12 +111,12 @@ class Broker:
         # once-a-second points for the dashboard's charts, and the sinks that log them (opened by serve())
         self.run_dir = run_dir
         self.history: deque[dict[str, float | None]] = deque(maxlen=max(1, self.cfg.dashboard_history_s))
-        self.sinks: list[metrics.MetricsSink] = []
+        self.sinks: list[MetricsSink] = []
         self.gallery = Gallery(self.cfg.dashboard_images)  # the newest observation pictures, for the dashboard
 
     # ------------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
-        self.sinks = metrics.open_sinks(self.cfg, self.run_dir, self.run_name)
+        self.sinks = open_sinks(self.cfg, self.run_dir, self.run_name)
         self.state.recover()  # before anyone is answered: a restarted broker continues where it stopped
         ctx = zmq.asyncio.Context.instance()
         self._sock = ctx.socket(zmq.ROUTER)
@@ -131,7 +132,7 @@ class Broker:
         take_over_reconnects(self._sock)  # a client back from a partition replaces its old connection
         self._sock.bind(f"tcp://{self.cfg.host}:{self.port}")
         # Replies go out through a plain (shadow) socket, without an asyncio future per message (measured by
-        # scripts/bench_broker.py). A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
+        # bench/broker.py). A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
         # ZeroMQ drops the message (its resend protocol covers that), so a non-blocking send always returns.
         self._direct = zmq.Socket.shadow(self._sock.underlying)
         app = dashboard.make_app(self.snapshot, history_fn=lambda: list(self.history),
@@ -197,7 +198,7 @@ class Broker:
 
     async def _receive_loop(self) -> None:
         assert self._sock is not None
-        # What already arrived is read through a plain (shadow) socket without blocking (scripts/bench_broker.py): ~9 us CPU per message instead of ~42 us for an asyncio future per poll and per read.
+        # What already arrived is read through a plain (shadow) socket without blocking (bench/broker.py): ~9 us CPU per message instead of ~42 us for an asyncio future per poll and per read.
         drain = zmq.Socket.shadow(self._sock.underlying)
         while True:
             if self._wal_failing():
@@ -498,7 +499,7 @@ class Broker:
     def _sample(self) -> None:
         """Once a second: totals for the windowed rates, then one point for the charts and the sinks."""
         self.stats.sample(self._totals())
-        point = metrics.flatten(views.dashboard_state(self.view()))
+        point = flatten(views.dashboard_state(self.view()))
         self.history.append(point)
         for sink in list(self.sinks):
             try:

@@ -1,5 +1,5 @@
 """Multipart receive and send on the broker's ROUTER socket without pyzmq's per-part overheads (measured by
-scripts/bench_broker.py)."""
+bench/broker.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ _NOBLOCK, _MORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 
 def recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
     """`sock.recv_multipart(zmq.NOBLOCK, copy=False)`, each part's more-flag read from the part itself
-    (scripts/bench_broker.py: pyzmq asks the socket for RCVMORE after every part, through an enum conversion;
+    (bench/broker.py: pyzmq asks the socket for RCVMORE after every part, through an enum conversion;
     ~5 us of ~19 per 7-part message here). Raises zmq.Again when nothing waits; the parts after the first
     are there already (ZeroMQ delivers a multipart message whole)."""
     frame = sock.recv(_NOBLOCK, copy=False)

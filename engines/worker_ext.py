@@ -20,7 +20,7 @@ with the worker's own (it has `reload_weights`).
 Streamed weights (`engines.weight_sync=stream`): importing this module (vLLM imports the extension in every
 worker before it loads the model) registers `StreamTransfer` with vLLM's weight-transfer factory as backend
 "agentstream"; the server starts with `--weight-transfer-config '{"backend": "agentstream"}'` and the sidecar
-drives vLLM's own routes: /init_weight_transfer_engine (join the learner's group, `engines.stream`),
+drives vLLM's own routes: /init_weight_transfer_engine (join the learner's group, `agentstream.weights`),
 /start_weight_update, /update_weights (receive the buckets and load them), /finish_weight_update.
 vLLM's own "nccl" backend needs vLLM's communicator on the learner too, which has no vLLM; this backend uses
 torch's process groups on both ends (gloo on CPU, NCCL on GPUs) and re-ties the LM head as above.
@@ -40,8 +40,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from agentstream.weights import StreamLayout, open_group, receive_buckets
 from engines.server import STREAM_BACKEND
-from engines.stream import StreamLayout, open_group, receive_buckets
 
 
 def _input_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -96,7 +96,7 @@ class WeightReloadExtension:
 # ------------------------------------------------------------------------------------ streamed weights
 @dataclass
 class StreamInit(WeightTransferInitInfo):
-    """/init_weight_transfer_engine's init_info: the learner's group (sent by `engines.weights.WeightPublisher._join`)."""
+    """/init_weight_transfer_engine's init_info: the learner's group (sent by `learner.publish.WeightPublisher._join`)."""
 
     host: str
     port: int
@@ -108,7 +108,7 @@ class StreamInit(WeightTransferInitInfo):
 
 @dataclass
 class StreamUpdate(WeightTransferUpdateInfo):
-    """/update_weights's update_info: an `engines.stream.StreamLayout` as a dict."""
+    """/update_weights's update_info: an `agentstream.weights.StreamLayout` as a dict."""
 
     names: list[str]
     dtype_names: list[str]

@@ -1,6 +1,6 @@
 """Simulated env step latency: how long a tool call or a web page takes, drawn from a log-normal.
 
-Agent workloads wait on slow tools far more than on the game itself; benchmarks (scripts/bench_async.py)
+Agent workloads wait on slow tools far more than on the game itself; benchmarks (bench/overlap.py)
 set `env.step_latency_mean_s` so that an episode's wall time looks like theirs. The actor awaits the delay
 with `asyncio.sleep`, so other episodes keep running meanwhile.
 

@@ -37,10 +37,9 @@ from pathlib import Path
 import openai
 from openai import OpenAI
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for gateway.episode_client when run from anywhere
+from gateway.episode_client import GatewayError, open_episode
 
-from gateway.episode_client import GatewayError, open_episode  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------------ the tools
 TABLE = {"apple": 3, "bread": 4, "cheese": 12, "milk": 2, "coffee": 9, "tea": 5}

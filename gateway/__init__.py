@@ -3,10 +3,11 @@ episodes through it, and every call it makes becomes one transition at the broke
 
     server.py          Gateway: the aiohttp service (episodes, /v1/chat/completions, /v1/completions, /v1/models)
     __main__.py        `python -m gateway`: the process the launcher starts (gateway.enabled, role=gateway)
-    episode_client.py  open_episode(gateway_url, task_id) -> base_url for `openai.OpenAI`, finish(reward)
+    episode_client.py  open_episode(gateway_url, task_id) -> Episode: base_url for `openai.OpenAI`, finish(reward)
     render.py          chat template with tools -> prompt ids; the next turn's ids without re-tokenising answers
     protocol.py        the OpenAI bodies: requests checked (ApiError: a 4xx with an OpenAI error body), answers built
-    episodes.py        an episode's group, its token chain, the step held until its reward is final; the registry
+    episodes.py        GatewayEpisode: an episode's group, its token chain (the last ChatTurn), the step held until
+                       its reward is final; the registry
     spec.py            GatewaySpec: what the gateway takes of the run config
 
 See docs/gateway.md.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from agentstream.wire.messages import GroupGrant, Transition
-from engines.client import EngineClient
+from engines.client import EngineClient, clamp_to_grant
 from gateway.protocol import ApiError
 
 
@@ -32,7 +32,7 @@ class Slot:
 
 
 @dataclass
-class Turn:
+class ChatTurn:
     """The last chat call of an episode, kept to build the next prompt from its ids."""
 
     messages: list[dict[str, Any]]
@@ -53,8 +53,9 @@ def same_answer(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
 
 
 @dataclass
-class Episode:
-    """One agent episode: a trajectory of its group, one transition per model call."""
+class GatewayEpisode:
+    """One agent episode as the gateway keeps it (agent code holds `gateway.episode_client.Episode`): a trajectory
+    of its group, one transition per model call."""
 
     id: str
     task_id: str
@@ -68,7 +69,7 @@ class Episode:
     finished: bool = False
     pending: Transition | None = None
     """The latest step, held until its reward is final (the next call, or finish)."""
-    last: Turn | None = None
+    last: ChatTurn | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One call at a time: each answer extends the token chain the next call builds on."""
     last_request: float = field(default_factory=time.monotonic)
@@ -96,11 +97,12 @@ class Episode:
              version_hi: int, actor: str, info: dict[str, Any], valid: bool) -> Transition | None:
         """Record one answered call; returns the step before it, now final, to send (None for the first)."""
         ready = self.pending
+        version_lo, version_hi = clamp_to_grant(version_lo, version_hi, self.grant.min_version)
         self.pending = Transition(
             traj_id=self.traj_id, group_id=self.grant.group_id, actor=actor, step=self.steps,
             prompt_ids=np.asarray(prompt_ids, dtype=np.int32), response_ids=response_ids, logprobs=logprobs,
-            version_lo=max(version_lo, self.grant.min_version), version_hi=max(version_hi, self.grant.min_version),
-            reward=0.0, done=False, truncated=False, valid=valid, info=info)
+            version_lo=version_lo, version_hi=version_hi, reward=0.0, done=False, truncated=False, valid=valid,
+            info=info)
         self.steps += 1
         return ready
 
@@ -129,24 +131,24 @@ class Registry:
     sweep stay bounded by what is open, not by how many episodes the run has had."""
 
     def __init__(self, keep: int):
-        self.open: dict[str, Episode] = {}
+        self.open: dict[str, GatewayEpisode] = {}
         self.keep = keep
         self._ended: OrderedDict[str, str] = OrderedDict()  # id -> why it was abandoned ("" if it finished)
 
     def __len__(self) -> int:
         return len(self.open)
 
-    def add(self, episode: Episode) -> None:
+    def add(self, episode: GatewayEpisode) -> None:
         self.open[episode.id] = episode
 
-    def ended(self, episode: Episode) -> None:
+    def ended(self, episode: GatewayEpisode) -> None:
         """`episode` finished or was abandoned: from now on only its id is kept."""
         self.open.pop(episode.id, None)
         self._ended[episode.id] = episode.abandoned
         while len(self._ended) > self.keep:
             self._ended.popitem(last=False)
 
-    def get(self, eid: str) -> Episode:
+    def get(self, eid: str) -> GatewayEpisode:
         """The open episode `eid`; an ApiError says why there is none."""
         episode = self.open.get(eid)
         if episode is not None:
@@ -159,4 +161,4 @@ class Registry:
         raise ApiError(409, f"episode {eid[:40]!r} is finished; open a new one for more calls", "episode_finished")
 
 
-__all__ = ["ENDED_KEPT", "Episode", "Registry", "Slot", "Turn", "same_answer"]
+__all__ = ["ENDED_KEPT", "ChatTurn", "GatewayEpisode", "Registry", "Slot", "same_answer"]

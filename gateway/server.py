@@ -44,9 +44,10 @@ from agentstream.config import SamplingConfig
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation
+from engines.user import EnginePool, goodbye, report_stats
 from envs.toolcalls import get_parser
 from gateway import protocol
-from gateway.episodes import ENDED_KEPT, Episode, Registry, Slot, Turn
+from gateway.episodes import ENDED_KEPT, ChatTurn, GatewayEpisode, Registry, Slot
 from gateway.protocol import ApiError, Sampling
 from gateway.render import Renderer, ended_with_eos
 from gateway.spec import GatewaySpec
@@ -73,7 +74,7 @@ class Gateway:
         self.counters: Counter[str] = Counter()
         self.episodes = Registry(ENDED_KEPT)
         self._slots: dict[str, Slot] = {}  # task id -> the group of it still taking episodes
-        self._next_engine = 0
+        self.pool = EnginePool(self.engines)  # the engine of each new episode, and of one moving off a failed one
         self.requests_in_flight = 0
         self.url = ""
         self._runner: web.AppRunner | None = None
@@ -98,7 +99,8 @@ class Gateway:
         stats, serve HTTP; returns the gateway's base URL."""
         if hello:
             await self.broker.send(Hello(role="actor", name=self.name, incarnation=self.incarnation, pid=os.getpid()))
-        self._reporter = asyncio.create_task(self._report_loop(), name=f"{self.name}-stats")
+        self._reporter = asyncio.create_task(report_stats(self.broker, self.stats, self.spec.log_interval_s),
+                                             name=f"{self.name}-stats")
         self._sweeper = asyncio.create_task(self._sweep_loop(), name=f"{self.name}-idle-episodes")
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
@@ -122,9 +124,7 @@ class Gateway:
                     await task
         for slot in self._slots.values():
             slot.grant.cancel()
-        with contextlib.suppress(Exception):
-            await self.broker.drain(drain_timeout_s)
-            await self.broker.send(self.stats(final=True))
+        await goodbye(self.broker, lambda: self.stats(final=True), drain_timeout_s)
 
     def stats(self, final: bool = False) -> Stats:
         """Reported as an actor's: the counters actors share under their names (an episode is one finished
@@ -145,11 +145,6 @@ class Gateway:
                              "requests_in_flight": self.requests_in_flight, "incarnation": self.incarnation,
                              "unacked_transitions": self.broker.unacked}, final=final)
 
-    async def _report_loop(self) -> None:
-        while True:
-            await self.broker.send(self.stats())
-            await asyncio.sleep(self.spec.log_interval_s)
-
     async def _sweep_loop(self) -> None:
         """Once a second: an open episode with no request for gateway.episode_idle_timeout_s (and none in progress)
         belongs to an agent taken for dead, and its group goes whole, as a dead actor's does."""
@@ -161,7 +156,7 @@ class Gateway:
                 if not episode.finished:  # (an earlier one of its group took it along)
                     await self._abandon_group(episode)
 
-    async def _abandon_group(self, silent: Episode) -> None:
+    async def _abandon_group(self, silent: GatewayEpisode) -> None:
         """Drop `silent`'s group whole: an abandon marker for it (agentstream.wire.messages.ABANDON_GROUP; the
         broker counts what it held as dropped `infra_agent_silent`), its open episodes refused from now on (410),
         and no new episode joins the group."""
@@ -219,7 +214,7 @@ class Gateway:
         except (ValueError, RecursionError):
             raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
 
-    def _episode(self, request: web.Request) -> Episode:
+    def _episode(self, request: web.Request) -> GatewayEpisode:
         """The episode a call is for: its id in the path, else the bearer key."""
         eid = request.match_info.get("eid")
         if eid is None:
@@ -264,10 +259,9 @@ class Gateway:
         if slot.members == self.spec.group_size and self._slots.get(task_id) is slot:
             del self._slots[task_id]
         eid = secrets.token_urlsafe(18)
-        engine = self.engines[self._next_engine % len(self.engines)]
-        self._next_engine += 1
+        engine = self.pool.pick()
         traj_id = f"{self.name}.{self.incarnation}.g{grant.group_id}.{index}"
-        self.episodes.add(Episode(eid, task_id, grant, index, traj_id, engine))
+        self.episodes.add(GatewayEpisode(eid, task_id, grant, index, traj_id, engine))
         self.counters["episodes_opened"] += 1
         return web.json_response({"id": eid, "api_key": eid, "base_url": f"{self.url}/episodes/{eid}/v1",
                                   "task_id": task_id, "group_id": grant.group_id, "index": index,
@@ -348,7 +342,7 @@ class Gateway:
             calls = [] if parsed is None else parsed.tool_calls
             message = protocol.assistant_message(content, calls)
             answer = protocol.messages([message])[0]
-            episode.last = Turn(req.messages, req.tools, prompt, gen.response_ids.tolist(), answer)
+            episode.last = ChatTurn(req.messages, req.tools, prompt, gen.response_ids.tolist(), answer)
             await self._record(episode, prompt, gen, valid=parsed is None or parsed.error is None,
                                info={"tool_calls": len(calls), "finish_reason": gen.finish_reason})
         finish = "tool_calls" if calls else gen.finish_reason
@@ -379,7 +373,8 @@ class Gateway:
                                 choice, req.return_token_ids)
         return web.json_response(out)
 
-    async def _generate(self, episode: Episode, prompt: list[int], s: Sampling, extra: dict[str, Any]) -> Generation:
+    async def _generate(self, episode: GatewayEpisode, prompt: list[int], s: Sampling, extra: dict[str, Any]
+                        ) -> Generation:
         if len(prompt) + s.max_tokens > self.spec.max_model_len:
             raise ApiError(400, f"the prompt is {len(prompt)} tokens and max_tokens {s.max_tokens}: more than the "
                                 f"engines' context of {self.spec.max_model_len} (engines.max_model_len)",
@@ -398,19 +393,17 @@ class Gateway:
         finally:
             self.requests_in_flight -= 1
 
-    def _fail_over(self, episode: Episode, exc: EngineError) -> None:
+    def _fail_over(self, episode: GatewayEpisode, exc: EngineError) -> None:
         """`episode`'s engine failed a call: the episode moves to another engine, which gets the same prompt ids
         (the episode's chain of ids is unchanged; the answer's versions are the new engine's)."""
-        others = [e for e in self.engines if e is not episode.engine]
-        episode.engine = others[self._next_engine % len(others)]
-        self._next_engine += 1
+        episode.engine = self.pool.pick(leaving=episode.engine)
         self.counters.update(engine_errors=1, engine_failovers=1)
         log.warning("%s: %s; episode %s... moves to %s", self.name, exc, episode.id[:8], episode.engine.url)
 
     def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
         return protocol.token_logprobs(gen.response_ids.tolist(), gen.logprobs.tolist(), self.tokenizer.decode)
 
-    async def _record(self, episode: Episode, prompt: list[int], gen: Generation, valid: bool,
+    async def _record(self, episode: GatewayEpisode, prompt: list[int], gen: Generation, valid: bool,
                       info: dict[str, Any]) -> None:
         """The answered call becomes the episode's latest step; the one before it, now final, goes to the broker."""
         ready = episode.step(prompt, gen.response_ids, gen.logprobs, gen.version_lo, gen.version_hi, self.name,

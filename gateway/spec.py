@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentstream.config import REPO_ROOT, Config, GatewayConfig
-from engines.server import base_model_name, served_model_name
+from agentstream.models import base_model_name, served_model_name
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from agentstream.config import (
     LearnerConfig,
     ValidationConfig,
 )
+from agentstream.models import is_vision_language
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
-from broker.metrics import logger_errors
+from broker.sinks import logger_errors
 from broker.wal import FOLDER as WAL_FOLDER
-from engines.server import is_vision_language
 from envs.registry import known_envs
 from gateway.spec import read_key
 from envs.toolcalls import TOOL_PARSERS
@@ -164,7 +164,7 @@ def _model_errors(cfg: Config) -> list[str]:
     if model.name == "tiny-model-warm" and not (model / "config.json").is_file():
         errors.append(
             f"model.path={cfg.model.path!r} is the warm-started tiny model, which is not made yet: run "
-            f"`.venv/bin/python scripts/warm_start.py` once (1-2 minutes; it teaches only the action format)."
+            f"`.venv/bin/python -m launcher.warm_start` once (1-2 minutes; it teaches only the action format)."
         )
     elif model.resolve() not in TINY_DIRS and not (model / "config.json").is_file():
         errors.append(

@@ -5,9 +5,9 @@
 Every estimator takes the same `AdvantageInput` and keyword options and returns `(advantages [N], stats)`;
 the caller passes all options, each estimator takes the ones it declares. Where an estimator defines
 returns (the critic's target), `returns_of(name, inp, adv)` gives them. Every fast estimator has a slow,
-obvious `*_reference` beside it (python loops); tests check that they agree on random inputs, and
-tests/learner/test_learner_advantages.py holds each against verl's `core_algos.py` formula (docs/algorithms.md,
-"The same numbers as verl").
+obvious `*_reference` (python loops) in tests/learner/learner_oracles.py; tests check that they agree on random
+inputs, and tests/learner/test_learner_advantages.py holds each against verl's `core_algos.py` formula
+(docs/algorithms.md, "The same numbers as verl").
 
 Shapes: N = transitions (env steps) of a batch, J = trajectories, K = groups (or step groups),
 L = the longest trajectory (steps).
@@ -188,17 +188,6 @@ def whiten_batch(adv: Tensor, tokens: Tensor | None = None, total: Callable[[Sum
     return whiten(adv, *total(whitening_sums(adv, w, centre)), centre=centre)
 
 
-def whiten_reference(adv: list[float], tokens: list[int], eps: float = 1e-8) -> list[float]:
-    """Slow, obvious whitening: every token is one sample of its step's advantage (verl's 1e-8 beside the count)."""
-    samples = [a for a, k in zip(adv, tokens) for _ in range(k)]
-    n = len(samples)
-    if n < 2:
-        return list(adv)
-    mu = sum(samples) / (n + _MEAN_EPS)
-    var = sum((x - mu) ** 2 for x in samples) / (n + _MEAN_EPS) * n / (n - 1)
-    return [(a - mu) / math.sqrt(var + eps) for a in adv]
-
-
 # --------------------------------------------------------------------------------------- shared pieces
 def _compact(index: Tensor) -> tuple[Tensor, int]:
     """Arbitrary int ids [N] -> (dense ids 0..M-1 [N], M)."""
@@ -278,35 +267,6 @@ def discounted_returns(inp: AdvantageInput, gamma: float) -> Tensor:
     return g[row, col]  # [N]
 
 
-def _trajectories(inp: AdvantageInput) -> dict[int, list[int]]:
-    """Reference helper: trajectory id -> its transition indices ordered by step_index."""
-    out: dict[int, list[int]] = {}
-    for i in range(inp.rewards.numel()):
-        out.setdefault(int(inp.traj_index[i]), []).append(i)
-    return {t: sorted(ix, key=lambda i: int(inp.step_index[i])) for t, ix in out.items()}
-
-
-def _discounted_reference(inp: AdvantageInput, gamma: float) -> list[float]:
-    g = [0.0] * inp.rewards.numel()
-    for ix in _trajectories(inp).values():
-        running = 0.0
-        for i in reversed(ix):
-            running = float(inp.rewards[i]) + gamma * running
-            g[i] = running
-    return g
-
-
-def _norm_reference(xs: list[float], norm_by_std: bool, eps: float, group_of_one: str = "zero") -> list[float]:
-    """Reference group normalisation: equal values -> 0; one value -> 0 or (group_of_one="score") x / (1 + eps)."""
-    if len(xs) == 1 and group_of_one == "score":
-        return [xs[0] / (1 + eps) if norm_by_std else xs[0]]
-    if min(xs) == max(xs):
-        return [0.0] * len(xs)
-    mean = sum(xs) / len(xs)
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    return [(x - mean) / (std + eps) if norm_by_std else x - mean for x in xs]
-
-
 def _stats(adv: Tensor, **extra: float) -> dict[str, float]:
     return {"advantage_abs_mean": float(adv.abs().double().mean()) if adv.numel() else 0.0, **extra}
 
@@ -335,25 +295,6 @@ def grpo(
         return_std_in_group=float(std.mean()) if n_groups else 0.0,
         zero_std_group_frac=float((std == 0).double().mean()) if n_groups else 0.0,
     )
-
-
-def grpo_reference(
-    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero",
-) -> Tensor:
-    """Slow, obvious GRPO: dictionaries and loops. Returns advantages [N]."""
-    returns: dict[int, float] = {}
-    group_of: dict[int, int] = {}
-    for i in range(inp.rewards.numel()):
-        t = int(inp.traj_index[i])
-        returns[t] = returns.get(t, 0.0) + float(inp.rewards[i])
-        group_of[t] = int(inp.group_index[i])
-    members: dict[int, list[int]] = {}
-    for t, g in group_of.items():
-        members.setdefault(g, []).append(t)
-    adv_of: dict[int, float] = {}
-    for trajs in members.values():
-        adv_of.update(zip(trajs, _norm_reference([returns[t] for t in trajs], norm_by_std, eps, group_of_one)))
-    return torch.tensor([adv_of[int(t)] for t in inp.traj_index], dtype=inp.rewards.dtype)
 
 
 # --------------------------------------------------------------------------------------- GiGPO
@@ -408,26 +349,6 @@ def gigpo(
     )
 
 
-def gigpo_reference(
-    inp: AdvantageInput, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6,
-    group_of_one: str = "zero",
-) -> Tensor:
-    """Slow, obvious GiGPO: dictionaries and loops. Returns advantages [N]."""
-    assert inp.anchors is not None
-    n = inp.rewards.numel()
-    a_ep = grpo_reference(inp, norm_by_std=norm_by_std, eps=eps, group_of_one=group_of_one).tolist()
-    g = _discounted_reference(inp, gamma)
-    members: dict[object, list[int]] = {}
-    for i in range(n):
-        a = inp.anchors[i]
-        members.setdefault((int(inp.group_index[i]), a) if a else ("alone", i), []).append(i)
-    a_step = [0.0] * n
-    for ix in members.values():
-        for i, v in zip(ix, _norm_reference([g[i] for i in ix], norm_by_std, eps)):
-            a_step[i] = v
-    return torch.tensor([a_ep[i] + step_weight * a_step[i] for i in range(n)], dtype=inp.rewards.dtype)
-
-
 # --------------------------------------------------------------------------------------- RLOO
 @register_advantage("rloo")
 def rloo(inp: AdvantageInput, *, group_of_one: str = "zero") -> tuple[Tensor, dict[str, float]]:
@@ -447,22 +368,6 @@ def rloo(inp: AdvantageInput, *, group_of_one: str = "zero") -> tuple[Tensor, di
     adv_traj = torch.where(count[group] > 1, returns - others, returns if group_of_one == "score" else 0.0)  # [J]
     adv = adv_traj[traj].to(inp.rewards.dtype)  # [N]
     return adv, _stats(adv, return_mean=float(returns.mean()) if n_traj else 0.0)
-
-
-def rloo_reference(inp: AdvantageInput, *, group_of_one: str = "zero") -> Tensor:
-    """Slow, obvious RLOO. Returns advantages [N]."""
-    returns: dict[int, float] = {}
-    group_of: dict[int, int] = {}
-    for i in range(inp.rewards.numel()):
-        t = int(inp.traj_index[i])
-        returns[t] = returns.get(t, 0.0) + float(inp.rewards[i])
-        group_of[t] = int(inp.group_index[i])
-    adv_of = {}
-    for t, g in group_of.items():
-        others = [returns[u] for u, h in group_of.items() if h == g and u != t]
-        alone = returns[t] if group_of_one == "score" else 0.0
-        adv_of[t] = returns[t] - sum(others) / len(others) if others else alone
-    return torch.tensor([adv_of[int(t)] for t in inp.traj_index], dtype=inp.rewards.dtype)
 
 
 # --------------------------------------------------------------------------------------- REINFORCE++
@@ -508,27 +413,6 @@ def reinforce_pp_baseline(
     return adv, _stats(adv, return_mean=float(returns.mean()) if n_traj else 0.0)
 
 
-def reinforce_pp_reference(
-    inp: AdvantageInput, *, gamma: float = 1.0, baseline: bool = False, group_of_one: str = "zero",
-    whiten: bool = True,
-) -> Tensor:
-    """Slow, obvious REINFORCE++ (baseline=True: REINFORCE++-baseline). Returns advantages [N]."""
-    g = _discounted_reference(inp, gamma)
-    if baseline:
-        returns: dict[int, float] = {}
-        group_of: dict[int, int] = {}
-        for i in range(inp.rewards.numel()):
-            t = int(inp.traj_index[i])
-            returns[t] = returns.get(t, 0.0) + float(inp.rewards[i])
-            group_of[t] = int(inp.group_index[i])
-        for i in range(len(g)):
-            grp = group_of[int(inp.traj_index[i])]
-            rs = [r for t, r in returns.items() if group_of[t] == grp]
-            g[i] -= 0.0 if len(rs) == 1 and group_of_one == "score" else sum(rs) / len(rs)
-    tokens = [1] * len(g) if inp.tokens is None else [int(k) for k in inp.tokens]
-    return torch.tensor(whiten_reference(g, tokens) if whiten else g, dtype=inp.rewards.dtype)
-
-
 # --------------------------------------------------------------------------------------- GAE
 @register_advantage("gae", needs_values=True, to_go=True)
 def gae(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, dict[str, float]]:
@@ -556,20 +440,6 @@ def gae(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[
         adv[:, t] = running
     out = adv[row, col].to(inp.rewards.dtype)  # [N]
     return out, _stats(out, value_mean=float(inp.values.double().mean()) if out.numel() else 0.0)
-
-
-def gae_reference(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> Tensor:
-    """Slow, obvious GAE: a python loop per trajectory. Returns advantages [N]."""
-    assert inp.values is not None
-    out = [0.0] * inp.rewards.numel()
-    for ix in _trajectories(inp).values():
-        running, next_v = 0.0, 0.0
-        for i in reversed(ix):
-            v = float(inp.values[i])
-            running = float(inp.rewards[i]) + gamma * next_v - v + gamma * lam * running
-            out[i], next_v = running, v
-    return torch.tensor(out, dtype=inp.rewards.dtype)
-
 
 
 # --------------------------------------------------------------------------------------- online DPO

@@ -59,21 +59,6 @@ def clipped_value_loss(
     return loss, stats
 
 
-def clipped_value_loss_reference(values: list[float], old: list[float], returns: list[float], value_clip: float,
-                                 tokens: list[int] | None = None, agg: str = "token-mean") -> float:
-    """Slow, obvious clipped value loss: every entry counts, step i as tokens[i] tokens (None: one each)."""
-    tokens = [1] * len(values) if tokens is None else tokens
-    total = count = 0.0
-    for v, o, r, n in zip(values, old, returns, tokens):
-        vc = min(max(v, o - value_clip), o + value_clip)
-        loss = 0.5 * max((v - r) ** 2, (vc - r) ** 2)
-        weight, part = {"token-mean": (n, n), "seq-mean-token-sum": (n, n > 0),
-                        "seq-mean-token-mean": (n > 0, n > 0)}[agg]
-        total += weight * loss
-        count += part
-    return total / max(count, 1)
-
-
 class ValueModel(nn.Module):
     """backbone (a Hugging Face base model, no LM head) + Linear(H, 1)."""
 

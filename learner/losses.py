@@ -9,22 +9,21 @@ Registries, one signature each:
   - LOSS_AGGREGATIONS: how per-token terms become one scalar (token-mean, token-sum, seq-mean-...)
   - VALUE_LOSS_AGGREGATIONS: how the critic's per-step value losses become one (verl's critic loss_agg_mode)
   - off-policy corrections live in `learner.offpolicy`.
-`policy_objective_reference` is the slow, obvious version of the whole objective (python floats).
-tests/learner/test_learner_losses.py holds each against verl's `core_algos.py` formula.
+`policy_objective_reference` in tests/learner/learner_oracles.py is the slow, obvious version of the whole
+objective (python floats). tests/learner/test_learner_losses.py holds each against verl's `core_algos.py` formula.
 
 Shapes: B = sequences (one response per row), T = tokens per row.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
 
-from learner.offpolicy import get_off_policy, off_policy_reference
+from learner.offpolicy import get_off_policy
 
 PPO_LOG_RATIO_CLAMP = 20.0  # verl's compute_policy_loss_vanilla: log r clamped to [-20, 20] before exp
 GSPO_LOG_RATIO_MAX = 10.0  # verl's compute_policy_loss_gspo: the sequence's log ratio clamped at 10
@@ -282,56 +281,4 @@ def policy_objective(
     out = aggregate(torch.where(keep, terms, 0.0), m, agg, norm_length=norm_length, token_denom=token_denom,
                     seq_denom=seq_denom)
     return out, stats
-
-
-def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -> float:
-    """Slow, obvious `policy_objective`: python floats, a loop per sequence and token. Returns the loss."""
-    o = dict(loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip=0.0, off_policy="tis", is_level="token",
-             is_cap=2.0, agg="token-mean", norm_length=1, entropy_coef=0.0, kl_coef=0.0, kl_estimator="k3",
-             token_denom=None, seq_denom=None) | kw
-    weights, keeps = off_policy_reference(str(o["off_policy"]), inp.prox_logp, inp.behav_logp, inp.mask,
-                                          level=str(o["is_level"]), cap=float(o["is_cap"]))  # type: ignore[arg-type]
-    adv = inp.token_advantages()
-    seq_values, all_terms, n_seqs = [], [], 0
-    for b in range(inp.mask.shape[0]):
-        toks = [t for t in range(inp.mask.shape[1]) if bool(inp.mask[b, t])]
-        if not toks:
-            continue
-        n_seqs += 1
-        mean_log = sum(float(inp.logp[b, t]) - float(inp.prox_logp[b, t]) for t in toks) / len(toks)
-        terms = []
-        for t in toks:
-            a = float(adv[b, t])
-            log_r = float(inp.logp[b, t]) - float(inp.prox_logp[b, t])
-            r = math.exp(min(mean_log, GSPO_LOG_RATIO_MAX) if o["loss"] == "gspo"
-                         else min(max(log_r, -PPO_LOG_RATIO_CLAMP), PPO_LOG_RATIO_CLAMP))
-            l_t = max(-a * r, -a * min(max(r, 1 - o["clip_low"]), 1 + o["clip_high"]))  # type: ignore[operator]
-            if o["dual_clip"] and a < 0:
-                l_t = min(l_t, -a * o["dual_clip"])  # type: ignore[operator]
-            l_t *= weights[b][t]
-            if o["entropy_coef"]:
-                l_t -= o["entropy_coef"] * float(inp.entropy[b, t])  # type: ignore[index,operator]
-            if o["kl_coef"]:
-                x = float(inp.ref_logp[b, t]) - float(inp.logp[b, t])  # type: ignore[index]
-                k = _kl_value_reference(str(o["kl_estimator"]), x)
-                l_t += o["kl_coef"] * k  # type: ignore[operator]
-            terms.append(l_t if keeps[b][t] else 0.0)
-        all_terms += terms
-        seq_values.append({"seq-mean-token-sum": sum(terms), "seq-mean-token-mean": sum(terms) / len(terms),
-                           "seq-mean-token-sum-norm": sum(terms) / o["norm_length"],  # type: ignore[operator]
-                           "token-mean": 0.0, "token-sum": 0.0}[str(o["agg"])])
-    if o["agg"] == "token-mean":
-        return sum(all_terms) / float(o["token_denom"] or max(len(all_terms), 1))  # type: ignore[arg-type]
-    if o["agg"] == "token-sum":
-        return sum(all_terms) / float(1.0 if o["token_denom"] is None else o["token_denom"])  # type: ignore[arg-type]
-    return sum(seq_values) / float(o["seq_denom"] or max(n_seqs, 1))  # type: ignore[arg-type]
-
-
-def _kl_value_reference(name: str, log_r: float) -> float:
-    """One token's KL estimate (its value: a `+` variant's is its base's) with python floats."""
-    base = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(name.removesuffix("+"), name.removesuffix("+"))
-    if base == "k3":
-        x = min(max(log_r, -20.0), 20.0)
-        return min(max(math.exp(x) - 1 - x, -10.0), 10.0)
-    return {"k1": -log_r, "abs": abs(log_r), "k2": 0.5 * log_r * log_r}[base]
 

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from engines.server import is_vision_language
+from agentstream.models import is_vision_language
 from learner.batching import MicroBatch
 from learner.vision import image_slots, merge_at_slots, mrope_position_ids
 
@@ -202,7 +202,7 @@ def token_logprobs(
     not even the [Q, V] logits do: the model runs with no logits at all, and its last hidden states at the
     Q positions go through the output layer `chunk_tokens` rows at a time, each chunk's logits recomputed in
     backward (activation checkpointing), so at most [chunk_tokens, V] float32 logits are alive
-    (scripts/bench_memory.py). Same values either way (a test checks it, under FSDP2 too).
+    (bench/memory.py). Same values either way (a test checks it, under FSDP2 too).
 
     A packed micro-batch (`mb.position_ids` set, no attention mask) relies on transformers reading sequence
     boundaries from the restarting position ids, which it does only without a KV cache: `use_cache=False` is

@@ -136,32 +136,3 @@ def no_correction(
     log_r = log_is_ratio(prox_logp, behav_logp, m, level)  # [B, T]
     none = torch.zeros_like(m)
     return (torch.ones_like(log_r), m), _ratio_stats(log_r, m, none, none)
-
-
-def off_policy_reference(
-    name: str, prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
-) -> tuple[list[list[float]], list[list[bool]]]:
-    """Slow, obvious weights and keep-flags, python floats per token."""
-    weights, keeps = [], []
-    for b in range(mask.shape[0]):
-        toks = [t for t in range(mask.shape[1]) if bool(mask[b, t])]
-        seq_log = sum(float(prox_logp[b, t]) - float(behav_logp[b, t]) for t in toks)
-        w_row, k_row = [], []
-        for t in range(mask.shape[1]):
-            if t not in toks:
-                w_row.append(0.0), k_row.append(False)
-                continue
-            lr = seq_log if level == "sequence" else float(prox_logp[b, t]) - float(behav_logp[b, t])
-            r = math.exp(min(lr, _MAX_LOG_RATIO))
-            if name == "tis":
-                w, k = min(r, cap), True
-            elif name == "mis":
-                k = 1 / cap <= r <= cap
-                w = r if k else 0.0
-            elif name == "decoupled":
-                w, k = r, True
-            else:
-                w, k = 1.0, True
-            w_row.append(w), k_row.append(k)
-        weights.append(w_row), keeps.append(k_row)
-    return weights, keeps

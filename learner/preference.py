@@ -89,33 +89,3 @@ def dpo_advantages(returns: Tensor, logp: Tensor, ref_logp: Tensor, group: Tenso
 GLOBAL_SHARES = frozenset({"dpo_loss", "dpo_accuracy", "dpo_margin"})
 """`dpo_advantages` stats that are means over the global batch's P pairs, each rank giving its pairs' share (their
 sum / P): a learner spread over ranks sums them, where it averages other stats."""
-
-
-def online_dpo_reference(rewards: list[float], traj: list[int], groups: list[int], logp: list[float],
-                         ref_logp: list[float], *, beta: float = 0.1) -> tuple[list[float], float]:
-    """Slow, obvious online DPO from per-step lists [N]: dictionaries and loops. Returns (advantages [N], the mean
-    DPO loss)."""
-    ret: dict[int, float] = {}
-    lp: dict[int, float] = {}
-    rf: dict[int, float] = {}
-    group_of: dict[int, int] = {}
-    for i, t in enumerate(traj):
-        ret[t] = ret.get(t, 0.0) + rewards[i]
-        lp[t] = lp.get(t, 0.0) + logp[i]
-        rf[t] = rf.get(t, 0.0) + ref_logp[i]
-        group_of[t] = groups[i]
-    pairs = []
-    for g in sorted(set(group_of.values())):
-        members = sorted(t for t in group_of if group_of[t] == g)
-        best = max(members, key=lambda t: (ret[t], -t))
-        worst = min(members, key=lambda t: (ret[t], t))
-        if ret[best] > ret[worst]:
-            pairs.append((best, worst))
-    adv_of = {t: 0.0 for t in group_of}
-    loss = 0.0
-    for c, r in pairs:
-        z = beta * ((lp[c] - rf[c]) - (lp[r] - rf[r]))
-        loss += math.log1p(math.exp(-z)) / len(pairs)
-        adv_of[c] += beta / (1 + math.exp(z)) / len(pairs)
-        adv_of[r] -= beta / (1 + math.exp(z)) / len(pairs)
-    return [adv_of[t] for t in traj], loss

@@ -10,7 +10,8 @@ Letters used in shape comments: B = batch rows, T = tokens per row, V = vocabula
 
     losses = train_sft(model, demos, SftOptions(steps=300), pad_id=tok.pad_token_id)
 
-`scripts/warm_start.py` is the command that makes the demonstrations, runs this and writes a model directory.
+`python -m launcher.warm_start` (launcher/warm_start.py) is the command that makes the demonstrations, runs this
+and writes a model directory.
 """
 
 from __future__ import annotations

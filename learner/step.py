@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
+from agentstream.models import is_vision_language
 from agentstream.wire.messages import Batch
 from learner.advantages import (
     NEEDS_LOGPROBS, NEEDS_VALUES, TO_GO, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of,
@@ -45,7 +46,6 @@ from learner.advantages import (
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
-from engines.server import is_vision_language
 from learner.model import (
     disabled_adapter,
     is_lora,

@@ -24,15 +24,3 @@ def rewards_to_go(adv: Tensor, token_rewards: Tensor, lens: Tensor) -> Tensor:
     before = torch.cumsum(token_rewards.double(), 0) - token_rewards.double()  # [R] every earlier token of the batch
     first = (torch.cumsum(lens, 0) - lens)[step]  # [R] the first token of each token's response
     return (adv.double()[step] - (before - before[first])).to(adv.dtype)
-
-
-def rewards_to_go_reference(adv: list[float], token_rewards: list[float], lens: list[int]) -> list[float]:
-    """Slow, obvious `rewards_to_go`: a python loop over each response's tokens."""
-    out, r = [], 0
-    for a, n in zip(adv, lens):
-        placed = 0.0
-        for k in range(n):
-            out.append(a - placed)
-            placed += token_rewards[r + k]
-        r += n
-    return out

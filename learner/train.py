@@ -38,9 +38,9 @@ from torch import Tensor
 from agentstream.config import (
     AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, learner_threads, load,
 )
+from agentstream.weights import StreamLayout, StreamSource
 from agentstream.wire.client import SyncClient
 from agentstream.wire.messages import Batch, BatchRequest, Hello, Message, Reject, Stats, VersionUpdate
-from engines.stream import StreamLayout, StreamSource
 from learner.checkpoint import (
     Extras,
     checkpoint_root,
@@ -61,6 +61,7 @@ from learner.model import (
     parameter_shapes,
     trainable_parameters,
 )
+from learner.publish import WeightPublisher
 from learner.step import (
     StepModels,
     StepOptions,
@@ -74,7 +75,7 @@ log = logging.getLogger("learner")
 
 
 class Publisher(Protocol):
-    """Rank 0's link to the engines' weight sidecars (implemented by `engines.weights.WeightPublisher`)."""
+    """Rank 0's link to the engines' weight sidecars (implemented by `learner.publish.WeightPublisher`)."""
 
     def publish(self, version: int, state_dict: dict[str, Tensor]) -> None: ...
 
@@ -97,11 +98,6 @@ PublisherFactory = Callable[..., Publisher]  # (bind_address, [curve_keys_dir=..
 
 
 def default_publisher(bind_address: str, curve_keys_dir: str = "") -> Publisher:
-    try:  # imported here: the learner runs (and is tested) without the engines package
-        from engines.weights import WeightPublisher
-    except ImportError as exc:
-        raise RuntimeError(f"--weights-bind needs engines.weights.WeightPublisher, which cannot be imported "
-                           f"({exc}); omit --weights-bind to train without publishing weights") from exc
     # The epoch tells agents that this process's weights replace any they run, even of a higher version
     # (a learner restarted from a checkpoint publishes the checkpoint's version again).
     # Compared for equality only; kept in int32 (the protocol's range) and never 0 (the engines' initial weights).

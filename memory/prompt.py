@@ -162,14 +162,6 @@ def largest_fitting(n: int, fits: Callable[[int], bool]) -> int:
     return good
 
 
-def largest_fitting_reference(n: int, fits: Callable[[int], bool]) -> int:
-    """Slow, obvious `largest_fitting`: count down from n - 1 (drop the oldest until it fits)."""
-    x = n - 1
-    while x > 0 and not fits(x):
-        x -= 1
-    return x
-
-
 def _frozen(value: Any) -> Any:
     """`value` (messages: dicts, lists, strings) as nested tuples, to compare later whatever happens to it."""
     if isinstance(value, dict):

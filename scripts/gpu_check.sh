@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the learner's FSDP2 training step (scripts/gpu_check.py says what it prints).
+# GPU check of the learner's FSDP2 training step (bench/gpu_check.py says what it prints).
 #
 #   bash scripts/gpu_check.sh              # CUDA + NCCL + bf16, ~0.5B random Qwen2; NPROC=8 for 8 GPUs
 #   bash scripts/gpu_check.sh --dry-run    # CPU + gloo + float32, a tiny model (works anywhere, ~30 s)
@@ -25,4 +25,4 @@ if missing:
 PYEOF
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec timeout "${GPU_CHECK_TIMEOUT_S:-480}" "$PY" -m torch.distributed.run --standalone \
-    --nproc-per-node "${NPROC:-1}" scripts/gpu_check.py "$@"
+    --nproc-per-node "${NPROC:-1}" -m bench.gpu_check "$@"

@@ -15,14 +15,12 @@ Presets (`conf/preset/`): cpu_tiny (default), gpu_one, multi_node. Algorithms (`
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from agentstream import config as config_mod  # noqa: E402
-from launcher.run import run  # noqa: E402
+from agentstream import config as config_mod
+from launcher.run import run
 
 config_mod.register_schemas()
 

@@ -3,19 +3,15 @@ vision-language one (Idefics3, SmolVLM's architecture, with the same tokenizer: 
 
     .venv/bin/python scripts/make_tiny_model.py --out .cache/tiny-model
     .venv/bin/python scripts/make_tiny_model.py --out .cache/small-model --hidden-size 512 --layers 4 --heads 8 \
-        --kv-heads 4    # 4x wider, 2x deeper (bench_peer.py --model .cache/small-model; docs/benchmarks.md)
+        --kv-heads 4    # 4x wider, 2x deeper (python -m bench.peer --model .cache/small-model; docs/benchmarks.md)
     .venv/bin/python scripts/make_tiny_model.py --vl --out .cache/tiny-vl-model
 """
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from agentstream.config import TINY_MODEL_DIR, TINY_VL_MODEL_DIR  # noqa: E402
-from launcher.tiny_model import make_tiny_model  # noqa: E402
-from launcher.tiny_vl_model import make_tiny_vl_model  # noqa: E402
+from agentstream.config import TINY_MODEL_DIR, TINY_VL_MODEL_DIR
+from launcher.tiny_model import make_tiny_model
+from launcher.tiny_vl_model import make_tiny_vl_model
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

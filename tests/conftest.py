@@ -1,4 +1,4 @@
-"""pytest runs with --import-mode=importlib: let end-to-end tests import their helpers (tests/e2e_testing.py).
+"""Fixtures of the whole suite: vLLM servers of the tiny model (the end-to-end tests' helpers: tests/e2e_testing.py).
 One vLLM server of the tiny model is shared by the session's tests that only generate or bring it to their own
 weights (each launcher run through `engines.external_urls` first publishes its version 0): the benchmarks and the
 per-env runs. A second one, `spare_engine`, is for the tests that change its weights or stop it for a while. A
@@ -6,14 +6,11 @@ server takes ~40 s to start here; the suite's time."""
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @dataclass(frozen=True)
@@ -84,8 +81,8 @@ def spare_engine(tmp_path_factory: pytest.TempPathFactory):
     session, for tests that change its weights or stop it for a while and resume it. tests/engines/test_engines_vllm.py
     expects the model's own weights labelled version 0 as it starts: the tests before it leave the server so
     (tests/actors/test_faults.py only stops it, the partition test in tests/broker/test_faults.py publishes the
-    model's own weights and labels them 0 again); the weight benchmark (tests/scripts/test_benchmarks.py, after it)
-    trains them."""
+    model's own weights and labels them 0 again); the weight benchmark (tests/bench/test_benchmarks.py, which
+    tests/bench/conftest.py runs after it) trains them."""
     yield from serve_tiny_model(tmp_path_factory, max_model_len=1024)
 
 

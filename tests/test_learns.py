@@ -1,7 +1,7 @@
 """It learns: the whole system (real vLLM, torchrun/FSDP2 learner, ZeroMQ broker, actors, evaluator) raises
 the success rate on held-out FrozenLake 5x5 seeds well above the warm-started policy's.
 
-The warm start (scripts/warm_start.py, cached in .cache/tiny-model-warm; ~1-2 min the first time) teaches
+The warm start (launcher/warm_start.py, cached in .cache/tiny-model-warm; ~1-2 min the first time) teaches
 only the answer format, so the policy at version 0 picks moves uniformly: its validation success (sampled,
 as the preset validates) is near 0 (uniformly random play succeeds ~2% of the time here). Training runs
 the `learn_frozenlake` preset for STEPS learner steps; the evaluator validates versions 0 and STEPS on the
@@ -84,7 +84,7 @@ def run_launcher(argv: list[str], timeout_s: float) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def warm_model() -> Path:
     out = ROOT / ".cache" / "tiny-model-warm"
-    proc = subprocess.run([sys.executable, "scripts/warm_start.py", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "launcher.warm_start", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, f"warm start failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     return out

@@ -97,7 +97,7 @@ _SCALAR_TYPES: dict[Any, tuple[type, ...]] = {
 
 def field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
     """The check of header field `kind.name` by its type hint, decided once per field (deciding it per
-    value was a third of the broker's decode time, scripts/bench_broker.py)."""
+    value was a third of the broker's decode time, bench/broker.py)."""
     where = f"{kind}.{name}"
     origin = typing.get_origin(hint)
     if origin is Literal:

@@ -173,7 +173,7 @@ MAX_BUNDLE = 4096
 class Transitions:
     """Actor -> broker: consecutive transitions of one actor incarnation in one message, taken by the broker
     one after another exactly as if they had come one by one (one receive, one header and one pass of
-    checks for all of them; scripts/bench_broker.py).
+    checks for all of them; bench/broker.py).
 
     Columnar: item i's scalar fields are `items[i]` (TRANSITION_ITEM_FIELDS order); its token arrays are
     slices of the concatenated arrays, cut by `prompt_lens` and `response_lens`; its images are the next
@@ -212,7 +212,7 @@ class Transitions:
     def split(self) -> list[Transition]:
         """The transitions, in order (their arrays view this message's).
 
-        perf (scripts/bench_broker.py): each is made by filling its `__dict__`, not through the frozen
+        perf (bench/broker.py): each is made by filling its `__dict__`, not through the frozen
         dataclass's `__init__` (an `object.__setattr__` per field); the same object, as a test checks
         against `Transition(...)` for every field."""
         out, p, r = [], 0, 0
@@ -372,9 +372,9 @@ class WeightUpdate:
 
     format "safetensors": full weights (HF key names). "peft_adapter": only a LoRA adapter, keyed as peft's
     adapter_model.safetensors, with its adapter_config.json text in the file's metadata
-    (`engines.weights.serialize_adapter`). Streamed weights (`engines.stream`), payload a JSON object:
+    (`learner.publish.serialize_adapter`). Streamed weights (`agentstream.weights`), payload a JSON object:
     "stream_join": join the group (`engines.worker_ext.StreamInit` fields, and "group": its number);
-    "stream": take `version` from the group's broadcast (`engines.stream.StreamLayout` fields, and "group")."""
+    "stream": take `version` from the group's broadcast (`agentstream.weights.StreamLayout` fields, and "group")."""
 
     version: int
     payload: bytes  # a safetensors file, or JSON for the stream formats
@@ -434,7 +434,7 @@ _OMITTED_WHEN_EMPTY = frozenset({"images", "image_shapes", "image_data"})
 """Array fields `encode` leaves out when they hold nothing (decoded as their defaults): text costs nothing extra."""
 ZERO_COPY_MIN_BYTES = 65536
 """A frame this large is sent without copying; below it pyzmq's zero-copy path costs more than the copy
-(measured here: ~3x per small message, scripts/bench_broker.py), so such messages are copied."""
+(measured here: ~3x per small message, bench/broker.py), so such messages are copied."""
 
 
 def copy_when_sending(frames: list[bytes | memoryview]) -> bool:
@@ -554,7 +554,7 @@ _NO_BUNDLE_IMAGES = {"image_shapes": _NO_IMAGE_SHAPES, "image_data": _NO_IMAGE_D
 
 
 def _plain_transitions(header: dict[str, Any], bufs: list[Any]) -> Transitions | None:
-    """perf (scripts/bench_broker.py): the usual Transitions message, decoded in one pass of plain checks (no
+    """perf (bench/broker.py): the usual Transitions message, decoded in one pass of plain checks (no
     per-field dispatch); None sends anything unusual through `decode`'s general path, which accepts exactly
     what this accepts and says what is wrong with the rest."""
     actor, incarnation, items = header.get("actor"), header.get("incarnation"), header.get("items")
@@ -577,7 +577,7 @@ _NO_TRANSITION_IMAGES = {"images": _NO_IMAGES}
 
 
 def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | None:
-    """perf (scripts/bench_broker.py --one-per-message; an actor sends a lone step as a Transition): the usual
+    """perf (bench/broker.py --one-per-message; an actor sends a lone step as a Transition): the usual
     Transition message, its header fields checked as one item of a bundle (`_plainly_valid`, the same checks);
     None sends anything unusual through `decode`'s general path."""
     if len(header) != 17:  # v, kind, _arrays and the 14 header fields, every one present

@@ -16,7 +16,7 @@ import pytest
 import actors.episode
 from actors.actor import Actor
 from actors.episode import Answer, StepRecord, Turn, play
-from actors.evaluate import Episode, play_episode
+from actors.evaluate import ValidationEpisode, play_episode
 from actors.spec import ActorSpec
 from agentstream.config import Config
 from agentstream.wire.messages import GroupGrant, Transition
@@ -219,7 +219,7 @@ async def test_the_evaluator_plays_through_the_loop(spec: tuple[ActorSpec, list[
     result = await asyncio.create_task(episode, name="evaluator")
     assert calls == ["evaluator"]
     assert engine.prompts == [list(p.encode()) for p in PROMPTS]  # exactly the actor's prompts
-    assert result == Episode(success=True, env_return=1.0, steps=3, invalid=1)  # env reward only: no penalty
+    assert result == ValidationEpisode(success=True, env_return=1.0, steps=3, invalid=1)  # env reward only: no penalty
 
 
 async def test_a_cancel_that_comes_as_an_env_call_ends_is_never_lost(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from itertools import pairwise
 
-from actors.evaluate import Episode, append_row, is_due, read_rows, summarize
+from actors.evaluate import ValidationEpisode, append_row, is_due, read_rows, summarize
 
 
 def test_due_at_zero_then_every_n_and_at_the_final_version() -> None:
@@ -41,7 +41,8 @@ def test_due_never_skips_a_multiple_and_always_ends_at_total() -> None:
 def test_summarize_by_hand() -> None:
     # 4 episodes: 2 successes of 3 and 5 steps (return 1 each), 2 failures of 8 steps with 1 and 3 invalid.
     # success 2/4 = 0.5; return (1 + 1 + 0 + 0) / 4 = 0.5; invalid 4 / 24 steps; mean length 24 / 4 = 6.
-    eps = [Episode(True, 1.0, 3, 0), Episode(True, 1.0, 5, 0), Episode(False, 0.0, 8, 1), Episode(False, 0.0, 8, 3)]
+    eps = [ValidationEpisode(True, 1.0, 3, 0), ValidationEpisode(True, 1.0, 5, 0), ValidationEpisode(False, 0.0, 8, 1),
+           ValidationEpisode(False, 0.0, 8, 3)]
     row = summarize(eps, version=10, version_end=11, wall_s=12.345, trajectories=320)
     assert (row.val_success_rate, row.val_return, row.val_steps) == (0.5, 0.5, 6.0)
     assert row.val_invalid_rate == 4 / 24
@@ -51,8 +52,8 @@ def test_summarize_by_hand() -> None:
 def test_csv_round_trip(tmp_path) -> None:
     path = tmp_path / "validation.csv"
     assert read_rows(path) == []
-    a = summarize([Episode(True, 1.0, 2, 0)], 0, 0, 1.0, 0)
-    b = summarize([Episode(False, 0.0, 4, 2)], 5, 6, 9.5, 160)
+    a = summarize([ValidationEpisode(True, 1.0, 2, 0)], 0, 0, 1.0, 0)
+    b = summarize([ValidationEpisode(False, 0.0, 4, 2)], 5, 6, 9.5, 160)
     append_row(path, a)
     append_row(path, b)
     rows = read_rows(path)

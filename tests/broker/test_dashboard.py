@@ -1,4 +1,4 @@
-"""Dashboard HTTP routes (broker/dashboard.py), /metrics and the metric sinks (broker/metrics.py), the broker's
+"""Dashboard HTTP routes (broker/dashboard.py), /metrics (broker/prometheus.py), the broker's
 views (Broker.snapshot) and StatsBook's windows, against hand-made inputs; each test runs well under a second
 (the page itself runs in Chromium in tests/test_dashboard_browser.py).
 

@@ -59,7 +59,7 @@ from agentstream.wire.messages import Batch, BatchRequest, VersionUpdate
 client, step, publisher = SyncClient(sys.argv[1], "learner-0"), 0, None
 if len(sys.argv) > 3:  # weights for the engines' sidecars, sent as rank 0 sends them (the model's own, each step)
     from safetensors.torch import load_file
-    from engines.weights import WeightPublisher
+    from learner.publish import WeightPublisher
     publisher, weights = WeightPublisher(sys.argv[3]), load_file(sys.argv[4])
 while True:  # a learner rank: batch `step`, a "training step", the next version
     batch = client.request(BatchRequest(step=step, rank=0, world_size=1), resend_every_s=2.0,

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from agentstream.config import REPO_ROOT
 from agentstream.wire.addresses import free_port
-
-# `engines` is not yet among pyproject's packages (the editable install does not map it), so make the
-# repository importable however pytest was started.
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 
 @dataclass

@@ -25,9 +25,9 @@ import torch.distributed as dist
 import zmq
 
 from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
+from agentstream.models import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, served_model_name
 from agentstream.wire.addresses import free_port
-from engines import EngineClient, WeightPublisher, server_command, wait_ready
-from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, served_model_name
+from engines import EngineClient, server_command, wait_ready
 from launcher import procs
 from launcher.tiny_model import make_tiny_model
 from learner.batching import MicroBatch
@@ -40,6 +40,7 @@ from learner.model import (
     response_logprobs,
     trainable_parameters,
 )
+from learner.publish import WeightPublisher
 
 pytestmark = pytest.mark.e2e
 

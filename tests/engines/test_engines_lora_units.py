@@ -8,15 +8,15 @@ import json
 import aiohttp
 import pytest
 import torch
-import zmq
 from safetensors.torch import load
 
 from agentstream.config import EnginesConfig, ModelConfig, SamplingConfig
-from agentstream.wire.messages import EngineStatus, WeightUpdate, decode, encode
-from engines import EngineClient, WeightPublisher, serialize_adapter
+from agentstream.models import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name, served_model_name
+from agentstream.wire.messages import WeightUpdate
+from engines import EngineClient
 from engines import server as server_mod
-from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name, served_model_name
 from engines.sidecar import MM_CACHE_RESETS, ApplyError, ServerControl, SidecarSpec, WeightSidecar, write_adapter
+from learner.publish import serialize_adapter
 
 ADAPTER = {
     "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(8, 128),
@@ -49,21 +49,6 @@ def test_adapter_payload_unfolds_into_a_peft_directory(tmp_path):
         serialize_adapter({"lm_head.weight": torch.zeros(2, 2)}, CONFIG)  # a tied head must not slip through
     with pytest.raises(ApplyError, match="adapter config"):
         write_adapter(tmp_path, 4, b"\x02\x00\x00\x00\x00\x00\x00\x00{}")  # safetensors without the metadata
-
-
-def test_publisher_sends_adapters_as_peft_adapter_format():
-    with WeightPublisher("tcp://127.0.0.1:*") as pub:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, b"e")
-        sock.connect(pub.address)
-        sock.send_multipart(encode(EngineStatus(engine="e", url="u", version=0)))
-        pub.wait_for(0, 1, 5)
-        pub.publish_adapter(1, ADAPTER, CONFIG)
-        assert sock.poll(5000)
-        msg = decode(sock.recv_multipart())
-        sock.close(0)
-    assert isinstance(msg, WeightUpdate) and msg.version == 1 and msg.format == "peft_adapter"
-    assert set(load(msg.payload)) == set(ADAPTER)
 
 
 async def test_lora_apply_loads_the_adapter_in_place(fake_vllm, tmp_path):

@@ -23,11 +23,12 @@ import torch
 import zmq
 
 from agentstream.config import REPO_ROOT, SamplingConfig
+from agentstream.weights import StreamLayout, StreamSource
 from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
-from engines import EngineClient, WeightPublisher
-from engines.stream import StreamLayout, StreamSource
+from engines import EngineClient
 from engines.sidecar import ServerControl
 from launcher import procs
+from learner.publish import WeightPublisher
 
 pytestmark = pytest.mark.e2e
 

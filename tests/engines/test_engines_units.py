@@ -1,11 +1,10 @@
-"""Fast tests of engines/ without vLLM: command line, serialisation, publisher, client, agent logic."""
+"""Fast tests of engines/ without vLLM: command line, client, agent logic (the learner's publisher at the other end)."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -13,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from safetensors.torch import load
 
 from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
 from agentstream.wire.addresses import free_port
-from agentstream.wire.messages import EngineStatus, Stats, WeightUpdate, decode, encode
-from engines import EngineClient, EngineError, ServerNotReady, WeightPublisher, serialize_state_dict
+from agentstream.wire.messages import Stats, WeightUpdate, decode
+from engines import EngineClient, EngineError, ServerNotReady
 from engines import server as server_mod
 from engines.sidecar import (MM_CACHE_RESETS, ServerControl, SidecarSpec, WeightSidecar, prune_weight_dirs,
                              write_weights)
 from launcher import procs
+from learner.publish import WeightPublisher
 
 
 # ------------------------------------------------------------------------------------ server_command
@@ -62,106 +61,6 @@ async def test_wait_ready_reports_dead_process_and_timeout():
 async def test_wait_ready_returns_on_health(fake_vllm):
     await server_mod.wait_ready(fake_vllm.url, 5)
     assert fake_vllm.calls == ["/health"]
-
-
-# ------------------------------------------------------------------------------------ serialisation
-def test_serialize_drops_exact_aliases_and_copies_views():
-    embed = torch.randn(6, 4)
-    base = torch.arange(10.0)
-    sd = {"model.embed_tokens.weight": embed, "a": base[:5], "b": base[5:], "lm_head.weight": embed}
-    out = load(serialize_state_dict(sd))
-    # lm_head.weight is the very tensor of the embedding (tied): left out, as save_pretrained does.
-    assert sorted(out) == ["a", "b", "model.embed_tokens.weight"]
-    assert torch.equal(out["model.embed_tokens.weight"], embed)
-    # a and b share one storage but are different tensors: both kept, values intact.
-    assert out["a"].tolist() == [0, 1, 2, 3, 4] and out["b"].tolist() == [5, 6, 7, 8, 9]
-
-
-def test_serialize_keeps_equal_copies_and_casts():
-    embed = torch.randn(6, 4)
-    sd = {"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone(), "step": torch.tensor([3])}
-    out = load(serialize_state_dict(sd, dtype=torch.bfloat16))
-    assert sorted(out) == ["lm_head.weight", "model.embed_tokens.weight", "step"]
-    assert out["lm_head.weight"].dtype == torch.bfloat16 and out["step"].dtype == torch.int64  # ints untouched
-
-
-# ------------------------------------------------------------------------------------ publisher
-def _fake_agent(address: str, name: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, name.encode())
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    return sock
-
-
-def _recv_update(sock: zmq.Socket, timeout_s: float = 5.0) -> WeightUpdate:
-    assert sock.poll(int(timeout_s * 1000)), "no weight update arrived"
-    msg = decode(sock.recv_multipart())
-    assert isinstance(msg, WeightUpdate)
-    return msg
-
-
-def test_publisher_late_registration_restart_and_timeout():
-    state = {"w": torch.ones(3)}
-    with WeightPublisher("tcp://127.0.0.1:*") as pub:
-        pub.publish(3, state)  # nobody registered yet
-        agent = _fake_agent(pub.address, "engine-a")
-        agent.send_multipart(encode(EngineStatus(engine="engine-a", url="http://a", version=0)))
-        assert pub.wait_for(0, 1, 5) == {"engine-a": 0}  # the registration is taken, and answered:
-        update = _recv_update(agent)
-        assert update.version == 3 and torch.equal(load(update.payload)["w"], torch.ones(3))
-        # A heartbeat at the old version while the update is on its way must not resend the payload.
-        agent.send_multipart(encode(EngineStatus(engine="engine-a", url="http://a", version=0)))
-        time.sleep(0.2)
-        assert pub.engine_versions() == {"engine-a": 0}
-        assert not agent.poll(300)
-        agent.send_multipart(encode(EngineStatus(engine="engine-a", url="http://a", version=3)))
-        assert pub.wait_for(3, 1, 5) == {"engine-a": 3}
-        # The agent restarted (its version went back to 0): it gets the newest weights again.
-        agent.send_multipart(encode(EngineStatus(engine="engine-a", url="http://a", version=0)))
-        time.sleep(0.2)  # the publisher has no thread: it takes messages whenever it is called
-        assert pub.engine_versions() == {"engine-a": 0}
-        assert _recv_update(agent).version == 3
-        with pytest.raises(TimeoutError, match=r"0 of 1 engines run version >= 4.*'engine-a': 0"):
-            pub.wait_for(4, 1, 0.3)
-        with pytest.raises(ValueError, match="not newer"):
-            pub.publish(3, state)
-        agent.close()
-
-
-def test_publisher_sends_the_newest_again_on_a_new_connection_and_only_then():
-    """A sidecar whose connection to the learner was made again (EngineStatus.link went up: a partition, a
-    handover) lost what was queued on the old one: the newest weights go out again. Its first connection (link
-    0 -> 1) and heartbeats on the same link do not resend."""
-    with WeightPublisher("tcp://127.0.0.1:*") as pub:
-        old = _fake_agent(pub.address, "engine-a")
-        old.send_multipart(encode(EngineStatus(engine="engine-a", url="", version=0)))  # before its handshake
-        pub.wait_for(0, 1, 5)
-        pub.publish(1, {"w": torch.zeros(2)})
-        assert _recv_update(old).version == 1
-        for link in (1, 1):  # its first connection counted, then a heartbeat: the update is on its way already
-            old.send_multipart(encode(EngineStatus(engine="engine-a", url="", version=0, link=link)))
-            time.sleep(0.2)
-            assert pub.engine_versions() == {"engine-a": 0} and not old.poll(200)
-        new = _fake_agent(pub.address, "engine-a")  # the same sidecar, connected again (ROUTER_HANDOVER)
-        new.send_multipart(encode(EngineStatus(engine="engine-a", url="", version=0, link=2)))
-        time.sleep(0.2)
-        assert pub.engine_versions() == {"engine-a": 0}
-        assert _recv_update(new).version == 1  # (to the new connection: the old one was handed over)
-        for sock in (old, new):
-            sock.close()
-
-
-def test_publisher_sends_each_version_to_every_agent():
-    with WeightPublisher("tcp://127.0.0.1:*") as pub:
-        agents = [_fake_agent(pub.address, f"engine-{i}") for i in range(2)]
-        for i, a in enumerate(agents):
-            a.send_multipart(encode(EngineStatus(engine=f"engine-{i}", url="", version=0)))
-        assert pub.wait_for(0, 2, 5) == {"engine-0": 0, "engine-1": 0}
-        pub.publish(1, {"w": torch.zeros(2)})
-        assert [_recv_update(a).version for a in agents] == [1, 1]
-        for a in agents:
-            a.close()
 
 
 # ------------------------------------------------------------------------------------ client

@@ -21,11 +21,12 @@ import pytest
 import torch
 
 from agentstream.config import Config, SamplingConfig
+from agentstream.models import SERVED_MODEL_NAME
 from engines.client import GENERATE, EngineClient, EngineError, png_data_uri
-from engines.server import SERVED_MODEL_NAME, server_command
+from engines.server import server_command
 from engines.sidecar import ServerControl, write_weights
-from engines.weights import serialize_state_dict
 from launcher.tiny_vl_model import image_tokens, make_tiny_vl_model
+from learner.publish import serialize_state_dict
 from learner.vision import expand_images, vl_response_logprobs
 
 TOL = 1e-4  # fp32 log-prob agreement vLLM vs HF
@@ -234,10 +235,10 @@ async def test_a_lora_adapter_of_the_language_model_reaches_the_engine(vl: VL, t
     from peft import get_peft_model
     from peft.utils import get_peft_model_state_dict
 
-    from engines.server import LORA_ADAPTER_NAME
+    from agentstream.models import LORA_ADAPTER_NAME
     from engines.sidecar import write_adapter
-    from engines.weights import serialize_adapter
     from learner.model import LoraSpec, adapter_config, language_modules
+    from learner.publish import serialize_adapter
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     policy = get_peft_model(copy.deepcopy(vl.model), LoraSpec(LORA_RANK, 16.0, targets).peft_config(

@@ -30,10 +30,11 @@ import zmq
 from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
 from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
-from engines import EngineClient, WeightPublisher
+from engines import EngineClient
 from engines.client import text_decoder
 from engines.sidecar import ServerControl
 from launcher import procs
+from learner.publish import WeightPublisher
 
 pytestmark = pytest.mark.e2e
 

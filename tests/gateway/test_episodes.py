@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from agentstream.wire.messages import ABANDON, ABANDON_GROUP, GroupGrant, Transition
-from gateway.episodes import Episode, Registry
+from gateway.episodes import GatewayEpisode, Registry
 from gateway.protocol import ApiError
 
 
-def episode(eid: str) -> Episode:
-    return Episode(eid, "task", GroupGrant(group_id=3, seed=7, min_version=2), 0, f"gw.0.g3.{eid}", engine=None)
+def episode(eid: str) -> GatewayEpisode:
+    return GatewayEpisode(eid, "task", GroupGrant(group_id=3, seed=7, min_version=2), 0, f"gw.0.g3.{eid}", engine=None)
 
 
 def refusal(reg: Registry, eid: str) -> tuple[int, str]:

@@ -338,7 +338,7 @@ async def test_an_episode_whose_engine_is_gone_moves_to_another_and_its_chain_ho
     gw = stack.gateway
     gone = EngineClient(f"http://127.0.0.1:{free_port()}", stack.session, 5)
     gw.engines[:] = [gone, stack.engine]
-    gw._next_engine = 0  # the next episode opens on `gone`
+    gw.pool.picks = 0  # the next episode opens on `gone`
     user = [{"role": "user", "content": "hi"}]
 
     def agent() -> tuple:

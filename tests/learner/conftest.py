@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,6 @@ import torch.distributed as dist
 from agentstream.wire.addresses import free_port
 
 torch.set_num_threads(1)  # two shared cores: never let a test fan out
-# pytest runs with --import-mode=importlib: make the helper module (and spawned ranks) find learner_testing
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,9 @@ import torch.multiprocessing as mp
 import zmq
 from torch import Tensor
 
+from agentstream.weights import StreamSource
 from agentstream.wire.addresses import free_port
 from agentstream.wire.messages import Batch, BatchRequest, Message, decode, encode
-from engines.stream import StreamSource
 from learner.advantages import compute_advantages
 from learner.batching import MicroBatch, make_micro_batches
 from learner.losses import PolicyLossInput, policy_objective
@@ -103,7 +103,7 @@ class FakeBroker:
 
 
 class FilePublisher:
-    """Stands in for engines.weights.WeightPublisher: `bind_address` is a folder; each version's full
+    """Stands in for learner.publish.WeightPublisher: `bind_address` is a folder; each version's full
     state dict is saved there as v{version}.pt."""
 
     def __init__(self, bind_address: str):

@@ -9,6 +9,15 @@ from collections import defaultdict
 
 import pytest
 import torch
+from learner_oracles import (
+    gae_reference,
+    gigpo_reference,
+    grpo_reference,
+    reinforce_pp_reference,
+    rewards_to_go_reference,
+    rloo_reference,
+    whiten_reference,
+)
 
 from learner.advantages import (
     ADVANTAGES,
@@ -17,23 +26,17 @@ from learner.advantages import (
     compute_advantages,
     discounted_returns,
     gae,
-    gae_reference,
     gigpo,
-    gigpo_reference,
     grpo,
-    grpo_reference,
     reinforce_pp,
     reinforce_pp_baseline,
-    reinforce_pp_reference,
     returns_of,
     rloo,
-    rloo_reference,
     whiten,
     whiten_batch,
-    whiten_reference,
     whitening_sums,
 )
-from learner.token_rewards import rewards_to_go, rewards_to_go_reference
+from learner.token_rewards import rewards_to_go
 
 
 def inp_of(rewards, traj, group, steps, anchors=None, values=None, tokens=None) -> AdvantageInput:

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from learner_oracles import grpo_reference
 from learner_testing import ppo_clip_tis, ppo_clip_tis_reference
 
-from learner.advantages import ADVANTAGES, AdvantageInput, compute_advantages, get_advantage, grpo, grpo_reference
+from learner.advantages import ADVANTAGES, AdvantageInput, compute_advantages, get_advantage, grpo
 from learner.losses import POLICY_LOSSES, get_policy_loss
 
 

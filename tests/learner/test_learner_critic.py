@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learner_oracles import clipped_value_loss_reference
 from learner_testing import FakeBroker, make_batch, run_ranks
 
 from agentstream.config import Config, save
 from learner.batching import Sequences, make_micro_batches
-from learner.critic import clipped_value_loss, clipped_value_loss_reference
+from learner.critic import clipped_value_loss
 from learner.losses import VALUE_LOSS_AGGREGATIONS, value_loss_weights
 from learner.model import response_logprobs, token_logprobs
 from learner.step import reference_logprobs

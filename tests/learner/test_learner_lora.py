@@ -87,7 +87,7 @@ def test_published_adapter_loads_in_peft_and_matches(one_rank, tiny_model_dir: P
     from transformers import AutoModelForCausalLM
 
     from engines.sidecar import write_adapter
-    from engines.weights import serialize_adapter
+    from learner.publish import serialize_adapter
 
     model = load_policy(str(tiny_model_dir), "float32", torch.device("cpu"), 1, lora=LoraSpec(8, 16.0, TARGETS))
     seqs, mbs = micro_batches(model.config.vocab_size, seed=1)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from learner_oracles import policy_objective_reference
 
 from learner.losses import (
     KL_ESTIMATORS,
@@ -18,7 +19,6 @@ from learner.losses import (
     kl_estimate,
     loss_denominators,
     policy_objective,
-    policy_objective_reference,
     ppo_clip,
 )
 from learner.model import _logprob_and_entropy

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learner_oracles import online_dpo_reference
 from learner_testing import FakeBroker, make_batch, run_ranks
 
 from agentstream.config import Config, save
@@ -18,7 +19,7 @@ from learner.advantages import AdvantageInput, compute_advantages, count_pairs, 
 from learner.batching import Sequences, make_micro_batches
 from learner.losses import PolicyLossInput, policy_objective
 from learner.model import load_policy
-from learner.preference import online_dpo_reference, preference_pairs
+from learner.preference import preference_pairs
 from learner.step import (
     StepOptions, advantage_input, make_step_models, refresh_reference, sequence_logprobs, train_step,
 )

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Callable
 
 import pytest
 
 import envs
 import memory
-
-# pytest runs with --import-mode=importlib: let the tests import the shared episode in memory_testing
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 

@@ -4,10 +4,11 @@ and cuts the observation from the front only when those two alone overflow."""
 import random
 
 import pytest
+from memory_oracles import largest_fitting_reference
 
 import memory
 from envs.frozenlake import INSTRUCTIONS
-from memory.prompt import CUT_MARK, PromptFitter, largest_fitting, largest_fitting_reference
+from memory.prompt import CUT_MARK, PromptFitter, largest_fitting
 
 
 BUDGET = 450  # the 8x8 instructions + observation take about 175 tokens: room for two or three steps

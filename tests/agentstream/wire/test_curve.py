@@ -129,7 +129,7 @@ async def test_curve_broker_serves_allowed_keys_only(tmp_path) -> None:
 
 
 def test_weight_publisher_accepts_allowed_agents_only(tmp_path) -> None:
-    from engines.weights import WeightPublisher
+    from learner.publish import WeightPublisher
 
     keys, stranger = tmp_path / "keys", tmp_path / "stranger"
     keygen(keys)

@@ -1,8 +1,8 @@
 """Supervised warm start on the action format: a new model directory that writes parseable actions.
 
-    .venv/bin/python scripts/warm_start.py                     # .cache/tiny-model -> .cache/tiny-model-warm
-    .venv/bin/python scripts/warm_start.py --map-size 5 --frozen-prob 0.9 --max-steps 16 --steps 150
-    .venv/bin/python scripts/warm_start.py --env agentstream/Reasoning-v0 --dataset basic_arithmetic \
+    .venv/bin/python -m launcher.warm_start                 # .cache/tiny-model -> .cache/tiny-model-warm
+    .venv/bin/python -m launcher.warm_start --map-size 5 --frozen-prob 0.9 --max-steps 16 --steps 150
+    .venv/bin/python -m launcher.warm_start --env agentstream/Reasoning-v0 --dataset basic_arithmetic \
         --dataset-kwargs '{"max_terms": 2, "max_digits": 1}' --out .cache/tiny-model-warm-arithmetic
 
 What it teaches (actors/demos.py makes the demonstrations, learner/sft.py fits them): prompts are real
@@ -30,11 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from agentstream.config import REPO_ROOT, TINY_MODEL_DIR  # noqa: E402
+from agentstream.config import REPO_ROOT, TINY_MODEL_DIR
 
 if TYPE_CHECKING:
     from actors.demos import FormatSpec
@@ -145,8 +141,8 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from launcher.tiny_model import ensure_tiny_model
     from actors.demos import format_demos
+    from launcher.tiny_model import ensure_tiny_model
     from learner.sft import SftOptions, train_sft
 
     base, out = Path(args.base), Path(args.out)

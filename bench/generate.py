@@ -2,8 +2,8 @@
 `generate` in this process (TRL's generation, 2 torch threads), on one model and the same batches; nothing
 else runs.
 
-    .venv/bin/python scripts/bench_generate.py [--shapes 1x1,2x8,8x8] [--tokens 32] [--prompt-tokens 133]
-    .venv/bin/python scripts/bench_generate.py --model .cache/small-model
+    .venv/bin/python -m bench.generate [--shapes 1x1,2x8,8x8] [--tokens 32] [--prompt-tokens 133]
+    .venv/bin/python -m bench.generate --model .cache/small-model
 
 A shape RxN is R distinct prompts of `--prompt-tokens` random token ids, each answered N times (vLLM: R
 concurrent requests of n = N, as the actors send a group's first turns; HF: one `generate` of the R prompts with
@@ -13,26 +13,20 @@ recomputes log-probs in its loss). Every batch has prompts of its own (none is i
 for both. Per shape: the median wall time of `--repeats` batches after one warm-up, the time one sampled token
 costs a whole batch (wall / tokens), and last vLLM's time over HF's.
 
-It isolates what `scripts/bench_peer.py`'s synchronous step waits on: on the tiny model one answer from the
+It isolates what `bench.peer`'s synchronous step waits on: on the tiny model one answer from the
 engine takes about as long as HF's batch of sixteen (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_async import load_line, vllm_server  # noqa: E402
+from bench import harness
 
 
 @dataclass(frozen=True)
@@ -134,14 +128,12 @@ def table(shapes: list[Shape], engine: list[list[float]], hf: list[list[float]],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="", help="model directory (default: the tiny model, made if missing)")
+    parser = harness.arguments(__doc__, model=True, engine_url=True)
     parser.add_argument("--shapes", default="1x1,2x8,8x8", help="RxN: R prompts, N answers each (comma-separated)")
     parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per answer")
-    parser.add_argument("--prompt-tokens", type=int, default=133, help="prompt length (bench_peer's prompts: 133)")
+    parser.add_argument("--prompt-tokens", type=int, default=133, help="prompt length (bench.peer's prompts: 133)")
     parser.add_argument("--repeats", type=int, default=8, help="timed batches per shape (after one warm-up)")
     parser.add_argument("--hf-threads", type=int, default=2, help="torch threads for HF generate (TRL's: 2 here)")
-    parser.add_argument("--engine-url", default="", help="a running server of the same model (default: start one)")
     args = parser.parse_args()
     shapes = [Shape.parse(s) for s in args.shapes.split(",")]
     if args.tokens < 1 or args.repeats < 1 or args.prompt_tokens < 1:
@@ -149,21 +141,18 @@ def main() -> None:
 
     from transformers import AutoConfig
 
-    from agentstream.config import TINY_MODEL_DIR
-    from launcher.tiny_model import ensure_tiny_model
-
-    model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
+    model = harness.model_dir(args.model)
     vocab = AutoConfig.from_pretrained(model).vocab_size
     # new prompts for every batch, the same for both (vLLM's prefix cache never holds a prompt it is timed on)
     batches = [[prompts_of(s, args.prompt_tokens, vocab, seed=i * 1000 + k) for k in range(args.repeats + 1)]
                for i, s in enumerate(shapes)]
-    print(load_line(), flush=True)
+    print(harness.load_line(), flush=True)
     engine = f"at {args.engine_url}" if args.engine_url else "as the launcher starts it (1 compute thread on CPU)"
     print(f"# {Path(model).name}: {args.prompt_tokens}-token prompts, {args.tokens} tokens per answer, "
           f"temperature 1.0; vLLM {engine}, HF generate on {args.hf_threads} threads; medians of {args.repeats}",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as folder, \
-            vllm_server(model, Path(folder), args.engine_url) as url:
+            harness.vllm_server(model, Path(folder), args.engine_url) as url:
         times = asyncio.run(engine_times(url, model, shapes, batches, args.tokens))
     hf = hf_times(model, shapes, batches, args.tokens, args.hf_threads)  # with the server gone
     print("\n".join(table(shapes, times, hf, args.tokens)), flush=True)

@@ -2,9 +2,9 @@
 pauses, and the sending process's extra memory, for the streamed path (engines.weight_sync=stream), the file path
 and a LoRA adapter, at three model sizes.
 
-    .venv/bin/python scripts/bench_weights.py [--updates 3] [--sizes tiny,small,large] [--modes file,stream,lora]
+    .venv/bin/python -m bench.weights [--updates 3] [--sizes tiny,small,large] [--modes file,stream,lora]
                                               [--engines 2]
-    .venv/bin/python scripts/bench_weights.py --modes file,stream --engines 1 --model DIR --engine-url URL
+    .venv/bin/python -m bench.weights --modes file,stream --engines 1 --model DIR --engine-url URL
 
 Per size: real vLLM servers, a real weight sidecar per server (`python -m engines.sidecar`) and a real broker; here, a
 one-rank FSDP2 policy (`learner.model.load_policy`) takes an optimizer step, then the learner's own path runs: file:
@@ -21,11 +21,9 @@ path's bandwidth as a fraction of loopback at the last size.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -35,13 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 import torch
 
-from agentstream.config import Config
+from agentstream.config import REPO_ROOT, Config
 from agentstream.wire.addresses import free_port
+from bench import harness
 from launcher.procs import start, stop
 
 SIZES = {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
@@ -190,7 +186,7 @@ class Servers:
 
     def __init__(self, model_dir: Path, folder: Path, count: int, lora: bool, urls: list[str]):
         from agentstream import config as config_mod
-        from engines.server import server_command, wait_ready
+        from engines.server import wait_ready
 
         folder.mkdir(parents=True, exist_ok=True)
         self.cfg = Config()
@@ -199,15 +195,13 @@ class Servers:
         self.folder, self.procs, self.sidecar_procs = folder, [], []
         self.urls = list(urls)
         for i in range(count - len(self.urls)):
-            port = free_port()
-            argv, env = server_command(self.cfg.model, self.cfg.engines, port)
-            self.procs.append(start(argv, folder / f"engine-{i}.log", env=env))
-            self.urls.append(f"http://127.0.0.1:{port}")
+            proc, url = harness.start_vllm(self.cfg, folder / f"engine-{i}.log")
+            self.procs.append(proc)
+            self.urls.append(url)
         config_mod.save(self.cfg, folder / "config.yaml")
         self.broker_port = free_port()
-        self.procs.append(start([sys.executable, "-m", "broker.server", "--config", str(folder / "config.yaml"),
-                                 "--port", str(self.broker_port), "--dashboard-port", str(free_port())],
-                                folder / "broker.log", cwd=ROOT))
+        self.procs.append(start(harness.broker_argv(folder / "config.yaml", self.broker_port), folder / "broker.log",
+                                cwd=REPO_ROOT))
         for url in self.urls:
             asyncio.run(wait_ready(url, 600))
 
@@ -219,7 +213,7 @@ class Servers:
             sys.executable, "-m", "engines.sidecar", "--name", f"engine-{i}", "--url", url, "--learner",
             publisher.address, "--broker", f"tcp://127.0.0.1:{self.broker_port}", "--stream-workers",
             "1" if stream else "0", "--workdir", str(self.folder / "weights" / f"engine-{i}")],
-            self.folder / f"sidecar-{i}-{'stream' if stream else 'file'}.log", cwd=ROOT)
+            self.folder / f"sidecar-{i}-{'stream' if stream else 'file'}.log", cwd=REPO_ROOT)
             for i, url in enumerate(self.urls[:n])]
         publisher.wait_for(0, n, 120)  # registered
 
@@ -230,9 +224,8 @@ class Servers:
 
 def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: int, bucket_mb: int) -> SyncResult:
     """`updates` optimizer steps of a one-rank FSDP2 policy, each published the `mode` way to `engines` servers."""
-    from engines.server import LORA_ADAPTER_NAME, SERVED_MODEL_NAME
-    from engines.stream import StreamLayout, StreamSource
-    from engines.weights import WeightPublisher, serialize_adapter, serialize_state_dict
+    from agentstream.models import LORA_ADAPTER_NAME, SERVED_MODEL_NAME
+    from agentstream.weights import StreamLayout, StreamSource
     from learner.model import (
         adapter_config,
         adapter_state_dict,
@@ -243,6 +236,7 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
         parameter_shapes,
         trainable_parameters,
     )
+    from learner.publish import WeightPublisher, serialize_adapter, serialize_state_dict
 
     cfg = servers.cfg
     lora = lora_spec(cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules, 0.0)
@@ -294,7 +288,7 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--updates", type=int, default=3, help="weight updates per case (median reported)")
     parser.add_argument("--sizes", default="tiny,small,large", help=f"comma-separated: {', '.join(SIZES)}")
     parser.add_argument("--modes", default="file,stream", help="comma-separated: file, stream, lora")
@@ -309,15 +303,14 @@ def main() -> None:
     if args.engine_url and (not args.model or "lora" in modes):
         parser.error("--engine-url needs --model (the server's model), and no lora mode (LoRA needs a server started "
                      "with LoRA enabled: leave --engine-url out and the benchmark starts one)")
-    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    harness.stop_on_sigterm()
     torch.set_num_threads(1)
     exact_rss()
     init_one_rank()
     from launcher.tiny_model import make_tiny_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-weights-"))
-    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
+    print(harness.load_line(), flush=True)
     print(f"{'size':<6} {'mode':<6} {'eng':>3} {'params':>8} {'MB':>7} {'gather s':>8} {'send s':>7} "
           f"{'step->serve s':>13} {'pause s':>8} {'extra MB':>8} {'MB/s':>8} {'loopback MB/s':>13}", flush=True)
     results = []

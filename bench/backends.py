@@ -1,6 +1,6 @@
 """What Ray costs: the same run with launcher.backend=local and launcher.backend=ray, side by side on this host.
 
-    .venv/bin/python scripts/bench_backends.py [--steps 10] [--ray-node-ip 127.0.0.2] [-- OVERRIDES...]
+    .venv/bin/python -m bench.backends [--steps 10] [--ray-node-ip 127.0.0.2] [-- OVERRIDES...]
 
 Both runs are the real launcher (`scripts/launch.py`: broker, vLLM engine + weight sidecar, torchrun learner, actors)
 with the same overrides; the Ray run starts a Ray instance of its own on this host (`launcher.ray_address` empty),
@@ -12,28 +12,20 @@ once placed).
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import harness
 
 
 def run(backend: str, steps: int, node_ip: str, overrides: list[str], out: Path) -> dict[str, float]:
     run_dir = out / backend
-    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", f"trainer.total_steps={steps}",
-            f"launcher.backend={backend}", "broker.dashboard_port=0", *overrides]  # 0: never the fixed default's clash
+    sets = [f"trainer.total_steps={steps}", f"launcher.backend={backend}",
+            "broker.dashboard_port=0", *overrides]  # 0: never the fixed default's clash
     if backend == "ray" and node_ip:
-        argv.append(f"launcher.ray_node_ip={node_ip}")
-    t0 = time.time()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{backend} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        sets.append(f"launcher.ray_node_ip={node_ip}")
+    t0, wall, _ = harness.run_launcher(run_dir, sets, f"with launcher.backend={backend}", timeout_s=1800)
     points = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = next(p["t"] for p in points if p["transitions_per_s"] > 0)
     steady = [p["env_steps_per_s"] for p in points if p["learner_version"] >= 1]
@@ -41,7 +33,7 @@ def run(backend: str, steps: int, node_ip: str, overrides: list[str], out: Path)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.arguments(__doc__)
     p.add_argument("--steps", type=int, default=10, help="learner steps per run")
     p.add_argument("--ray-node-ip", default="127.0.0.2",
                    help="this host's IP for Ray (127.0.0.2 keeps it on loopback; empty: Ray's guess)")

@@ -1,6 +1,6 @@
 """Broker throughput: transitions/s through the real broker versus raw pyzmq PUSH/PULL, same payloads, same run.
 
-    .venv/bin/python scripts/bench_broker.py [--transitions 20000] [--sizes small,large,image] [--repeats 2]
+    .venv/bin/python -m bench.broker [--transitions 20000] [--sizes small,large,image] [--repeats 2]
 
 Three processes for the broker path, as in a run: a producer (an actor's stand-in: pipelined GroupRequests,
 then every transition of each granted group, each built as a `Transition`, the group's sent as one
@@ -17,24 +17,18 @@ The last line is the broker/raw ratio for each size (target >= 0.5).
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import os
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 import numpy as np
 import zmq
 
 from agentstream.wire.addresses import free_port
+from bench import harness
 
 GROUP_SIZE = 4
 WINDOW = 32  # group requests the producer keeps outstanding (an actor with many slots does the same)
@@ -250,20 +244,16 @@ def run_broker(size: Size, n: int, folder: Path, profile: Path | None = None,
                overrides: tuple[str, ...] = (), bundle: bool = True) -> tuple[float, float]:
     """(transitions/s, the broker's CPU seconds per transition). `profile`: run the broker under cProfile
     and write its stats there."""
-    from launcher.procs import start, stop
-
     per_group = GROUP_SIZE * size.steps
     n_groups = _round_up(n, per_group * size.groups_per_step) // per_group
     n = n_groups * per_group
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix=f"{size.name}-", dir=folder))  # a fresh run folder (the broker's log)
     prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
-    proc = start([sys.executable, *prof, "-m", "broker.server", "--config", str(broker_config(size, n, folder, overrides)),
-                  "--port", str(port), "--dashboard-port", str(free_port())], folder / f"broker-{size.name}.log",
-                 cwd=ROOT)
-    try:
-        _wait_port(port)
-        cpu0 = _cpu_s(proc.pid)
+    log = folder / f"broker-{size.name}.log"
+    with harness.started(harness.broker_argv(broker_config(size, n, folder, overrides), port, prof), log) as proc:
+        harness.wait_listening(port, "the broker")
+        cpu0 = harness.cpu_s(proc.pid)
         ctx = mp.get_context("spawn")
         out_q, start_q = ctx.Queue(), ctx.Queue()
         address = f"tcp://127.0.0.1:{port}"
@@ -272,13 +262,11 @@ def run_broker(size: Size, n: int, folder: Path, profile: Path | None = None,
         producer = ctx.Process(target=broker_producer, args=(address, size, n_groups, start_q, bundle))
         producer.start()
         t0 = start_q.get(timeout=60)
-        t1, got = _get(out_q, [stub, producer], folder / f"broker-{size.name}.log")
-        cpu = _cpu_s(proc.pid) - cpu0
+        t1, got = _get(out_q, [stub, producer], log)
+        cpu = harness.cpu_s(proc.pid) - cpu0
         producer.join(30)
         stub.join(30)
         return got / (t1 - t0), cpu / got
-    finally:
-        stop(proc, 10)
 
 
 # ------------------------------------------------------------------------------------ helpers, main
@@ -304,26 +292,8 @@ def _round_up(n: int, k: int) -> int:
     return max(k, (n + k - 1) // k * k)
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (from /proc; Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _wait_port(port: int, timeout_s: float = 60) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"the broker did not listen on port {port} within {timeout_s}s; see its log")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--transitions", type=int, default=20_000, help="small (and image) transitions per measurement "
                         "(large ones: a quarter of this)")
     parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large, image")
@@ -333,8 +303,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="broker config override, e.g. --set broker.wal=false --set broker.wal_fsync=true")
     args = parser.parse_args()
-    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    harness.stop_on_sigterm()
     names = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in names if s not in SIZES]
     if unknown:
@@ -342,7 +311,7 @@ def main() -> None:
     bundle = not args.one_per_message
     print(f"# messages: {'one Transitions message per group' if bundle else 'one Transition message per transition'}"
           f" (same payloads on both paths)", flush=True)
-    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
+    print(harness.load_line(), flush=True)
     print(f"{'size':<6} {'tokens':>6} {'n':>7} {'raw tr/s':>10} {'broker tr/s':>12} {'raw MB/s':>9} "
           f"{'broker MB/s':>11} {'broker us/tr':>12} {'ratio':>6}", flush=True)
     ratios = {}

@@ -1,4 +1,4 @@
-"""engines.stream without vLLM: the bucket layout, and buckets over real gloo groups between processes."""
+"""agentstream.weights without vLLM: the bucket layout, and buckets over real gloo groups between processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from engines.stream import StreamLayout, host_store, open_group, receive_buckets, send_buckets
+from agentstream.weights import StreamLayout, host_store, open_group, receive_buckets, send_buckets
 
 
 def test_buckets_are_cut_by_aligned_size_and_a_large_parameter_stands_alone():

@@ -1,4 +1,4 @@
-"""scripts/bench_peer.py's parts that decide what the two systems compare: the prompts TRL trains on are the
+"""bench/peer.py's parts that decide what the two systems compare: the prompts TRL trains on are the
 ones agentstream's actors send, and the ratios put agentstream over TRL. (Its runs themselves take minutes and a
 venv of their own: they are benchmarks, run by hand; docs/benchmarks.md.)"""
 
@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+import bench.peer as bench_peer
 
-import bench_peer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_peer_gets_the_actors_prompts_one_group_per_seed(tmp_path: Path) -> None:
@@ -123,7 +122,7 @@ def test_the_learn_warm_start_writes_a_model_of_format_demonstrations(tmp_path: 
 
     # A few steps only (the whole warm start is the benchmark's, ~30 s): the command, its arguments and its record.
     out = tmp_path / "warm"
-    argv = [sys.executable, "scripts/warm_start.py", "--env", "agentstream/Reasoning-v0", "--dataset-kwargs",
+    argv = [sys.executable, "-m", "launcher.warm_start", "--env", "agentstream/Reasoning-v0", "--dataset-kwargs",
             json.dumps(bench_peer.LEARN_KWARGS), *bench_peer.LEARN_WARM_START, "--episodes", "12", "--steps", "2",
             "--batch-size", "4", "--out", str(out)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)

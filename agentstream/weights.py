@@ -1,5 +1,6 @@
 """Streamed weight sync, both ends: parameters in buckets over a torch.distributed group from the learner's
-sending rank (rank 0 of the group) to every engine worker (ranks 1..W), never through a file.
+sending rank (rank 0 of the group, `learner.publish`) to every engine worker (ranks 1..W, `engines.worker_ext`),
+never through a file. The bucket format and the group live here, in the ground, because both ends use them.
 
     layout = StreamLayout.of([(name, tensor) ...], dtype="bfloat16", bucket_bytes=256 << 20)
     # learner rank 0                                   # each engine worker (engines.worker_ext)
@@ -12,7 +13,7 @@ ProcessGroupNCCL over a TCPStore that the sender hosts; it never touches either 
 learner's FSDP group, vLLM's own). A bucket is one flat byte buffer: the parameters of `layout.buckets()[i]`
 cast to the engine's dtype, each at a 64-byte aligned offset. One bucket is in flight while the next is
 packed (the sender's two buffers alternate: it never holds more than two buckets beyond the one parameter
-being gathered) or loaded (workers). Imports no vLLM: the learner runs without it.
+being gathered) or loaded (workers). Imports no vLLM (the learner runs without it) and nothing of the project.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Env speed: steps/s and resets/s of every registered env under a random policy, as a table.
 
-    .venv/bin/python scripts/bench_envs.py [--seconds 2] [--env agentstream/Sokoban-v0 ...]
+    .venv/bin/python -m bench.envs [--seconds 2] [--env agentstream/Sokoban-v0 ...]
 
 The policy answers `<action>A</action>` with A drawn from `info["admissible_actions"]` (junk text when an
 env gives none), resetting with a fresh seed whenever an episode ends. One process, one core.
@@ -8,15 +8,11 @@ env gives none), resetting with a fresh seed whenever an episode ends. One proce
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import envs  # noqa: E402
+import envs
+from bench import harness
 
 
 def bench(name: str, seconds: float) -> tuple[float, float, int]:
@@ -45,7 +41,7 @@ def bench(name: str, seconds: float) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=2.0, help="wall time per env")
     parser.add_argument("--env", action="append", help="env id (repeatable); default: every registered env")
     args = parser.parse_args()

@@ -1,16 +1,16 @@
-"""The TRL side of `scripts/bench_peer.py`: Hugging Face TRL's `GRPOTrainer` (one process, HF `generate`,
+"""The TRL side of `bench/peer.py`: Hugging Face TRL's `GRPOTrainer` (one process, HF `generate`,
 synchronous) on prompts that agentstream's actors would send, one JSON line of timings per step.
 
-    .cache/peer-venv/bin/python scripts/peer_trl.py --prompts prompts.jsonl --model .cache/tiny-model \
+    .cache/peer-venv/bin/python -m bench.peer_trl --prompts prompts.jsonl --model .cache/tiny-model \
         --batch 16 --steps 8 --out /tmp/trl-run
 
-It runs in the peer venv (torch, trl, transformers, reasoning_gym; `bench_peer.py` makes it) and imports
-nothing of the project, so that TRL's own pins decide what it runs. Each line of `--prompts` holds one group's
-prompt as already templated text (`prompt`), its token ids as agentstream's engine gets them (`prompt_ids`,
-checked against this tokenizer at start), and the reasoning-gym item it asks about (`dataset`, `seed`, the
-generator's arguments `kwargs`): the reward is the generator's own `score_answer` on the last
-`<answer>...</answer>`, and `--invalid-penalty` for a completion without one, as agentstream's env and actor
-score it.
+It runs in the peer venv (torch, trl, transformers, reasoning_gym; `bench.peer` makes it), from the repository
+(`bench/__init__.py` imports nothing), and imports nothing of the project, so that TRL's own pins decide what it
+runs. Each line of `--prompts` holds one group's prompt as already templated text (`prompt`), its token ids as
+agentstream's engine gets them (`prompt_ids`, checked against this tokenizer at start), and the reasoning-gym item
+it asks about (`dataset`, `seed`, the generator's arguments `kwargs`): the reward is the generator's own
+`score_answer` on the last `<answer>...</answer>`, and `--invalid-penalty` for a completion without one, as
+agentstream's env and actor score it.
 
 Printed, one JSON object a line: {"event": "ready", "t"} once the trainer is built; then per optimizer step
 {"event": "step", "step", "t_begin", "t_generated", "t"}: the wall clock at the step's start, when its
@@ -71,7 +71,7 @@ def load_prompts(path: Path, tokenizer: Any) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=Path, required=True, help="JSONL from bench_peer.py, one group a line")
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL from bench.peer, one group a line")
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", type=Path, required=True, help="TRL's output_dir (nothing is saved there)")
     parser.add_argument("--batch", type=int, default=16, help="completions per optimizer step")

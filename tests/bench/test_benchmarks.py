@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmarks (scripts/bench_*.py, scripts/gpu_check.sh): each runs on its smallest
+"""Smoke tests of the benchmarks (`python -m bench.<name>`, scripts/gpu_check.sh): each runs on its smallest
 setting, prints its table and its ratio line last, and the numbers in them are sane.
 
 The figures themselves are noise at these sizes on a shared machine; what is asserted is what could
@@ -6,7 +6,7 @@ break: every row is there, rates are positive and finite, counts add up, and the
 benchmark is built on (the broker holds at least the array bytes it buffers; the chunked log-probs equal
 the learner's; a synchronous run has staleness 0 and an asynchronous one stays within its bound).
 Runtime here: ~1 min without e2e (broker, memory, GPU dry run), ~3 min more for the e2e ones (one vLLM
-server shared by the async and actor benchmarks, one more for the weight-sync benchmark).
+server shared by the overlap (async vs sync) and actor benchmarks, one more for the weight-sync benchmark).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_script(*argv: str, timeout: float = 300) -> list[str]:
-    """Run a benchmark; its stdout lines (the test fails with its output if it exits non-zero)."""
-    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          check=False)
-    assert proc.returncode == 0, f"{argv[0]} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+def run_bench(module: str, *argv: str, timeout: float = 300) -> list[str]:
+    """Run a benchmark, `python -m <module> ARGV`; its stdout lines (the test fails with its output if it exits
+    non-zero)."""
+    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return [line for line in proc.stdout.splitlines() if line.strip()]
 
 
@@ -37,7 +38,7 @@ def numbers(line: str) -> list[float]:
 def test_bench_broker_prints_both_sizes_and_the_ratio() -> None:
     # Not --sizes image: its raw PUSH producer dies of SIGSEGV now and then (pyzmq's zero-copy sends of large
     # frames racing the process's exit; seen in CI), which would fail this test for the benchmark's own sender.
-    lines = run_script("scripts/bench_broker.py", "--transitions", "512", "--repeats", "1", timeout=180)
+    lines = run_bench("bench.broker", "--transitions", "512", "--repeats", "1", timeout=180)
     rows = {line.split()[0]: numbers(line) for line in lines[:-1] if line.startswith(("small", "large"))}
     assert set(rows) == {"small", "large"}, lines
     for name, tokens in (("small", 64), ("large", 2048)):
@@ -50,8 +51,8 @@ def test_bench_broker_prints_both_sizes_and_the_ratio() -> None:
 
 
 def test_bench_memory_broker_holds_the_arrays_and_chunking_agrees() -> None:
-    lines = run_script("scripts/bench_memory.py", "--transitions", "256", "--vocab", "4096", "--tokens", "128",
-                       "--chunk", "32", timeout=240)
+    lines = run_bench("bench.memory", "--transitions", "256", "--vocab", "4096", "--tokens", "128",
+                      "--chunk", "32", timeout=240)
     small, large = (numbers(next(line for line in lines if line.startswith(p))) for p in ("small", "large"))
     # [48, 16, array bytes, held bytes, overhead]: 48+16 int32 ids + 16 float32 log-probs = 320 bytes.
     assert small[2] == 320 and large[2] == (1536 + 512) * 4 + 512 * 4
@@ -75,11 +76,11 @@ def test_gpu_check_dry_run_prints_every_figure() -> None:
 
 # ------------------------------------------------------------------------------------ with vLLM (e2e)
 @pytest.mark.e2e
-def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(tiny_engine) -> None:
+def test_bench_overlap_sync_has_no_staleness_and_async_stays_within_its_bound(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_script("scripts/bench_async.py", "--bounds", "0,1", "--steps", "2", "--groups-per-step", "1",
-                       "--group-size", "2", "--max-steps", "2", "--max-tokens", "8", "--latency-ms", "10",
-                       "--model", model, "--engine-url", url, timeout=600)
+    lines = run_bench("bench.overlap", "--bounds", "0,1", "--steps", "2", "--groups-per-step", "1",
+                      "--group-size", "2", "--max-steps", "2", "--max-tokens", "8", "--latency-ms", "10",
+                      "--model", model, "--engine-url", url, timeout=600)
     rows = {int(numbers(line)[0]): line for line in lines if re.match(r"\s+\d+\s", line)}
     assert set(rows) == {0, 1}, lines
     for bound, line in rows.items():
@@ -100,8 +101,8 @@ def test_bench_async_sync_has_no_staleness_and_async_stays_within_its_bound(tiny
 @pytest.mark.e2e
 def test_bench_actor_measures_both_paths(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_script("scripts/bench_actor.py", "--episodes", "4", "--seconds", "3", "--warmup", "1",
-                       "--max-tokens", "8", "--model", model, "--engine-url", url, timeout=300)
+    lines = run_bench("bench.actor", "--episodes", "4", "--seconds", "3", "--warmup", "1",
+                      "--max-tokens", "8", "--model", model, "--engine-url", url, timeout=300)
     rates = {label: numbers(line)[0] for line in lines for label in ("engine driven directly", "actor (+ broker)")
              if line.startswith(label)}
     replayed = next(line for line in lines if line.startswith("engine driven directly"))
@@ -115,8 +116,8 @@ def test_bench_actor_measures_both_paths(tiny_engine) -> None:
 @pytest.mark.e2e
 def test_bench_weights_one_update_each_way_reaches_the_engine(spare_engine) -> None:
     # on the session's spare vLLM server (its weights may change), not one of its own: ~40 s of the suite
-    lines = run_script("scripts/bench_weights.py", "--modes", "file,stream", "--updates", "1", "--engines", "1",
-                       "--model", spare_engine.model, "--engine-url", spare_engine.url, timeout=600)
+    lines = run_bench("bench.weights", "--modes", "file,stream", "--updates", "1", "--engines", "1",
+                      "--model", spare_engine.model, "--engine-url", spare_engine.url, timeout=600)
     rows = {}
     for mode in ("file", "stream"):
         line = next(line for line in lines if line.startswith(f"given  {mode:<6}"))
@@ -132,8 +133,8 @@ def test_bench_weights_one_update_each_way_reaches_the_engine(spare_engine) -> N
 @pytest.mark.e2e
 def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_script("scripts/bench_gateway.py", "--episodes", "4", "--rounds", "1", "--turns", "2",
-                       "--max-tokens", "8", "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
+    lines = run_bench("bench.gateway", "--episodes", "4", "--rounds", "1", "--turns", "2",
+                      "--max-tokens", "8", "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
     labels = ("gateway (openai client)", "engine driven directly")
     rates = {label: numbers(line)[0] for line in lines for label in labels if line.startswith(label)}
     assert set(rates) == set(labels) and all(r > 0 for r in rates.values())
@@ -147,8 +148,8 @@ def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> N
 @pytest.mark.e2e
 def test_bench_generate_times_both_generators_on_every_shape(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_script("scripts/bench_generate.py", "--shapes", "1x1,2x3", "--tokens", "4", "--prompt-tokens", "12",
-                       "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
+    lines = run_bench("bench.generate", "--shapes", "1x1,2x3", "--tokens", "4", "--prompt-tokens", "12",
+                      "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
     rows = {line.split()[0]: numbers(line.split(None, 1)[1]) for line in lines if line.split()[0] in ("1x1", "2x3")}
     assert set(rows) == {"1x1", "2x3"}
     for shape, (answers, engine_ms, hf_ms, engine_per_token, hf_per_token) in rows.items():

@@ -1,35 +1,30 @@
 """Learning-curve comparisons: several real runs of the launcher, one PNG per x-axis and one CSV per comparison.
 
-    .venv/bin/python scripts/compare.py preset        # the learn_frozenlake preset alone: its learning curve
-    .venv/bin/python scripts/compare.py staleness     # sync (staleness 0) vs async 2 / 4 with TIS vs async 4 uncorrected
-    .venv/bin/python scripts/compare.py algorithm     # GRPO vs GiGPO, same env and budget
-    .venv/bin/python scripts/compare.py memory        # last-k vs full history on long FrozenLake episodes
-    .venv/bin/python scripts/compare.py staleness --steps 40 --out runs/compare-staleness -- learner.lr=5e-4
+    .venv/bin/python -m bench.compare preset        # the learn_frozenlake preset alone: its learning curve
+    .venv/bin/python -m bench.compare staleness     # sync (staleness 0) vs async 2 / 4 with TIS vs async 4 uncorrected
+    .venv/bin/python -m bench.compare algorithm     # GRPO vs GiGPO, same env and budget
+    .venv/bin/python -m bench.compare memory        # last-k vs full history on long FrozenLake episodes
+    .venv/bin/python -m bench.compare staleness --steps 40 --out runs/compare-staleness -- learner.lr=5e-4
 
 Every arm is `scripts/launch.py preset=learn_frozenlake` plus the arm's overrides (and any after `--`),
 run one after another so that they do not compete for the CPU. The evaluator validates each run on the
 same held-out seeds (VALIDATION_SEEDS) every `--every` learner steps. Into the output folder go each
-arm's run folder, `curves.csv` (one row per validation of every arm), `key_figures.csv` (start, end,
-best, time and samples to reach `--target`), `success_vs_samples.png` and `success_vs_time.png`.
-An arm that already has a finished run folder there is not run again (`--rerun` to redo it).
+arm's run folder and its launcher's output (`launch-<arm>.log`), `curves.csv` (one row per validation of every
+arm), `key_figures.csv` (start, end, best, time and samples to reach `--target`), `success_vs_samples.png` and
+`success_vs_time.png`. An arm that already has a finished run folder there is not run again (`--rerun` to redo
+it).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from actors.evaluate import CSV_NAME, read_rows
+from agentstream.config import REPO_ROOT
+from bench import harness
 
 
 @dataclass(frozen=True)
@@ -81,15 +76,10 @@ def key_figures(label: str, rows: list[dict[str, float]], target: float, wall_s:
 
 def run_arm(arm: Arm, run_dir: Path, steps: int, every: int, extra: list[str]) -> float:
     """One launcher run; returns its wall time. Raises if the launcher fails (its output tail in the message)."""
-    argv = [sys.executable, "scripts/launch.py", "preset=learn_frozenlake", f"run.output_dir={run_dir}",
-            f"trainer.total_steps={steps}", f"validation.every={every}", "broker.dashboard_port=0",
-            *arm.overrides, *extra]
-    print(f"[compare] {arm.label}: {' '.join(argv[2:])}", flush=True)
-    started = time.time()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{arm.label}: launcher exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return time.time() - started
+    overrides = ["preset=learn_frozenlake", f"trainer.total_steps={steps}", f"validation.every={every}",
+                 "broker.dashboard_port=0", *arm.overrides, *extra]
+    print(f"[compare] {arm.label}: run.output_dir={run_dir} {' '.join(overrides)}", flush=True)
+    return harness.run_launcher(run_dir, overrides, f"of {arm.label}").wall_s
 
 
 def plot(curves: dict[str, list[dict[str, float]]], x: str, xlabel: str, title: str, path: Path) -> None:
@@ -120,7 +110,7 @@ def write_csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> N
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.arguments(__doc__)
     p.add_argument("comparison", choices=sorted(COMPARISONS))
     p.add_argument("--steps", type=int, default=60, help="learner steps per arm")
     p.add_argument("--every", type=int, default=6, help="validate every this many learner steps")
@@ -129,7 +119,7 @@ def main() -> int:
     p.add_argument("--rerun", action="store_true", help="run arms again even if their run folder is finished")
     p.add_argument("extra", nargs="*", help="overrides for every arm, after --")
     args = p.parse_args()
-    out = Path(args.out or ROOT / "runs" / f"compare-{args.comparison}")
+    out = Path(args.out or REPO_ROOT / "runs" / f"compare-{args.comparison}")
     out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[dict[str, float]]] = {}
     figures = []

@@ -1,6 +1,6 @@
 """Actor overhead: generated tokens/s the actors reach versus the same engine driven directly (its ceiling).
 
-    .venv/bin/python scripts/bench_actor.py [--episodes 32] [--seconds 20] [--engine-url URL]
+    .venv/bin/python -m bench.actor [--episodes 32] [--seconds 20] [--engine-url URL]
 
 One vLLM server (started here, or `--engine-url`). Actors: a real broker (`python -m broker.server`) and a
 real actor process (`python -m actors.actor`) running K episodes (no env latency), with everything an actor
@@ -21,30 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agentstream import config as config_mod
 from agentstream.config import Config
 from agentstream.wire.addresses import free_port
-from launcher.procs import start, stop
-from scripts.bench_async import vllm_server
-
-
-def generated_tokens(url: str) -> float:
-    """The engine's own count of generated tokens so far (Prometheus counter)."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=60).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
+from bench import harness
+from bench.harness import generated_tokens
 
 
 def window_rate(url: str, warmup_s: float, seconds: float) -> float:
@@ -76,11 +62,6 @@ def logged_prompts(run_dir: Path) -> list[list[int]]:
     return [t.prompt_ids.tolist() for t in logged_transitions(run_dir / "broker-wal")]
 
 
-def reset_prefix_cache(url: str) -> None:
-    """Empty vLLM's prefix cache (a dev-mode endpoint, which `engines.server` turns on)."""
-    urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"), timeout=60).read()
-
-
 async def replay(url: str, cfg: Config, prompts: list[list[int]], concurrency: int, with_client: bool = False) -> float:
     """The ceiling: `concurrency` request loops that send every prompt once, in order, and nothing else
     (`with_client`: through `EngineClient.generate`, the actors' route and parsing). Tokens/s
@@ -89,7 +70,7 @@ async def replay(url: str, cfg: Config, prompts: list[list[int]], concurrency: i
 
     from engines.client import EngineClient
 
-    await asyncio.to_thread(reset_prefix_cache, url)
+    await asyncio.to_thread(harness.reset_prefix_cache, url)
     todo = iter(prompts)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         client = EngineClient(url, session, cfg.engines.request_timeout_s)
@@ -115,11 +96,10 @@ def drive_with_actor(url: str, cfg: Config, folder: Path, warmup_s: float, secon
     path = folder / "config.yaml"
     config_mod.save(cfg, path)
     port = free_port()
-    broker = start([sys.executable, "-m", "broker.server", "--config", str(path), "--port", str(port),
-                    "--dashboard-port", str(free_port())], folder / "broker.log", cwd=ROOT)
-    actor = start([sys.executable, "-m", "actors.actor", "--config", str(path), "--name", "actor-0",
-                   "--broker", f"tcp://127.0.0.1:{port}", "--engine", url], folder / "actor.log", cwd=ROOT)
-    try:
+    actor_argv = [sys.executable, "-m", "actors.actor", "--config", str(path), "--name", "actor-0",
+                  "--broker", f"tcp://127.0.0.1:{port}", "--engine", url]
+    with harness.started(harness.broker_argv(path, port), folder / "broker.log"), \
+            harness.started(actor_argv, folder / "actor.log") as actor:
         n0 = generated_tokens(url)
         deadline = time.monotonic() + 120
         while generated_tokens(url) == n0:  # the actor imports and connects first
@@ -128,13 +108,10 @@ def drive_with_actor(url: str, cfg: Config, folder: Path, warmup_s: float, secon
                                    f"{(folder / 'actor.log').read_text()[-2000:]}")
             time.sleep(0.5)
         return window_rate(url, warmup_s, seconds)
-    finally:
-        stop(actor, 10)
-        stop(broker, 10)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, model=True, engine_url=True)
     parser.add_argument("--episodes", type=int, default=32, help="K: concurrent episodes = concurrent requests")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window of the actor path")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the actor window")
@@ -142,23 +119,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="sampling.max_tokens")
     parser.add_argument("--max-steps", type=int, default=8, help="env.max_steps")
     parser.add_argument("--env", default="agentstream/FrozenLake-v0")
-    parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
-    parser.add_argument("--engine-url", default="", help="use this running vLLM server instead of starting one")
     args = parser.parse_args()
-    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers this script started are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from agentstream.config import TINY_MODEL_DIR
-    from launcher.tiny_model import ensure_tiny_model
-
-    model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
-    folder = Path(tempfile.mkdtemp(prefix="bench-actor-"))
+    model, folder = harness.begin(args.model, "bench-actor-", about=(
+        f"{args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, {args.seconds:.0f} s actor "
+        f"windows; the ceiling replays the actor's own prompts"))
     cfg = bench_config(args, model, folder)
-    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every path; compare ratios within one run)", flush=True)
-    print(f"# {args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, {args.seconds:.0f} s "
-          f"actor windows; the ceiling replays the actor's own prompts", flush=True)
     print(f"{'path':<28} {'tokens/s':>10}", flush=True)
     direct, actor = [], []
-    with vllm_server(model, folder, args.engine_url or None) as url:
+    with harness.vllm_server(model, folder, args.engine_url) as url:
         for i in range(args.repeats):
             run_dir = folder / f"actor-{i}"
             cfg.run.output_dir = str(run_dir)  # the broker's log goes here: the ceiling replays its prompts
@@ -170,9 +138,8 @@ def main() -> None:
                   f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens)", flush=True)
             rate = asyncio.run(replay(url, cfg, prompts, args.episodes, with_client=True))
             print(f"{'EngineClient.generate loops':<28} {rate:>10.0f}", flush=True)
-    ratio = statistics.median(actor) / statistics.median(direct)
-    print(f"actor/ceiling: {ratio:.2f} ({statistics.median(actor):.0f} / {statistics.median(direct):.0f} tokens/s; "
-          f"target >= 0.90)")
+    print(harness.ratio_line("actor/ceiling", statistics.median(actor), statistics.median(direct), "tokens/s",
+                             target=0.90))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ Qwen2-architecture model of about 0.5B parameters (Qwen2.5-0.5B's shape), bf16 o
     bash scripts/gpu_check.sh              # on a GPU machine: torchrun, one rank per GPU (default 1)
     bash scripts/gpu_check.sh --dry-run    # anywhere: a tiny model, float32, gloo on CPU, seconds
 
+(`scripts/gpu_check.sh` checks the Python it is given, then runs this module, `python -m bench.gpu_check`, under
+torchrun from the repository: a GPU machine's own PyTorch need not have the project installed.)
+
 Prints tokens/s of the training step, model FLOPs utilisation against the matmul ceiling measured here
 (bf16 8192^3 matmuls on CUDA; float32 on CPU), peak memory, and the time to gather the full weights for
 the engines (`learner.model.full_state_dict`, the learner's own broadcast path). Selection: CUDA, NCCL and
@@ -14,20 +17,17 @@ any Hugging Face directory.
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from bench import harness
 
 # Qwen2.5-0.5B's shape (494M parameters with its tied 151,936-token embedding); tiny for the dry run.
 QWEN2_05B = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
@@ -94,7 +94,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, float32, a tiny model")
     parser.add_argument("--steps", type=int, default=5, help="timed training steps (after 2 warm-up steps)")
     parser.add_argument("--seqs", type=int, default=0, help="sequences per rank per step (default 32; dry run 8)")

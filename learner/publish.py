@@ -3,13 +3,13 @@
     pub = WeightPublisher("tcp://127.0.0.1:5600")        # learner.weight_port; sidecars connect to it
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     pub.publish(version, state)                           # rank 0 only; returns at once
-    pub.publish_stream(version, StreamSource(...))        # or: streamed (engines.stream), returns when sent
+    pub.publish_stream(version, StreamSource(...))        # or: streamed (agentstream.weights), returns when sent
     pub.wait_for(version, n_engines=cfg.engines.count, timeout_s=120)
     pub.close()
 
 Streamed (engines.weight_sync=stream): the sidecars of servers that take streamed weights say so
 (`EngineStatus.workers`); the publisher forms a weight group with the engines that need the new version
-(`WeightUpdate` "stream_join" to each, then its own end of `engines.stream.open_group`), keeps it while they
+(`WeightUpdate` "stream_join" to each, then its own end of `agentstream.weights.open_group`), keeps it while they
 stay the same, tells each sidecar the layout ("stream") and broadcasts the buckets. A group that fails (an engine
 died mid-update, or never joined) is dropped, and the next update forms a new one. An engine that registers
 between updates gets the newest weights at once when one learner rank holds them all (`StreamSource.solo`),
@@ -36,12 +36,12 @@ import torch
 import zmq
 from safetensors.torch import save
 
+from agentstream.models import ADAPTER_CONFIG_KEY
+from agentstream.weights import StreamSource, host_store, open_group, send_buckets
 from agentstream.wire.addresses import advertised_host
 from agentstream.wire.curve import CurveServer
 from agentstream.wire.messages import EngineStatus, ProtocolError, WeightUpdate, decode, encode
 from agentstream.wire.reconnect import take_over_reconnects
-from engines.server import ADAPTER_CONFIG_KEY
-from engines.stream import StreamSource, host_store, open_group, send_buckets
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Memory: the broker's bytes per buffered transition, and the learner's peak memory per token with and
 without a chunked log-prob computation.
 
-    .venv/bin/python scripts/bench_memory.py [--transitions 4000] [--vocab 32768] [--tokens 1024]
+    .venv/bin/python -m bench.memory [--transitions 4000] [--vocab 32768] [--tokens 1024]
 
 Broker: transitions are encoded and decoded exactly as they reach the broker (`agentstream.wire.messages`), then
 held by the broker's `ReplayBuffer` in open groups; tracemalloc (numpy reports its buffers to it) gives
@@ -18,19 +18,17 @@ The last line is the learner's ratio without/with chunking.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
 import sys
 import tracemalloc
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
+
+from agentstream.config import REPO_ROOT
+from bench import harness
 
 
 # ------------------------------------------------------------------------------------ broker
@@ -100,16 +98,16 @@ def learner_child(variant: str, tokens: int, vocab: int, chunk: int) -> dict:
 
 
 def learner_peak(variant: str, tokens: int, vocab: int, chunk: int) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'scripts')!r}); "
-            f"import bench_memory as b; print(json.dumps(b.learner_child({variant!r}, {tokens}, {vocab}, {chunk})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    code = (f"import json; from bench import memory as b; "
+            f"print(json.dumps(b.learner_child({variant!r}, {tokens}, {vocab}, {chunk})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the {variant} learner measurement failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__)
     parser.add_argument("--transitions", type=int, default=4000, help="transitions buffered per size")
     parser.add_argument("--vocab", type=int, default=32768, help="vocabulary of the learner's test model")
     parser.add_argument("--tokens", type=int, default=1024, help="response tokens in the learner's micro-batch")

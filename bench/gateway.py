@@ -1,7 +1,7 @@
 """Gateway overhead: generated tokens/s through the gateway with the real `openai` client at K concurrent episodes,
 versus the same engine driven directly with the same prompts at the same concurrency (its ceiling).
 
-    .venv/bin/python scripts/bench_gateway.py [--episodes 32] [--rounds 4] [--turns 3] [--engine-url URL]
+    .venv/bin/python -m bench.gateway [--episodes 32] [--rounds 4] [--turns 3] [--engine-url URL]
 
 One vLLM server (started here, or `--engine-url`), a real broker (`python -m broker.server`) and a real gateway
 (`python -m gateway`). Gateway path: K episodes at once (one `openai.AsyncOpenAI` client on one event loop,
@@ -23,23 +23,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agentstream import config as config_mod  # noqa: E402
-from agentstream.config import Config  # noqa: E402
-from agentstream.wire.addresses import free_port  # noqa: E402
-from launcher.procs import start, stop  # noqa: E402
-from scripts.bench_actor import generated_tokens, logged_prompts, replay, reset_prefix_cache  # noqa: E402
-from scripts.bench_async import vllm_server  # noqa: E402
+from agentstream import config as config_mod
+from agentstream.config import Config
+from agentstream.wire.addresses import free_port
+from bench import harness
+from bench.actor import logged_prompts, replay
+from bench.harness import cpu_s, generated_tokens, reset_prefix_cache
 
 G = 4  # episodes per task id: one group
 
@@ -72,12 +66,6 @@ async def play(http, client, gateway: str, task_id: str, turns: int, max_tokens:
         messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
                      {"role": "user", "content": f"Step {turn + 1} done. And then?"}]
     (await http.post(f"{gateway}/episodes/{ep['id']}/finish", json={"reward": 0.0})).raise_for_status()
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def drive_gateway(gateway: str, engine: str, episodes: int, rounds: int, turns: int, max_tokens: int,
@@ -127,45 +115,23 @@ async def replay_openai(engine: str, prompts: list[list[int]], concurrency: int,
         return (await asyncio.to_thread(generated_tokens, engine) - n0) / (time.time() - t0)
 
 
-def wait_health(url: str, proc, log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited ({proc.returncode}); see {log}:\n{log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"the gateway did not answer within {timeout_s:.0f}s; see {log}")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, model=True, engine_url=True)
     parser.add_argument("--episodes", type=int, default=32, help="K: concurrent episodes = concurrent requests")
     parser.add_argument("--rounds", type=int, default=4, help="episodes each lane plays, one after another")
     parser.add_argument("--turns", type=int, default=3, help="chat calls per episode")
     parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every call")
     parser.add_argument("--repeats", type=int, default=5, help="measurements of each path, alternating (medians)")
-    parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
-    parser.add_argument("--engine-url", default="", help="use this running vLLM server instead of starting one")
     args = parser.parse_args()
     if args.episodes % G:
         parser.error(f"--episodes must be a multiple of {G} (whole groups)")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds like Ctrl-C: the servers started here stop
-    from agentstream.config import TINY_MODEL_DIR
-    from launcher.tiny_model import ensure_tiny_model
-
-    model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
-    folder = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    model, folder = harness.begin(args.model, "bench-gateway-", about=(
+        f"{args.episodes} concurrent episodes/requests, {args.rounds} rounds x {args.turns} calls, {args.max_tokens} "
+        f"tokens/response; the ceiling replays the gateway's own prompts"))
     cfg = bench_config(args, model, folder)
-    print(f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows every "
-          f"path; compare ratios within one run)", flush=True)
-    print(f"# {args.episodes} concurrent episodes/requests, {args.rounds} rounds x {args.turns} calls, "
-          f"{args.max_tokens} tokens/response; the ceiling replays the gateway's own prompts", flush=True)
     print(f"{'path':<32} {'tokens/s':>10}", flush=True)
     through, direct = [], []
-    with vllm_server(model, folder, args.engine_url or None) as engine:
+    with harness.vllm_server(model, folder, args.engine_url) as engine:
         # A fresh vLLM server's first batches are slower: warm it at this concurrency and these prompt lengths
         # first, or the first path measured (the gateway's) pays for it.
         warm = [[3 + i % 200 for i in range(n)] for n in range(40, 152, 4)] * max(1, args.episodes // 8)
@@ -182,8 +148,8 @@ def main() -> None:
         versioned = asyncio.run(replay(engine, cfg, prompts, args.episodes, with_client=True))
         print(f"{'EngineClient.generate loops':<32} {versioned:>10.0f}   (the gateway's engine client and route: "
               f"/inference/v1/generate)", flush=True)
-    a, b = statistics.median(through), statistics.median(direct)
-    print(f"gateway/ceiling: {a / b:.2f} ({a:.0f} / {b:.0f} tokens/s, medians of {args.repeats}; target >= 0.85)")
+    print(harness.ratio_line("gateway/ceiling", statistics.median(through), statistics.median(direct), "tokens/s",
+                             target=0.85, note=f"medians of {args.repeats}"))
 
 
 def gateway_path(args: argparse.Namespace, cfg: Config, run_dir: Path, engine: str) -> float:
@@ -193,22 +159,18 @@ def gateway_path(args: argparse.Namespace, cfg: Config, run_dir: Path, engine: s
     path = run_dir / "config.yaml"
     config_mod.save(cfg, path)
     port, gw_port = free_port(), free_port()
-    broker = start([sys.executable, "-m", "broker.server", "--config", str(path), "--port", str(port),
-                    "--dashboard-port", str(free_port())], run_dir / "broker.log", cwd=ROOT)
-    gw = start([sys.executable, "-m", "gateway", "--config", str(path), "--name", "gateway-0",
-                "--broker", f"tcp://127.0.0.1:{port}", "--engine", engine, "--port", str(gw_port)],
-               run_dir / "gateway.log", cwd=ROOT)
-    try:
+    gw_argv = [sys.executable, "-m", "gateway", "--config", str(path), "--name", "gateway-0",
+               "--broker", f"tcp://127.0.0.1:{port}", "--engine", engine, "--port", str(gw_port)]
+    # leaving the block stops the gateway first: it drains, every transition is in the broker's log before it stops
+    with harness.started(harness.broker_argv(path, port), run_dir / "broker.log") as broker, \
+            harness.started(gw_argv, run_dir / "gateway.log") as gw:
         url = f"http://127.0.0.1:{gw_port}"
-        wait_health(url, gw, run_dir / "gateway.log")
+        harness.wait_healthy(f"{url}/health", gw, run_dir / "gateway.log", "the gateway")
         rate, cpu = asyncio.run(drive_gateway(url, engine, args.episodes, args.rounds, args.turns, args.max_tokens,
                                               {"gateway": gw.pid, "broker": broker.pid}))
         print(f"{'gateway (openai client)':<32} {rate:>10.0f}   (CPU s meanwhile: "
               f"{', '.join(f'{k} {v:.1f}' for k, v in cpu.items())})", flush=True)
         return rate
-    finally:
-        stop(gw, 10)  # drains: every transition is in the broker's log before it stops
-        stop(broker, 10)
 
 
 if __name__ == "__main__":

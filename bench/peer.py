@@ -1,16 +1,16 @@
 """agentstream against a peer: Hugging Face TRL's `GRPOTrainer` (one process, HF `generate`, synchronous) on the
 same workload, in steady completions trained per second; the ratio agentstream/TRL last.
 
-    .venv/bin/python scripts/bench_peer.py [--batch 16,64] [--steps 8] [--modes sync,async] [--keep DIR]
-    .venv/bin/python scripts/bench_peer.py --batch 16 --steps 6 --peer-only
-    .venv/bin/python scripts/bench_peer.py --agentstream-only --modes sync learner.torch_threads=2
-    .venv/bin/python scripts/bench_peer.py --learn [--batch 64] [--steps 40] [--seeds 3]
+    .venv/bin/python -m bench.peer [--batch 16,64] [--steps 8] [--modes sync,async] [--keep DIR]
+    .venv/bin/python -m bench.peer --batch 16 --steps 6 --peer-only
+    .venv/bin/python -m bench.peer --agentstream-only --modes sync learner.torch_threads=2
+    .venv/bin/python -m bench.peer --learn [--batch 64] [--steps 40] [--seeds 3]
 
 The workload: the tiny local model in float32, reasoning-gym `basic_arithmetic` single-turn
 (`agentstream/Reasoning-v0`, one attempt, one env step), groups of 8, 32 response tokens, temperature 1.0,
 lr 1e-3, `--batch` completions per optimizer step (batch/8 groups).
 
-TRL runs `scripts/peer_trl.py` in a venv of its own (`.cache/peer-venv`: torch, trl, transformers at the
+TRL runs `bench/peer_trl.py` in a venv of its own (`.cache/peer-venv`: torch, trl, transformers at the
 project's pin, reasoning_gym; made here on first use, about a minute) on the prompts agentstream's actors send
 for the groups' seeds: this script plays each seed's first turn through the project's own env, memory and
 chat template and writes the prompt text, its token ids and the item into a JSONL; the worker checks the ids
@@ -19,7 +19,7 @@ and scores answers with reasoning-gym's `score_answer`, as the env does. agentst
 (sync) and at the config's default bound (async).
 
 Per run: start-up = launch to the end of the first optimizer step; steady = steps 2..N (TRL: the wall clock
-between the ends of step 1 and step N; agentstream: the learner's step times, as `bench_async.py` measures),
+between the ends of step 1 and step N; agentstream: the learner's step times, as `bench.overlap` measures),
 completions/s = (N-1) x batch / steady. A `#` line after each run says where its step time goes, and one
 where its CPU goes: the cores each process used on average over the steady steps (psutil, every 0.5 s), and
 the CPU seconds one completion cost. When a run keeps every core busy, cores / (CPU s per completion) bounds
@@ -27,7 +27,7 @@ its rate; the ratio of the two systems' CPU s per completion bounds agentstream/
 the overlap (printed before the ratios).
 
 `--learn` compares learning instead: both systems start from the same format-only warm start
-(`scripts/warm_start.py` on an easy arithmetic: the product of two numbers from 0 to 10, made once into
+(`python -m launcher.warm_start` on an easy arithmetic: the product of two numbers from 0 to 10, made once into
 `.cache/tiny-model-warm-arithmetic`), `--seeds` runs each (run.seed and TRL's seed; each seed its own
 questions), and it prints the mean reward of the completions each step trained on against completions
 trained, then per system the mean reward over the run (the area under that curve per completion: who learns
@@ -39,30 +39,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, stdev
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from agentstream.config import REPO_ROOT, Config, TrainerConfig
+from agentstream.wire.addresses import free_port
+from bench import harness
 
-from agentstream.config import Config, TrainerConfig  # noqa: E402
-from agentstream.wire.addresses import free_port  # noqa: E402
-from bench_async import load_line, measure  # noqa: E402
-
-PEER_VENV = ROOT / ".cache" / "peer-venv"
+PEER_VENV = REPO_ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
 DATASET = "basic_arithmetic"
 TARGETS = {("sync", 16): 1.0, ("sync", 64): 1.0, ("async", 64): 1.5}  # agentstream/TRL, issue 25
@@ -70,7 +63,7 @@ LEARN_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1
                 "allow_parentheses": False, "allow_negation": False}
 """--learn's arithmetic: a product of two numbers from 0 to 10; one in six is 0 (a 0 in the question), so there is
 something to learn fast: that 0 is often right, then when."""
-LEARN_MODEL = ROOT / ".cache" / "tiny-model-warm-arithmetic"
+LEARN_MODEL = REPO_ROOT / ".cache" / "tiny-model-warm-arithmetic"
 ROLES = (("EngineCore", "vLLM engine core"), ("api_server", "vLLM API server"), ("learner.train", "learner"),
          ("actors.actor", "actor"), ("broker.server", "broker"), ("engines.sidecar", "sidecar"), ("peer_trl", "TRL"))
 """(a word of a process's command line, the name its CPU is reported under); "other" for the rest."""
@@ -215,7 +208,7 @@ def compose(overrides: list[str]) -> Config:
     from agentstream import config as config_mod
 
     config_mod.register_schemas()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
         cfg = hydra_compose(config_name="config", overrides=[*overrides, "run.output_dir=unused"])
     return config_mod.to_object(cfg)
 
@@ -280,36 +273,16 @@ def installed_version(package: str) -> str:
     return version(package)
 
 
-@contextmanager
-def child(argv: list[str], log: Path, stop_signal: int = signal.SIGTERM, grace_s: float = 30) -> Iterator[
-        subprocess.Popen]:
-    """A child process in its own session, output to `log`; stopped with `stop_signal` (then killed after
-    `grace_s`) if it is still running when the block ends, also on SIGTERM or Ctrl-C here."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(stop_signal)
-                try:
-                    proc.wait(grace_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-
 def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result:
     """TRL's GRPOTrainer on the prompts agentstream's actors would send."""
     folder.mkdir(parents=True, exist_ok=True)
     prompt_tokens = write_prompts(w, folder / "prompts.jsonl")
-    argv = [str(python), str(ROOT / "scripts" / "peer_trl.py"), "--prompts", str(folder / "prompts.jsonl"),
+    argv = [str(python), "-m", "bench.peer_trl", "--prompts", str(folder / "prompts.jsonl"),
             "--model", w.model, "--out", str(folder / "trl-out"), "--batch", str(w.batch), "--steps", str(w.steps),
             "--group-size", str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature",
             str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty()), "--seed", str(w.seed)]
     t0 = time.time()
-    with child(argv, folder / "trl.log") as proc, CpuSampler(proc.pid) as cpu:
+    with harness.child(argv, folder / "trl.log") as proc, CpuSampler(proc.pid) as cpu:
         proc.wait(timeout_s)
     lines = (folder / "trl.log").read_text().splitlines()
     events = [json.loads(line) for line in lines if line.startswith('{"event"')]  # TRL prints its logs as dicts
@@ -341,24 +314,14 @@ def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s:
     `extra`: more launcher overrides."""
     run_dir = folder / f"agentstream-{mode}-{w.batch}"
     episodes = (bound + 1) * w.groups * w.group_size  # every group the bound lets be in flight
-    argv = [sys.executable, "scripts/launch.py", *workload_overrides(w), f"run.output_dir={run_dir}",
-            "engines.count=1", "learner.world_size=1", "actors.count=1", f"actors.episodes_per_actor={episodes}",
-            f"trainer.max_staleness={bound}", f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5",
-            *(o for o in extra if not o.startswith("trainer.max_staleness="))]  # the mode sets the bound
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    launch_log = folder / f"launch-{mode}-{w.batch}.log"
-    with child(argv, launch_log, signal.SIGINT, 90) as proc, CpuSampler(proc.pid) as cpu:  # SIGINT: a clean stop
-        proc.wait(timeout_s)
-    wall = time.time() - t0
-    if proc.returncode != 0 or not (run_dir / "summary.json").exists():
-        log = launch_log.read_text()
-        raise RuntimeError(f"the launcher run ({mode}, batch {w.batch}) failed (exit {proc.returncode}); it "
-                           f"printed:\n{log[-3000:]}")
-    m = measure(bound, wall, run_dir, [])
+    overrides = [*workload_overrides(w), "engines.count=1", "learner.world_size=1", "actors.count=1",
+                 f"actors.episodes_per_actor={episodes}", f"trainer.max_staleness={bound}",
+                 f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5",
+                 *(o for o in extra if not o.startswith("trainer.max_staleness="))]  # the mode sets the bound
+    t0, wall, cpu = harness.run_launcher(run_dir, overrides, f"({mode}, batch {w.batch})", timeout_s, watch=CpuSampler)
+    m = harness.measure(bound, wall, run_dir, [])
     metrics = run_dir / "learner_metrics.jsonl"
-    every = sorted((r for r in map(json.loads, metrics.read_text().splitlines()) if "version" in r),
-                   key=lambda r: r["version"])
+    every = sorted((r for r in harness.learner_rows(run_dir) if "version" in r), key=lambda r: r["version"])
     rows = every[1:]
     first_step_end = metrics.stat().st_mtime - m.train_s  # the learner wrote step N's row train_s after step 1's
     avg = {k: sum(r.get(k, 0.0) for r in rows) / len(rows)
@@ -402,11 +365,11 @@ def ratios(results: list[Result]) -> list[str]:
 
 
 def warm_model(log: Path) -> Path:
-    """--learn's starting weights (made once; scripts/warm_start.py redoes them only when an input changed)."""
-    argv = [sys.executable, "scripts/warm_start.py", "--env", "agentstream/Reasoning-v0", "--dataset", DATASET,
+    """--learn's starting weights (made once; launcher.warm_start redoes them only when an input changed)."""
+    argv = [sys.executable, "-m", "launcher.warm_start", "--env", "agentstream/Reasoning-v0", "--dataset", DATASET,
             "--dataset-kwargs", json.dumps(LEARN_KWARGS), *LEARN_WARM_START, "--out", str(LEARN_MODEL)]
     with log.open("w") as out:
-        if subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+        if subprocess.run(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
             raise RuntimeError(f"the warm start failed; {log} ends:\n{log.read_text()[-3000:]}")
     return LEARN_MODEL
 
@@ -468,7 +431,7 @@ def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], fo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.arguments(__doc__, model=True)
     parser.add_argument("--batch", default="16,64", help="completions per optimizer step, a comma list")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps per run (steady state: 2..N); "
                         "default 8, with --learn 40")
@@ -477,7 +440,6 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="--learn: runs per system")
     parser.add_argument("--modes", default="sync,async", help="agentstream's modes: sync (max_staleness=0), "
                         "async (the config's default bound)")
-    parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
     parser.add_argument("--peer-only", action="store_true", help="run TRL only")
     parser.add_argument("--agentstream-only", action="store_true", help="run agentstream only")
     parser.add_argument("--run-timeout-s", type=float, default=600.0)
@@ -485,23 +447,15 @@ def main() -> None:
     parser.add_argument("override", nargs="*", help="more launcher overrides for every agentstream run, e.g. "
                         "learner.torch_threads=2 (trainer.max_staleness=K: the async bound)")
     args = parser.parse_args()
-    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the runs this script started are stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.steps and args.steps < 2:
         parser.error("--steps must be at least 2: step 1 holds the start-up")
-    from agentstream.config import TINY_MODEL_DIR
-    from launcher.tiny_model import ensure_tiny_model
-
-    model = args.model or str(ensure_tiny_model(TINY_MODEL_DIR))
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-peer-"))
-    folder.mkdir(parents=True, exist_ok=True)
     bounds = {"sync": 0, "async": compose(args.override).trainer.max_staleness}
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in bounds]
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(bounds)}")
     modes = [] if args.peer_only else modes
-    print(load_line(), flush=True)
+    model, folder = harness.begin(args.model, "bench-peer-", args.keep)
     if args.learn:
         learn(args, modes, bounds, folder)
         return
