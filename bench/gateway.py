@@ -166,6 +166,8 @@ def gateway_path(args: argparse.Namespace, cfg: Config, run_dir: Path, engine: s
             harness.started(gw_argv, run_dir / "gateway.log") as gw:
         url = f"http://127.0.0.1:{gw_port}"
         harness.wait_healthy(f"{url}/health", gw, run_dir / "gateway.log", "the gateway")
+        # the gateway answers /health whether or not its broker is up: without one, the first episode gets 429
+        harness.wait_listening(port, "the broker", proc=broker, log=run_dir / "broker.log")
         rate, cpu = asyncio.run(drive_gateway(url, engine, args.episodes, args.rounds, args.turns, args.max_tokens,
                                               {"gateway": gw.pid, "broker": broker.pid}))
         print(f"{'gateway (openai client)':<32} {rate:>10.0f}   (CPU s meanwhile: "

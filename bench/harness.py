@@ -137,9 +137,10 @@ def child(argv: list[str], log: Path, stop_signal: int = signal.SIGTERM, grace_s
 
 def broker_argv(config: Path, port: int, python_args: Sequence[str] = ()) -> list[str]:
     """The broker's command (`python -m broker.server`) for the config file `config`, listening on `port`, its
-    dashboard on a free port; `python_args` go before `-m` (e.g. `-m cProfile -o FILE`)."""
+    dashboard on a port the OS picks as it binds (0: a port chosen here beforehand could be taken by then, and the
+    broker would die); `python_args` go before `-m` (e.g. `-m cProfile -o FILE`)."""
     return [sys.executable, *python_args, "-m", "broker.server", "--config", str(config), "--port", str(port),
-            "--dashboard-port", str(free_port())]
+            "--dashboard-port", "0"]
 
 
 def start_vllm(cfg: Config, log: Path) -> tuple[subprocess.Popen, str]:
@@ -193,10 +194,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, what: str, timeout
     raise RuntimeError(f"{what} did not answer within {timeout_s:.0f}s; see {log}")
 
 
-def wait_listening(port: int, what: str, timeout_s: float = 60) -> None:
-    """Until something accepts connections on `port` of this host."""
+def wait_listening(port: int, what: str, timeout_s: float = 60, proc: subprocess.Popen | None = None,
+                   log: Path | None = None) -> None:
+    """Until something accepts connections on `port` of this host; fails at once, with the tail of its `log`, when
+    `proc` (`what`) exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
+            raise RuntimeError(f"{what} exited ({proc.returncode}); see {log}:\n{tail}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
