@@ -19,6 +19,8 @@ from omegaconf import OmegaConf
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-model"
 TINY_VL_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-vl-model"
+TINY_WARM_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-model-warm"
+"""The tiny model after the format warm start (`launcher.warm_start`), made by the launcher for the run's env."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 | env_steps_per_s, tokens_per_s, transitions_per_s | gauge | | rates over the last 10 s                             |
 | learner_samples_per_s, learner_steps_per_s | gauge |      | transitions trained / optimizer steps per second (10 s)   |
 | learner_version, learner_step_time_s, learner_loss, learner_publish_s | gauge | | from the learner's last VersionUpdate |
+| learner_mismatch_logp_abs_mean, learner_mismatch_logp_abs_max, learner_mismatch_kl, learner_mismatch_tokens | gauge | | train-inference mismatch of the last step: the engine's log-probs against the learner's on the same weights (tokens sampled at the learner's version; absent when none) |
 | buffered_transitions, groups_ready, groups_open, group_waiters | gauge | | broker buffer depth and queues              |
 | staleness_mean, staleness_max          | gauge   |        | policy lag of the last trained batch                      |
 | staleness_count                        | gauge   | lag    | trained transitions per policy lag (histogram)            |
@@ -47,6 +48,9 @@ Any other counter or gauge a process reports still appears, under its sanitized 
 from __future__ import annotations
 
 from broker.stats import GATEWAY_REJECT_CODES
+
+MISMATCH_KEYS = ("mismatch_logp_abs_mean", "mismatch_logp_abs_max", "mismatch_kl", "mismatch_tokens")
+"""The learner's train-inference mismatch metrics (learner/step.py `mismatch_metrics`), shown as learner_<key>."""
 
 PREFIX = "agentstream_"
 """What every Prometheus name starts with."""
@@ -133,6 +137,11 @@ HELP: dict[str, str] = {
     "learner_step_time_s": "Seconds taken by the last learner step.",
     "learner_loss": "Loss of the last learner step.",
     "learner_publish_s": "Seconds the learner took to publish the last weights.",
+    "learner_mismatch_logp_abs_mean": "Mean |engine log-prob - learner log-prob| of the last step's tokens sampled on "
+                                      "the learner's weights (train-inference mismatch; ~1e-6 in fp32).",
+    "learner_mismatch_logp_abs_max": "Largest |engine log-prob - learner log-prob| of those tokens.",
+    "learner_mismatch_kl": "Mean per-token KL(engine || learner) of those tokens (k3 estimator).",
+    "learner_mismatch_tokens": "Tokens of the last step sampled on the learner's current weights (the mismatch's sample).",
     "run_wall_s": "Seconds since the broker started.",
     "run_total_steps": "Learner steps the run is configured to take.",
     "wal_failing": "1 while the broker's write-ahead log cannot be written (a full disk): nothing is acknowledged.",

@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from broker.catalogue import PREFIX, help_text
+from broker.catalogue import MISMATCH_KEYS, PREFIX, help_text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
@@ -55,7 +55,7 @@ def metric_families(state: dict[str, Any]) -> list[Metric]:
         put(fam)
     for key, value in [*state["gauges"].items(), *state["rates"].items()]:
         gauge(key, value)
-    for key in ("version", "step_time_s", "loss", "publish_s"):
+    for key in ("version", "step_time_s", "loss", "publish_s", *MISMATCH_KEYS):
         if key in state["learner"]:
             gauge("learner_" + key, state["learner"][key])
     gauge("run_wall_s", state["run"]["wall_s"])

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentstream.config import BrokerConfig
+from broker.catalogue import MISMATCH_KEYS
 
 # ---------------------------------------------------------------------------------------------- points
 
@@ -53,6 +54,7 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
                                  "learner_samples_per_s", "learner_steps_per_s")},
         "learner_version": learner["version"], "learner_step_time_s": learner.get("step_time_s"),
         "learner_loss": learner.get("loss"), "learner_publish_s": learner.get("publish_s"),
+        **{f"learner_{k}": learner.get(k) for k in MISMATCH_KEYS},
         **{k: g.get(k) for k in ("buffered_transitions", "groups_ready", "staleness_mean", "staleness_max",
                                  "reward_mean", "success_rate", "invalid_action_ratio", "actors_alive",
                                  "engines_alive", "val_success_rate", "val_return", "val_version",

@@ -10,6 +10,7 @@ from typing import Any
 
 from agentstream.wire.messages import EngineStatus
 from broker.buffer import ReplayBuffer
+from broker.catalogue import MISMATCH_KEYS
 from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, Peer, StatsBook, env_outcomes
 
 
@@ -121,7 +122,8 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
                 "wall_s": now - broker.started, "total_steps": broker.total_steps},
         "learner": {"version": b.learner_version, "step_time_s": lm.get("step_time_s", 0.0),
                     "loss": lm.get("loss", 0.0), "publish_s": lm.get("publish_s", 0.0),
-                    "batch_wait_s": lm.get("batch_wait_s", 0.0)},
+                    "batch_wait_s": lm.get("batch_wait_s", 0.0),
+                    **{k: lm[k] for k in MISMATCH_KEYS if k in lm}},
         "engines": engines,
         "actors": actors,
         "envs": env_outcomes(s),

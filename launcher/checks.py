@@ -14,6 +14,7 @@ from agentstream.config import (
     REPO_ROOT,
     TINY_MODEL_DIR,
     TINY_VL_MODEL_DIR,
+    TINY_WARM_MODEL_DIR,
     AlgorithmConfig,
     Config,
     ConfigError,
@@ -56,7 +57,7 @@ def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
     return [f"env.kwargs has {unknown}, which {name} does not take; it takes {known}."]
 
 
-TINY_DIRS = (TINY_MODEL_DIR.resolve(), TINY_VL_MODEL_DIR.resolve())
+TINY_DIRS = (TINY_MODEL_DIR.resolve(), TINY_VL_MODEL_DIR.resolve(), TINY_WARM_MODEL_DIR.resolve())
 """The tiny local models' directories: made on first use (launcher.run), so they need not exist yet."""
 
 def check_config(cfg: Config) -> None:
@@ -161,12 +162,7 @@ def _model_errors(cfg: Config) -> list[str]:
     """The model directory and dtype."""
     errors: list[str] = []
     model = Path(cfg.model.path)
-    if model.name == "tiny-model-warm" and not (model / "config.json").is_file():
-        errors.append(
-            f"model.path={cfg.model.path!r} is the warm-started tiny model, which is not made yet: run "
-            f"`.venv/bin/python -m launcher.warm_start` once (1-2 minutes; it teaches only the action format)."
-        )
-    elif model.resolve() not in TINY_DIRS and not (model / "config.json").is_file():
+    if model.resolve() not in TINY_DIRS and not (model / "config.json").is_file():
         errors.append(
             f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json). "
             f"Point it at a local model directory, or leave it unset for the tiny local model."

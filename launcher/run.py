@@ -25,9 +25,10 @@ from agentstream import config as config_mod
 from agentstream.config import Config
 from launcher.checks import check_config
 from launcher.join import run_join
-from launcher.progress import get_json, progress_loop, write_summary
+from launcher.progress import get_json, held_out_line, held_out_summary, progress_loop, write_summary
 from launcher.supervisor import Launcher, RunFailed
 from launcher.tiny_model import ensure_tiny_model
+from launcher.warm_start import ensure_warm_model
 from launcher.tiny_vl_model import make_tiny_vl_model
 from launcher.wiring import resolved
 
@@ -81,7 +82,8 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
         progress: asyncio.Task[None] | None = None
         try:
             await launcher.start_all(session)
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
+            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps,
+                                                         validation_csv=run_dir / CSV_NAME))
             await launcher.supervise()
             if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
                 launcher._stopping = True
@@ -104,6 +106,7 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
     left = await launcher.stop_all()
 
     summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
+    summary["held_out_success"] = held_out_summary(summary["validation"])
     summary.update(status=status, reason=reason, actor_restarts=launcher.actor_restarts, run_dir=str(run_dir),
                    restarts=dict(launcher.restarts), lost_with_node=launcher.lost,
                    processes_left=left, launcher_wall_s=time.time() - launcher.started)
@@ -113,6 +116,9 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
     if left:
         print(f"[agentstream] WARNING: processes left behind (groups still alive, or descendants found by the run's "
               f"marker after the orderly stops): {left}", file=sys.stderr, flush=True)
+    if summary["validation"]:
+        print(f"[agentstream] {held_out_line(summary['validation'])} "
+              f"({cfg.validation.episodes} episodes each, seeds never trained on)", flush=True)
     print(f"[agentstream] summary: {run_dir / 'summary.json'}", flush=True)
     return code
 
@@ -126,6 +132,12 @@ def run(cfg: Config, run_dir: Path) -> int:
         return 2
     if Path(cfg.model.path).resolve() == config_mod.TINY_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.model.path)
+    if Path(cfg.model.path).resolve() == config_mod.TINY_WARM_MODEL_DIR.resolve() and cfg.run.role == "all":
+        try:
+            ensure_warm_model(cfg.env, cfg.memory, config_mod.TINY_WARM_MODEL_DIR)
+        except (ValueError, RuntimeError) as exc:
+            print(f"[agentstream] {exc}", file=sys.stderr)
+            return 2
     if Path(cfg.model.path).resolve() == config_mod.TINY_VL_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.model.path, make=make_tiny_vl_model)
     if cfg.judges.count and cfg.judges.model and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve():

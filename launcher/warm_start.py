@@ -25,17 +25,18 @@ import collections
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from agentstream.config import REPO_ROOT, TINY_MODEL_DIR
+from agentstream.config import REPO_ROOT, TINY_MODEL_DIR, TINY_WARM_MODEL_DIR, EnvConfig, MemoryConfig
 
 if TYPE_CHECKING:
     from actors.demos import FormatSpec
 
-DEFAULT_OUT = REPO_ROOT / ".cache" / "tiny-model-warm"
+DEFAULT_OUT = TINY_WARM_MODEL_DIR
 STAMP = "agentstream_warm_start.json"
 
 
@@ -112,6 +113,28 @@ def sample_check(model, tokenizer, demos, parse: Callable[[str], object], n: int
     return {"valid_fraction": valid / len(demos[:n]), **shares}
 
 
+def argv_for(env: EnvConfig, memory: MemoryConfig, out: Path) -> list[str]:
+    """The warm start's arguments for a run of `env` with `memory`: its demonstrations' prompts are the run's
+    (FrozenLake's size, holes, step limit and view; the memory's kind and k). Other envs: ValueError."""
+    if "FrozenLake" not in env.name:
+        raise ValueError(f"model.path={out} is the warm-started tiny model, which the launcher makes for FrozenLake runs; "
+                         f"for env.name={env.name} make one with `python -m launcher.warm_start --env {env.name} "
+                         f"--out DIR` (see its --help) and set model.path=DIR")
+    kw = env.kwargs
+    argv = ["--out", str(out), "--env", env.name, "--map-size", str(kw.get("map_size", 4)),
+            "--frozen-prob", str(kw.get("frozen_prob", 0.8)), "--max-steps", str(env.max_steps),
+            "--view", str(kw.get("view", "grid")), "--memory", memory.kind, "--k", str(memory.k)]
+    return argv + (["--show-safe-moves"] if kw.get("show_safe_moves") else [])
+
+
+def ensure_warm_model(env: EnvConfig, memory: MemoryConfig, out: Path) -> None:
+    """Make (or find up to date) the warm-started tiny model at `out` for this run's env and memory: a child
+    process (torch and the SFT stay out of the launcher); a few seconds when nothing changed."""
+    argv = [sys.executable, "-m", "launcher.warm_start", *argv_for(env, memory, out)]
+    if subprocess.run(argv, check=False).returncode != 0:
+        raise RuntimeError(f"the warm start failed (its messages are above): {' '.join(argv)}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", default=str(TINY_MODEL_DIR), help="model to start from (the tiny model is made if absent)")
@@ -138,12 +161,7 @@ def main() -> int:
     p.add_argument("--force", action="store_true", help="redo even if the output matches the inputs")
     args = p.parse_args()
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from actors.demos import format_demos
     from launcher.tiny_model import ensure_tiny_model
-    from learner.sft import SftOptions, train_sft
 
     base, out = Path(args.base), Path(args.out)
     if base.resolve() == TINY_MODEL_DIR.resolve():
@@ -156,6 +174,13 @@ def main() -> int:
     if not args.force and stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
         print(f"[warm-start] {out} is up to date (inputs unchanged); nothing to do", flush=True)
         return 0
+    print(f"[warm-start] fitting the answer format into {out} (once; about a minute on 2 cores)", flush=True)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actors.demos import format_demos
+    from learner.sft import SftOptions, train_sft
 
     started = time.time()
     torch.manual_seed(args.seed)

@@ -136,3 +136,23 @@ def no_correction(
     log_r = log_is_ratio(prox_logp, behav_logp, m, level)  # [B, T]
     none = torch.zeros_like(m)
     return (torch.ones_like(log_r), m), _ratio_stats(log_r, m, none, none)
+
+
+def logprob_mismatch(learner_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Train-inference mismatch on the same weights: the engine's log-probs of its sampled tokens against the
+    learner's, over the tokens in `mask` (those the engine sampled with the weights the learner holds now).
+
+    Sums and a max, so that micro-batches and ranks add up (the step turns them into means):
+      mismatch_tokens   n = |mask|
+      mismatch_abs_sum  sum |log pi_learner - log pi_behav|
+      mismatch_abs_max  max |log pi_learner - log pi_behav|
+      mismatch_kl_sum   sum k3(r), r = pi_learner / pi_behav, k3 = r - 1 - log r (Schulman's estimator of
+                        KL(pi_behav || pi_learner) from tokens sampled by pi_behav; >= 0, exact 0 at r = 1)
+
+    Shapes: learner_logp, behav_logp, mask [Q] (one micro-batch's response tokens)."""
+    m = mask.bool()
+    log_r = (learner_logp.detach().double() - behav_logp.double())[m]  # [n]
+    log_r = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return {"mismatch_tokens": float(log_r.numel()), "mismatch_abs_sum": float(log_r.abs().sum()),
+            "mismatch_kl_sum": float((log_r.exp() - 1 - log_r).sum()),
+            "max:mismatch_abs_max": float(log_r.abs().max()) if log_r.numel() else 0.0}

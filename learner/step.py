@@ -46,6 +46,7 @@ from learner.advantages import (
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
+from learner.offpolicy import logprob_mismatch
 from learner.model import (
     disabled_adapter,
     is_lora,
@@ -291,9 +292,11 @@ def sequence_logprobs(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
 
 def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, opts: StepOptions,
                       models: StepModels, token_denom: float, seq_denom: float,
-                      prox: list[Tensor] | None = None) -> dict[str, float]:
+                      prox: list[Tensor] | None = None, same_weights: Tensor | None = None) -> dict[str, float]:
     """Forward/backward every micro-batch; gradients sync only on the last. `prox`: each micro-batch's
-    log pi_prox (None: the policy itself, detached). Returns local stat sums."""
+    log pi_prox (None: the policy itself, detached). `same_weights` [R]: the response tokens sampled on the
+    weights the model holds now, whose log-probs measure the train-inference mismatch (None: not measured
+    here). Returns local stat sums."""
     tok_seq = transition_of_tokens(seqs)  # [R]
     r_off = torch.cumsum(seqs.response_lens, 0) - seqs.response_lens  # [N]
     sums = {"loss": 0.0, **{k: 0.0 for k in _SUM_KEYS + _MEAN_KEYS}}
@@ -313,6 +316,8 @@ def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
             ref_logp=None if ref is None else rows(ref), entropy=None if entropy is None else rows(entropy),
         )  # [S, T] each
         loss, stats = policy_objective(inp, **objective, token_denom=token_denom, seq_denom=seq_denom)
+        if same_weights is not None:
+            add_stats(sums, logprob_mismatch(logp, mb.behav_logp.to(device), same_weights_mask(mb, same_weights, device)))
         loss.backward()
         sums["loss"] += float(loss.detach())
         for k in _SUM_KEYS:
@@ -322,6 +327,24 @@ def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
         for k in _MAX_KEYS:
             maxes[k] = max(maxes[k], stats[k])
     return {**sums, **{f"max:{k}": v for k, v in maxes.items()}}
+
+
+def add_stats(into: dict[str, float], stats: dict[str, float]) -> None:
+    """Accumulate local stats: `max:` keys keep the largest value, the others add up."""
+    for k, v in stats.items():
+        into[k] = max(into.get(k, v), v) if k.startswith("max:") else into.get(k, 0.0) + v
+
+
+def same_weights_mask(mb: MicroBatch, same_weights: Tensor, device: torch.device) -> Tensor:
+    """[Q] the micro-batch's loss tokens that the engine sampled on the weights the learner holds now."""
+    return (mb.mask & same_weights[mb.token_index]).to(device)
+
+
+def same_weights_tokens(batch: Batch, seqs: Sequences, version: int) -> Tensor:
+    """[R] bool: the response tokens of transitions sampled entirely at `version` (version interval
+    [version, version]), i.e. on the very weights the learner holds before this step's update."""
+    lo, hi = np.asarray(batch.version_lo), np.asarray(batch.version_hi)  # [N]
+    return torch.from_numpy((lo == version) & (hi == version))[transition_of_tokens(seqs)]
 
 
 def batch_stats(batch: Batch, version: int) -> dict[str, float]:
@@ -385,6 +408,9 @@ def train_step(
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
+    same = same_weights_tokens(batch, seqs, version)  # [R] sampled on the weights held now: the mismatch's tokens
+    for mb, px in zip(mbs, prox or []):  # several updates: measured on the no-grad pass before them
+        add_stats(local, logprob_mismatch(px, mb.behav_logp.to(px.device), same_weights_mask(mb, same, px.device)))
     tok_seq = transition_of_tokens(seqs)  # [R]
     seq_counts = [int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs]  # with a response token
     parts = [idx.tolist() for idx in np.array_split(np.arange(len(mbs)), opts.mini_batches)]  # same on every rank
@@ -393,7 +419,8 @@ def train_step(
     for _ in range(opts.ppo_epochs):
         for part in parts:
             sums = optimizer_update(model, optimizer, [mbs[i] for i in part], sum(seq_counts[i] for i in part), seqs,
-                                    opts, models, world_size, device, None if prox is None else [prox[i] for i in part])
+                                    opts, models, world_size, device, None if prox is None else [prox[i] for i in part],
+                                    same_weights=same if prox is None else None)
             grad_norms.append(sums.pop("grad_norm"))
             for k, v in sums.items():
                 passes[k] = max(passes.get(k, v), v) if k.startswith("max:") else passes.get(k, 0.0) + v
@@ -416,7 +443,7 @@ def train_step(
 
 def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], n_seqs: int,
                      seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
-                     prox: list[Tensor] | None) -> dict[str, float]:
+                     prox: list[Tensor] | None, same_weights: Tensor | None = None) -> dict[str, float]:
     """One optimizer step on `mbs` (this rank's part of a mini-batch, holding `n_seqs` sequences; every rank
     passes as many micro-batches): the loss is a mean over the mini-batch's tokens or sequences on all ranks
     (token-sum: their sum).
@@ -424,13 +451,25 @@ def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: li
     totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs), "sequences": n_seqs}, dist.ReduceOp.SUM,
                              device)
     token_denom, seq_denom = loss_denominators(opts.algo.loss_agg, totals["tokens"], totals["sequences"], world_size)
-    sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=token_denom, seq_denom=seq_denom, prox=prox)
+    sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=token_denom, seq_denom=seq_denom, prox=prox,
+                             same_weights=same_weights)
     sums["loss"] /= world_size  # each rank's loss was scaled by W (see module docstring)
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], opts.max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {**sums, "grad_norm": float(grad_norm)}
+
+
+def mismatch_metrics(sums: dict[str, float], maxes: dict[str, float]) -> dict[str, float]:
+    """The train-inference mismatch over the global batch's tokens sampled on the learner's current weights
+    (`learner.offpolicy.logprob_mismatch`): their count, and, when there are any, the mean and max absolute
+    log-prob difference and the mean KL(engine || learner) per token."""
+    n = sums.get("mismatch_tokens", 0.0)
+    if n == 0:
+        return {"mismatch_tokens": 0.0}
+    return {"mismatch_tokens": n, "mismatch_logp_abs_mean": sums["mismatch_abs_sum"] / n,
+            "mismatch_logp_abs_max": maxes["max:mismatch_abs_max"], "mismatch_kl": sums["mismatch_kl_sum"] / n}
 
 
 def _global_metrics(local: dict[str, float], world_size: int, device: torch.device) -> dict[str, float]:
@@ -440,7 +479,7 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     tokens, n = max(sums["tokens"], 1.0), max(sums["transitions"], 1.0)
     out = {k: sums[k] for k in ("loss", "transitions") + _SUM_KEYS}
     out.update({k: sums[k] / tokens for k in _MEAN_KEYS})
-    out.update({k.removeprefix("max:"): v for k, v in maxes.items()})
+    out.update({k.removeprefix("max:"): v for k, v in maxes.items() if not k.startswith("max:mismatch_")})
     out.update(staleness_mean=sums["staleness_sum"] / n, reward_mean=sums["reward_sum"] / n,
                invalid_frac=sums["invalid"] / n, valid_action_ratio=1.0 - sums["invalid"] / n,
                images_per_transition=sums["images"] / n,
@@ -448,6 +487,7 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
     if "reward_kl_sum" in sums:
         out["reward_kl_mean"] = sums["reward_kl_sum"] / n
+    out.update(mismatch_metrics(sums, maxes))
     # advantage and critic stats: the mean over ranks of each rank's value; counts (`*_count`) and each rank's share
     # of a global mean (`learner.preference.GLOBAL_SHARES`): their sum
     summed = lambda k: k.endswith("_count") or k.removeprefix("adv_") in GLOBAL_SHARES  # noqa: E731

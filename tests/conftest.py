@@ -90,3 +90,28 @@ def spare_engine(tmp_path_factory: pytest.TempPathFactory):
 def untied_engine(tmp_path_factory: pytest.TempPathFactory):
     """A vLLM server of a tiny model whose LM head is a weight of its own (`VllmServer`), for one test module."""
     yield from serve_tiny_model(tmp_path_factory, tied=False)
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[None]:
+    """One gloo rank in this process (world size 1): what FSDP2 needs to shard a model here."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from agentstream.wire.addresses import free_port
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the server needs the other core
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        torch.set_num_threads(threads)

@@ -42,7 +42,7 @@ ARTIFACTS = ROOT / "runs" / "test-artifacts"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 LINE_CHARTS = ["chart-env_steps", "chart-tokens", "chart-transitions", "chart-learner", "chart-step_time",
                "chart-versions", "chart-staleness", "chart-buffer", "chart-reward", "chart-success",
-               "chart-invalid", "chart-weight_sync"]
+               "chart-invalid", "chart-weight_sync", "chart-mismatch"]
 
 
 @pytest.fixture
@@ -112,7 +112,8 @@ def point(n: int, engines: int) -> dict[str, Any]:
     p = {"t": 1000.0 + n, "env_steps_per_s": 10.0 + n, "tokens_per_s": 500.0, "transitions_per_s": 10.0,
          "learner_samples_per_s": 8.0, "learner_step_time_s": 1.5, "learner_version": n, "staleness_mean": 0.5,
          "staleness_max": 1.0, "buffered_transitions": 10.0, "invalid_action_ratio": 0.1, "learner_publish_s": 0.1,
-         "reward_mean/lake": 0.2, "success_rate/lake": 0.2, "invalid_action_ratio/lake": 0.1}
+         "reward_mean/lake": 0.2, "success_rate/lake": 0.2, "invalid_action_ratio/lake": 0.1,
+         "learner_mismatch_logp_abs_mean": 1e-6, "learner_mismatch_logp_abs_max": 4e-6, "learner_mismatch_kl": 1e-12}
     p.update({f"engine_version/engine-{i}": n for i in range(engines)})
     p.update({f"weight_sync_s/engine-{i}": 0.05 for i in range(engines)})
     return p

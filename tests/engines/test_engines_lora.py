@@ -12,7 +12,6 @@ process, and an FSDP2 learner (one gloo rank) in this process. The tests run in 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,6 @@ import aiohttp
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import zmq
 
 from agentstream.config import REPO_ROOT, EnginesConfig, ModelConfig, SamplingConfig
@@ -54,23 +52,6 @@ RANK = 8
 def model_dir(tmp_path_factory) -> Path:
     texts = [f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n<action>left</action>" for i in range(50)]
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", texts=texts, vocab_size=300)
-
-
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the server needs the other core
-    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    dist.init_process_group("gloo")
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,16 @@ import pytest
 import torch
 import zmq
 
-from agentstream.config import REPO_ROOT, SamplingConfig
+from agentstream.config import REPO_ROOT, Config, SamplingConfig
 from agentstream.weights import StreamLayout, StreamSource
+from agentstream.wire.messages import Batch
 from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient
 from engines.sidecar import ServerControl
 from launcher import procs
+from learner.model import load_policy
 from learner.publish import WeightPublisher
+from learner.step import StepOptions, train_step
 
 pytestmark = pytest.mark.e2e
 
@@ -198,3 +201,47 @@ async def test_b_a_streamed_update_lands_while_32_requests_are_in_flight(tiny_en
         assert g.version_hi == (2 if k < max_tokens else 1), (k, g.version_hi)
         mid += 0 < k < max_tokens
     assert mid > 0, "no response spans the update"
+
+
+def batch_of(gens: list, learner_version: int) -> Batch:
+    """One group of the engine's answers to PROMPT, one transition each (rewards 1, 0, 1, ...), as the broker serves it."""
+    n = len(gens)
+    i32 = lambda xs: np.asarray(xs, dtype=np.int32)  # noqa: E731
+    return Batch(step=0, rank=0, learner_version=learner_version, group_size=n, group_index=i32([0] * n),
+                 traj_index=i32(range(n)), step_index=i32([0] * n), prompt_lens=i32([len(PROMPT)] * n),
+                 response_lens=i32([len(g.response_ids) for g in gens]),
+                 rewards=np.asarray([float(i % 2 == 0) for i in range(n)], np.float32), dones=np.ones(n, bool),
+                 valid=np.ones(n, bool), version_lo=i32([g.version_lo for g in gens]),
+                 version_hi=i32([g.version_hi for g in gens]), prompt_ids=i32(PROMPT * n),
+                 response_ids=np.concatenate([g.response_ids for g in gens]).astype(np.int32),
+                 logprobs=np.concatenate([g.logprobs for g in gens]).astype(np.float32), anchors=[""] * n)
+
+
+async def test_c_the_learners_mismatch_metric_is_near_zero_on_the_engines_weights_and_large_on_others(
+        tiny_engine, stack_of, one_rank, tmp_path):
+    # The engine serves version 1 (streamed); a learner step at version 1 on its answers measures the engine's
+    # log-probs against its own. Holding the same weights: ~1e-6 (fp32). Holding other weights under the same version
+    # number (the defect the metric is for: an update that did not land): the noise of 0.05 on every weight shows.
+    model_dir, url = tiny_engine
+    hf = hf_versions(model_dir, 1)
+    stack = stack_of(url)
+    await asyncio.to_thread(stack.publisher.publish_stream, 1, source(hf[1]))
+    stack.wait_for(1)
+    gens = await generate(url, range(8))
+    assert all((g.version_lo, g.version_hi) == (1, 1) for g in gens)
+    batch = batch_of(gens, learner_version=1)
+    hf[1].save_pretrained(tmp_path / "v1")
+    cfg = Config()
+    opts = StepOptions.from_config(cfg.learner, cfg.algorithm)
+
+    def mismatch(weights: Path) -> dict[str, float]:
+        model = load_policy(str(weights), "float32", torch.device("cpu"), 1)
+        metrics = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), batch, opts, version=1,
+                             world_size=1, device=torch.device("cpu"))
+        return {k: v for k, v in metrics.items() if k.startswith("mismatch_")}
+
+    same, other = mismatch(tmp_path / "v1"), mismatch(Path(model_dir))
+    print(f"mismatch: same weights {same}; other weights {other}")
+    assert same["mismatch_tokens"] == other["mismatch_tokens"] == batch.response_ids.size
+    assert same["mismatch_logp_abs_max"] < TOL and same["mismatch_kl"] < 1e-8
+    assert other["mismatch_logp_abs_mean"] > 0.01 and other["mismatch_kl"] > 1e-4

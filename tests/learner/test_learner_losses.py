@@ -414,3 +414,20 @@ def test_entropy_is_verls_entropy_from_logits():
     verl = verl_entropy_from_logits(logits.double())
     assert torch.allclose(ours.double(), verl, atol=1e-5, rtol=0)
     assert float(ours[0]) == pytest.approx(math.log(64), abs=1e-5) and float(ours[1]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_logprob_mismatch_by_hand():
+    from learner.offpolicy import logprob_mismatch
+
+    # learner - engine over the masked tokens: 0.0, +0.1, -0.2 (the fourth token, -5.0 apart, is not in the mask).
+    # |.|: 0 + 0.1 + 0.2 = 0.3, max 0.2; k3(x) = e^x - 1 - x: k3(0) = 0, k3(0.1) = 1.1051709 - 1.1 = 0.0051709,
+    # k3(-0.2) = 0.8187308 - 0.8 = 0.0187308; sum 0.0239017.
+    behav = torch.tensor([-1.0, -2.0, -3.0, -4.0])
+    learner = torch.tensor([-1.0, -1.9, -3.2, -9.0])
+    got = logprob_mismatch(learner, behav, torch.tensor([True, True, True, False]))
+    assert got["mismatch_tokens"] == 3
+    assert got["mismatch_abs_sum"] == pytest.approx(0.3, abs=1e-6)
+    assert got["max:mismatch_abs_max"] == pytest.approx(0.2, abs=1e-6)
+    assert got["mismatch_kl_sum"] == pytest.approx(0.0239017, abs=1e-6)
+    none = logprob_mismatch(learner, behav, torch.zeros(4, dtype=torch.bool))
+    assert none == {"mismatch_tokens": 0.0, "mismatch_abs_sum": 0.0, "mismatch_kl_sum": 0.0, "max:mismatch_abs_max": 0.0}
