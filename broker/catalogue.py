@@ -19,7 +19,7 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 | env_steps_per_s, tokens_per_s, transitions_per_s | gauge | | rates over the last 10 s                             |
 | learner_samples_per_s, learner_steps_per_s | gauge |      | transitions trained / optimizer steps per second (10 s)   |
 | learner_version, learner_step_time_s, learner_loss, learner_publish_s | gauge | | from the learner's last VersionUpdate |
-| learner_mismatch_logp_abs_mean, learner_mismatch_logp_abs_max, learner_mismatch_kl, learner_mismatch_tokens | gauge | | train-inference mismatch of the last step: the engine's log-probs against the learner's on the same weights (tokens sampled at the learner's version; absent when none) |
+| learner_mismatch_logp_abs_mean, learner_mismatch_logp_abs_max, learner_mismatch_kl, learner_mismatch_version, learner_mismatch_tokens | gauge | | train-inference mismatch: the engine's log-probs against the learner's on the same weights (tokens sampled at the learner's version), as last measured, at learner version mismatch_version; tokens: how many the last step had |
 | buffered_transitions, groups_ready, groups_open, group_waiters | gauge | | broker buffer depth and queues              |
 | staleness_mean, staleness_max          | gauge   |        | policy lag of the last trained batch                      |
 | staleness_count                        | gauge   | lag    | trained transitions per policy lag (histogram)            |
@@ -49,8 +49,9 @@ from __future__ import annotations
 
 from broker.stats import GATEWAY_REJECT_CODES
 
-MISMATCH_KEYS = ("mismatch_logp_abs_mean", "mismatch_logp_abs_max", "mismatch_kl", "mismatch_tokens")
-"""The learner's train-inference mismatch metrics (learner/step.py `mismatch_metrics`), shown as learner_<key>."""
+MISMATCH_KEYS = ("mismatch_logp_abs_mean", "mismatch_logp_abs_max", "mismatch_kl", "mismatch_tokens", "mismatch_version")
+"""The learner's train-inference mismatch metrics (learner/step.py `mismatch_metrics`), shown as learner_<key>; the
+last measurement stays until the next (mismatch_version: the learner version it was measured on)."""
 
 PREFIX = "agentstream_"
 """What every Prometheus name starts with."""
@@ -142,6 +143,7 @@ HELP: dict[str, str] = {
     "learner_mismatch_logp_abs_max": "Largest |engine log-prob - learner log-prob| of those tokens.",
     "learner_mismatch_kl": "Mean per-token KL(engine || learner) of those tokens (k3 estimator).",
     "learner_mismatch_tokens": "Tokens of the last step sampled on the learner's current weights (the mismatch's sample).",
+    "learner_mismatch_version": "Learner version the mismatch figures were last measured on.",
     "run_wall_s": "Seconds since the broker started.",
     "run_total_steps": "Learner steps the run is configured to take.",
     "wal_failing": "1 while the broker's write-ahead log cannot be written (a full disk): nothing is acknowledged.",

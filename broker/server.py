@@ -398,7 +398,11 @@ class Broker:
         if msg.resumed:
             log.warning("the learner resumed from its checkpoint at version %d", msg.version)
             await self._serve_batches()
-        self.learner_metrics = {k: float(v) for k, v in msg.metrics.items() if isinstance(v, (int, float))}
+        metrics = {k: float(v) for k, v in msg.metrics.items() if isinstance(v, (int, float))}
+        if "mismatch_logp_abs_mean" not in metrics:  # measured only when the batch held tokens of the learner's
+            # version (rare at a staleness bound > 0): the last measurement stays, with its mismatch_version
+            metrics |= {k: v for k, v in self.learner_metrics.items() if k.startswith("mismatch_") and k != "mismatch_tokens"}
+        self.learner_metrics = metrics
         if msg.version >= self.total_steps:
             self.status = "finished"  # the dashboard keeps showing the final state
         await self._admit()

@@ -434,7 +434,7 @@ def train_step(
         local.update({f"critic_{k}": v for k, v in models.critic.update(seqs, returns, values, device, world_size).items()})
     local.update(batch_stats(batch, version))
     local.update({f"adv_{k}": v for k, v in adv_stats.items()}, zero_weight_micro_batches=float(padding))
-    return _global_metrics(local, world_size, device) | {
+    return _global_metrics(local, world_size, device, version) | {
         "grad_norm": sum(grad_norms) / len(grad_norms), "updates": float(len(grad_norms)),
         "micro_batches": float(len(mbs)), "compute_s": time.perf_counter() - t0,
         "local_tokens": float(local_tokens), "local_zero_weight_micro_batches": float(padding),
@@ -461,7 +461,7 @@ def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: li
     return {**sums, "grad_norm": float(grad_norm)}
 
 
-def mismatch_metrics(sums: dict[str, float], maxes: dict[str, float]) -> dict[str, float]:
+def mismatch_metrics(sums: dict[str, float], maxes: dict[str, float], version: int) -> dict[str, float]:
     """The train-inference mismatch over the global batch's tokens sampled on the learner's current weights
     (`learner.offpolicy.logprob_mismatch`): their count, and, when there are any, the mean and max absolute
     log-prob difference and the mean KL(engine || learner) per token."""
@@ -469,10 +469,11 @@ def mismatch_metrics(sums: dict[str, float], maxes: dict[str, float]) -> dict[st
     if n == 0:
         return {"mismatch_tokens": 0.0}
     return {"mismatch_tokens": n, "mismatch_logp_abs_mean": sums["mismatch_abs_sum"] / n,
-            "mismatch_logp_abs_max": maxes["max:mismatch_abs_max"], "mismatch_kl": sums["mismatch_kl_sum"] / n}
+            "mismatch_logp_abs_max": maxes["max:mismatch_abs_max"], "mismatch_kl": sums["mismatch_kl_sum"] / n,
+            "mismatch_version": float(version)}
 
 
-def _global_metrics(local: dict[str, float], world_size: int, device: torch.device) -> dict[str, float]:
+def _global_metrics(local: dict[str, float], world_size: int, device: torch.device, version: int) -> dict[str, float]:
     """Sum / max over ranks, then turn sums into means."""
     maxes = all_reduce_dict({k: v for k, v in local.items() if k.startswith("max:")}, dist.ReduceOp.MAX, device)
     sums = all_reduce_dict({k: v for k, v in local.items() if not k.startswith("max:")}, dist.ReduceOp.SUM, device)
@@ -487,7 +488,7 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
     if "reward_kl_sum" in sums:
         out["reward_kl_mean"] = sums["reward_kl_sum"] / n
-    out.update(mismatch_metrics(sums, maxes))
+    out.update(mismatch_metrics(sums, maxes, version))
     # advantage and critic stats: the mean over ranks of each rank's value; counts (`*_count`) and each rank's share
     # of a global mean (`learner.preference.GLOBAL_SHARES`): their sum
     summed = lambda k: k.endswith("_count") or k.removeprefix("adv_") in GLOBAL_SHARES  # noqa: E731

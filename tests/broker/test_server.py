@@ -2,6 +2,8 @@
 and bad input (malformed or oversized messages are rejected, counted, and the broker keeps serving)."""
 
 
+import asyncio
+
 import numpy as np
 import pytest
 import zmq
@@ -124,3 +126,31 @@ def test_the_broker_socket_helpers_move_whole_multipart_messages() -> None:
         router.close(0)
         dealer_sock.close(0)
         ctx.term()
+
+
+async def test_the_last_mismatch_measurement_stays_until_the_next() -> None:
+    # The learner measures the train-inference mismatch only on steps whose batch held tokens of its own version;
+    # a step without keeps the last figures (and their version) in /metrics, with that step's count of 0.
+    from broker.prometheus import render_prometheus
+    from broker.views import dashboard_state
+
+    broker, task, address = await start_broker(small_config())
+    learner = dealer(address, "learner-0")
+    measured = {"loss": 0.5, "mismatch_tokens": 40.0, "mismatch_logp_abs_mean": 2e-6, "mismatch_logp_abs_max": 1e-5,
+                "mismatch_kl": 3e-12, "mismatch_version": 1.0}
+    try:
+        await learner.send_multipart(P.encode(P.VersionUpdate(version=1, metrics=measured)))
+        await learner.send_multipart(P.encode(P.VersionUpdate(version=2, metrics={"loss": 0.4, "mismatch_tokens": 0.0})))
+        for _ in range(100):
+            if broker.learner_metrics.get("loss") == 0.4:
+                break
+            await asyncio.sleep(0.02)
+        assert broker.learner_metrics == {**measured, "loss": 0.4, "mismatch_tokens": 0.0}
+        text = render_prometheus(dashboard_state(broker.view())).decode()
+        assert "agentstream_learner_mismatch_version 1.0" in text
+        assert "agentstream_learner_mismatch_logp_abs_mean 2e-06" in text
+        assert "agentstream_learner_mismatch_tokens 0.0" in text
+    finally:
+        broker.stop()
+        await task
+        learner.close()

@@ -55,6 +55,7 @@ def test_mismatch_is_zero_on_the_same_weights_and_the_gap_otherwise(one_rank, ti
     same = step(own)
     assert same["mismatch_tokens"] == at_one.sum()
     assert same["mismatch_logp_abs_max"] < 1e-5 and same["mismatch_kl"] < 1e-10
+    assert same["mismatch_version"] == 1
     # tokens sampled at version 0 are 3.0 off; they are not the learner's weights and must not count
     assert step(np.where(at_one, own, own - 3.0))["mismatch_logp_abs_max"] < 1e-5
     # the engine 0.5 off on every token of version 1 (log-probs 0.5 higher): |.| = 0.5, k3(-0.5) = e^-0.5 - 0.5
