@@ -152,7 +152,7 @@ def main() -> int:
     p.add_argument("--answers", type=int, default=500, help="Reasoning: how many other items' answers to draw from")
     p.add_argument("--answer-range", default="", help="Reasoning: draw integers from LO,HI instead (uniformly)")
     p.add_argument("--memory", default="last_k")
-    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--k", type=int, default=0)  # FrozenLake is Markov: the main job and learn_frozenlake use k=0
     p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--batch-size", type=int, default=32)
