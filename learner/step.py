@@ -340,11 +340,12 @@ def same_weights_mask(mb: MicroBatch, same_weights: Tensor, device: torch.device
     return (mb.mask & same_weights[mb.token_index]).to(device)
 
 
-def same_weights_tokens(batch: Batch, seqs: Sequences, version: int) -> Tensor:
-    """[R] bool: the response tokens of transitions sampled entirely at `version` (version interval
-    [version, version]), i.e. on the very weights the learner holds before this step's update."""
+def same_weights_tokens(batch: Batch, tok_seq: Tensor, version: int) -> Tensor:
+    """[R] bool: the response tokens (`tok_seq` [R]: each one's transition) of transitions sampled entirely at
+    `version` (version interval [version, version]), i.e. on the very weights the learner holds before this step's
+    update."""
     lo, hi = np.asarray(batch.version_lo), np.asarray(batch.version_hi)  # [N]
-    return torch.from_numpy((lo == version) & (hi == version))[transition_of_tokens(seqs)]
+    return torch.from_numpy((lo == version) & (hi == version))[tok_seq]
 
 
 def batch_stats(batch: Batch, version: int) -> dict[str, float]:
@@ -408,10 +409,10 @@ def train_step(
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
-    same = same_weights_tokens(batch, seqs, version)  # [R] sampled on the weights held now: the mismatch's tokens
+    tok_seq = transition_of_tokens(seqs)  # [R]
+    same = same_weights_tokens(batch, tok_seq, version)  # [R] sampled on the weights held now: the mismatch's tokens
     for mb, px in zip(mbs, prox or []):  # several updates: measured on the no-grad pass before them
         add_stats(local, logprob_mismatch(px, mb.behav_logp.to(px.device), same_weights_mask(mb, same, px.device)))
-    tok_seq = transition_of_tokens(seqs)  # [R]
     seq_counts = [int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs]  # with a response token
     parts = [idx.tolist() for idx in np.array_split(np.arange(len(mbs)), opts.mini_batches)]  # same on every rank
     passes: dict[str, float] = {}  # over every update: sums add up, maxes keep the largest
@@ -422,8 +423,7 @@ def train_step(
                                     opts, models, world_size, device, None if prox is None else [prox[i] for i in part],
                                     same_weights=same if prox is None else None)
             grad_norms.append(sums.pop("grad_norm"))
-            for k, v in sums.items():
-                passes[k] = max(passes.get(k, v), v) if k.startswith("max:") else passes.get(k, 0.0) + v
+            add_stats(passes, sums)
     for k in passes:
         if not k.startswith("max:"):
             passes[k] /= opts.ppo_epochs  # each pass covers the batch once: per-pass sums (token-weighted means alike)
