@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-model"
+SMALL_MODEL_DIR = REPO_ROOT / ".cache" / "small-model"
 TINY_VL_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-vl-model"
 TINY_WARM_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-model-warm"
 """The tiny model after the format warm start (`launcher.warm_start`), made by the launcher for the run's env."""
@@ -301,6 +302,11 @@ class LearnerConfig:
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW's moment decay rates (torch's and verl's default)."""
+    eps: float = 1e-8
+    """AdamW's denominator term. Adam moves a weight ~lr per step whatever its gradient's size; a weight whose
+    gradient is tiny next to eps moves less (a larger eps damps the weights only noise reaches)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
     micro_batch_tokens: int = 4096

@@ -48,14 +48,15 @@ unlikely to hold ("-m gateway", not "gateway")."""
 
 
 # ------------------------------------------------------------------------------------ command line
-def arguments(doc: str, *, model: bool = False, engine_url: bool = False) -> argparse.ArgumentParser:
-    """A benchmark's parser: `doc` (its module docstring) as `--help`'s text; `model`: `--model DIR` (default: the
-    tiny local model, `model_dir`); `engine_url`: `--engine-url URL`, a vLLM server of that model already up."""
+def arguments(doc: str, *, model: bool = False, engine_url: bool = False,
+              default_model: str = "the tiny local model") -> argparse.ArgumentParser:
+    """A benchmark's parser: `doc` (its module docstring) as `--help`'s text; `model`: `--model DIR` (default:
+    `default_model`, the benchmark's own choice, else the tiny local model, `model_dir`); `engine_url`: `--engine-url URL`, a vLLM server of that model already up."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)  # run as `python -m bench.NAME`: say so in its usage
     parser = argparse.ArgumentParser(prog=f"python -m {spec.name}" if spec else None, description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     if model:
-        parser.add_argument("--model", default="", help="model directory (default: the tiny local model)")
+        parser.add_argument("--model", default="", help=f"model directory (default: {default_model})")
     if engine_url:
         parser.add_argument("--engine-url", default="", help="use this running vLLM server instead of starting one")
     return parser

@@ -6,9 +6,11 @@ same workload, in steady completions trained per second; the ratio agentstream/T
     .venv/bin/python -m bench.peer --agentstream-only --modes sync learner.torch_threads=2
     .venv/bin/python -m bench.peer --learn [--batch 64] [--steps 40] [--seeds 3]
 
-The workload: the tiny local model in float32, reasoning-gym `basic_arithmetic` single-turn
-(`agentstream/Reasoning-v0`, one attempt, one env step), groups of 8, 32 response tokens, temperature 1.0,
-lr 1e-3, `--batch` completions per optimizer step (batch/8 groups).
+The workload: the 12.6M-parameter local model (`.cache/small-model`, `launcher.tiny_model.SMALL_SHAPE`: the
+tiny model 4x wider and 2x deeper; made here once, seconds) in float32, reasoning-gym `basic_arithmetic`
+single-turn (`agentstream/Reasoning-v0`, one attempt, one env step), groups of 8, 32 response tokens,
+temperature 1.0, lr 1e-3, `--batch` completions per optimizer step (batch/8 groups). `--model .cache/tiny-model`
+runs the 0.4M tiny model instead: there each system's fixed costs per step, not the model, set the rate.
 
 TRL runs `bench/peer_trl.py` in a venv of its own (`.cache/peer-venv`: torch, trl, transformers at the
 project's pin, reasoning_gym; made here on first use, about a minute) on the prompts agentstream's actors send
@@ -50,9 +52,10 @@ from typing import IO, Any
 
 import psutil
 
-from agentstream.config import REPO_ROOT, Config, TrainerConfig
+from agentstream.config import REPO_ROOT, SMALL_MODEL_DIR, Config, TrainerConfig
 from agentstream.wire.addresses import free_port
 from bench import harness
+from launcher.tiny_model import ensure_small_model
 
 PEER_VENV = REPO_ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
@@ -415,7 +418,8 @@ def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], fo
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__, model=True)
+    parser = harness.arguments(__doc__, model=True, default_model=f"{SMALL_MODEL_DIR}, made if missing; --learn: "
+                               "the tiny model's arithmetic warm start")
     parser.add_argument("--batch", default="16,64", help="completions per optimizer step, a comma list")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps per run (steady state: 2..N); "
                         "default 8, with --learn 40")
@@ -439,6 +443,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(bounds)}")
     modes = [] if args.peer_only else modes
+    if not (args.model or args.learn):  # the speed workload's model (issue 38, option a); --learn makes its own
+        args.model = str(ensure_small_model(SMALL_MODEL_DIR))
     model, folder = harness.begin(args.model, "bench-peer-", args.keep)
     if args.learn:
         learn(args, modes, bounds, folder)
@@ -449,7 +455,7 @@ def main() -> None:
             python, made_s = peer_python(log)
         if made_s:
             print(f"# peer venv made in {made_s:.0f} s", flush=True)
-    print(f"# {DATASET} single-turn, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; TRL {TRL_VERSION} "
+    print(f"# {DATASET} single-turn on {model}, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; TRL {TRL_VERSION} "
           f"(HF generate, 2 torch threads); agentstream: 1 vLLM engine, 1 learner rank, 1 actor; async = "
           f"max_staleness {bounds['async']}; runs in {folder}", flush=True)
     print(f"{'system':>11} {'mode':>5} {'batch':>5} {'steps':>5} {'start-up s':>10} {'steady s':>8} "

@@ -254,6 +254,11 @@ def _learner_errors(cfg: Config) -> list[str]:
     if cfg.learner.logprob_chunk_tokens < 0:
         errors.append(f"learner.logprob_chunk_tokens={cfg.learner.logprob_chunk_tokens}: must be >= 0 (0: no chunking; "
                       f"e.g. 1024 for a large vocabulary).")
+    betas = list(cfg.learner.betas)
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        errors.append(f"learner.betas={betas}: give two numbers in [0, 1), e.g. [0.9,0.999] (AdamW's default).")
+    if not cfg.learner.eps > 0:
+        errors.append(f"learner.eps={cfg.learner.eps}: must be > 0 (AdamW's default 1e-8).")
     return errors
 
 def judges_errors(cfg: Config) -> list[str]:

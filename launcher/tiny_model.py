@@ -22,6 +22,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SMALL_SHAPE = {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4}
+"""The 4x wider, 2x deeper model of the same family (12.6M parameters): `bench.peer`'s speed workload (issue 38)."""
 
 
 def corpus_envs() -> list[str]:
@@ -159,3 +161,8 @@ def ensure_tiny_model(path: str | Path, make: Callable[[Path], Path] = make_tiny
     if not (path / "config.json").is_file():
         make(path)
     return path
+
+
+def ensure_small_model(path: str | Path) -> Path:
+    """`ensure_tiny_model` in the `SMALL_SHAPE`."""
+    return ensure_tiny_model(path, lambda out: make_tiny_model(out, **SMALL_SHAPE))

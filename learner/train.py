@@ -319,8 +319,8 @@ def train(spec: TrainSpec, rank: int, world: int, device: torch.device, publishe
         m = spec.model
         lora = lora_spec(m.lora_rank, m.lora_alpha, m.lora_target_modules, m.lora_dropout, spec.seed)
         model = load_policy(m.path, m.dtype, device, world, lora=lora, train_vision=m.train_vision)
-        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=spec.learner.lr,
-                                      weight_decay=spec.learner.weight_decay)
+        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=spec.learner.lr, betas=tuple(spec.learner.betas),
+                                      eps=spec.learner.eps, weight_decay=spec.learner.weight_decay)
         # The critic and the frozen reference policy, when the algorithm needs them (a collective: FSDP2 sharding).
         step_models = make_step_models(m, spec.algorithm, spec.learner, device, world)
         r = Rank(spec, rank, world, device, client, publisher, model, optimizer,

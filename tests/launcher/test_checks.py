@@ -47,6 +47,8 @@ def test_launcher_overrides_reach_their_fields() -> None:
     (["learner.logprob_chunk_tokens=-1"], "learner.logprob_chunk_tokens=-1: must be >= 0"),
     (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
     (["learner.ppo_epochs=0"], "learner.ppo_epochs=0: must be at least 1"),
+    (["learner.betas=[0.9,1.0]"], "learner.betas=[0.9, 1.0]: give two numbers in [0, 1)"),
+    (["learner.eps=0"], "learner.eps=0.0: must be > 0"),
     (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
     (["learner.torch_threads=-1"], "learner.torch_threads=-1: must be >= 0"),
     (["broker.logger=[jsonl,neptune]"], "broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard"),
