@@ -183,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="run config written by the launcher")
     parser.add_argument("--name", default="evaluator", help="name at the broker")
-    parser.add_argument("--broker", required=True, help="broker ZeroMQ address")
+    parser.add_argument("--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)")
     parser.add_argument("--engine", required=True, help="engine base URL")
     parser.add_argument("--out", required=True, help="run folder (validation.csv goes there)")
     parser.add_argument("--t0", type=float, default=None, help="run start (unix time); default: now")

@@ -11,6 +11,9 @@ When its write-ahead log cannot be written (a full disk), the broker stalls inst
 more messages and sends nothing (no Ack: actors wait under actors.max_unacked), shows status `stalled` with
 the reason on the dashboard, `wal_failing` in /metrics and an error in its log, retries every second, and
 goes on, losing nothing, once the disk takes the log's pending records.
+
+Once listening, it writes where (RUN/broker.json): a broker started again, on another port or node, from the log in
+the run folder, is found there by every client (`agentstream.wire.client.BrokerLink`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from agentstream import config as config_mod
-from agentstream.wire.addresses import advertised_host
+from agentstream.wire.addresses import advertised_host, write_broker_record
 from agentstream.wire.curve import CurveServer
 from agentstream.wire.limits import check_limits
 from agentstream.wire.messages import (
@@ -130,7 +133,8 @@ class Broker:
         self._sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.cfg.max_message_bytes)
         self._sock.setsockopt(zmq.LINGER, 1000)
         take_over_reconnects(self._sock)  # a client back from a partition replaces its old connection
-        self._sock.bind(f"tcp://{self.cfg.host}:{self.port}")
+        self._sock.bind(f"tcp://{self.cfg.host}:{self.port or '*'}")  # 0: any free port (a restart elsewhere)
+        self.port = int(self._sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
         # Replies go out through a plain (shadow) socket, without an asyncio future per message (measured by
         # bench/broker.py). A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
         # ZeroMQ drops the message (its resend protocol covers that), so a non-blocking send always returns.
@@ -139,6 +143,10 @@ class Broker:
                                  history_s=self.cfg.dashboard_history_s, gallery=self.gallery)
         app.router.add_get("/api/summary", self._summary_handler)
         runner = await dashboard.serve(app, self.cfg.dashboard_host, self.dashboard_port)
+        self.dashboard_port = self.dashboard_port or int(runner.addresses[0][1])
+        if self.run_dir is not None:  # where the clients find this broker (agentstream.wire.client.BrokerLink)
+            write_broker_record(self.run_dir, f"tcp://{advertised_host(self.cfg.host)}:{self.port}",
+                                f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}")
         self.status = "running"
         log.info("broker on tcp://%s:%d (%s), dashboard http://%s:%d/", self.cfg.host, self.port,
                  "CURVE" if self._curve else "no CURVE", self.cfg.dashboard_host, self.dashboard_port)
@@ -558,8 +566,10 @@ class _Stopped(Exception):
 
 async def _main(args: argparse.Namespace) -> None:
     run_dir = Path(args.config).parent
-    broker = Broker(broker_spec(config_mod.load(args.config)), args.port, args.dashboard_port, run_name=run_dir.name,
-                    run_dir=run_dir)
+    cfg = config_mod.load(args.config)
+    if args.host:  # started again on another node: that node's interface
+        cfg.broker.host = cfg.broker.dashboard_host = args.host
+    broker = Broker(broker_spec(cfg), args.port, args.dashboard_port, run_name=run_dir.name, run_dir=run_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
@@ -571,8 +581,10 @@ async def _main(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="run config written by the launcher")
-    parser.add_argument("--port", type=int, required=True, help="ZeroMQ ROUTER port")
-    parser.add_argument("--dashboard-port", type=int, required=True, help="dashboard HTTP port")
+    parser.add_argument("--port", type=int, required=True, help="ZeroMQ ROUTER port (0: any free one)")
+    parser.add_argument("--dashboard-port", type=int, required=True, help="dashboard HTTP port (0: any free one)")
+    parser.add_argument("--host", default="", help="interface to bind both on (default: broker.host and "
+                        "broker.dashboard_host; a broker moved to another node binds that node's)")
     parser.add_argument("--summary", default="", help="write the final summary JSON here on exit")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

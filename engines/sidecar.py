@@ -520,7 +520,8 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
     p.add_argument("--name", required=True, help="engine name (ZeroMQ identity, stats source)")
     p.add_argument("--url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000")
     p.add_argument("--learner", required=True, help="the learner's weight ROUTER, e.g. tcp://127.0.0.1:5600")
-    p.add_argument("--broker", required=True, help="the broker's ROUTER, e.g. tcp://127.0.0.1:5555")
+    p.add_argument("--broker", required=True,
+                   help="the broker's ROUTER, e.g. tcp://127.0.0.1:5555, or its record (RUN/broker.json: followed)")
     p.add_argument("--workdir", default=None, help="where weights are written (default: a temporary folder)")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between Stats reports")
     p.add_argument("--ready-timeout", type=float, default=240.0, help="seconds to wait for the server at start")

@@ -49,7 +49,7 @@ def process_arguments(doc: str | None, name_help: str, engine_help: str, name_de
     else:
         parser.add_argument("--name", default=name_default, help=name_help)
     parser.add_argument("--incarnation", type=int, default=0, help="how many times it was restarted")
-    parser.add_argument("--broker", required=True, help="broker ZeroMQ address")
+    parser.add_argument("--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)")
     parser.add_argument("--engine", action="append", default=[], help=engine_help)
     return parser
 

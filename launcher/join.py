@@ -229,7 +229,8 @@ async def run_join(local: Config, run_dir: Path) -> int:
               f"with {joining(cfg)}", flush=True)
         print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   run folder: {run_dir}", flush=True)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps))
+            progress = asyncio.create_task(progress_loop(session, lambda: launcher.wiring.dashboard,
+                                                         cfg.trainer.total_steps))
             try:
                 await _start(launcher, session)
                 reason = await _supervise_until_over(launcher, link)

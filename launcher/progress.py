@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -62,15 +63,15 @@ def format_progress(state: dict, total_steps: int, eta: float | None, validation
             f"actors {g['actors_alive']:.0f} | ETA {left}" + (f" | {held_out}" if held_out else ""))
 
 
-async def progress_loop(session: aiohttp.ClientSession, dashboard: str, total_steps: int, every_s: float = 5.0,
-                        validation_csv: Path | None = None) -> None:
+async def progress_loop(session: aiohttp.ClientSession, dashboard: Callable[[], str], total_steps: int,
+                        every_s: float = 5.0, validation_csv: Path | None = None) -> None:
     """One console line every few seconds: learner step out of total, rates, ETA, and held-out success so far
-    (`validation_csv`: the evaluator's validation.csv)."""
+    (`validation_csv`: the evaluator's validation.csv); `dashboard()`: its URL now (a broker may move)."""
     samples: list[tuple[float, int]] = []
     while True:
         await asyncio.sleep(every_s)
         try:
-            st = await get_json(session, f"{dashboard}/api/state")
+            st = await get_json(session, f"{dashboard()}/api/state")
             rows = read_rows(validation_csv) if validation_csv is not None else []
             line = format_progress(st, total_steps, eta_s(samples, total_steps), rows)
         except (aiohttp.ClientError, TimeoutError, KeyError) as exc:

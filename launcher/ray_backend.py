@@ -15,8 +15,9 @@ node's IP (`launcher.wiring.wire_placed`).
 A node that dies takes its processes with it: their hosts' calls fail with Ray's ActorDiedError, which the
 supervisor sees as that child's death (`RemoteProcess.lost` says why) and handles as a kill -9: an actor is
 restarted wherever Ray finds room (its groups are dropped under `actor_left`), an engine too (a new URL if it lands
-on another node; actors learn it from the broker), while the broker, the gateway and the learner may only come
-back on their own node (their addresses are the run's), else the run stops with the reason.
+on another node; actors learn it from the broker), the broker too (from its log in the run folder; its clients
+follow the record it writes there, RUN/broker.json), while the gateway and the learner may only come back on their
+own node (their addresses are the run's), else the run stops with the reason.
 
 What every node needs: the same Python environment at the same path as this host (Ray's usual assumption), and the
 run folder and the model on storage that every node sees at the same path (docs/deployment.md).
@@ -54,7 +55,8 @@ LOCAL_RAY_IP = "127.0.0.2"
 """The address a Ray instance started for the run advertises, unless launcher.ray_node_ip says otherwise: loopback,
 so the run's sockets stay on this host. Ray replaces 127.0.0.1 by the host's other interface; 127.0.0.2 it keeps."""
 SAME_NODE_ROLES = ("broker", "learner", "gateway")
-"""Roles whose address the whole run holds: restarted only on the node they ran on."""
+"""Roles whose address the whole run holds: restarted on the node they ran on (the broker elsewhere if that node is
+gone: its clients follow its record)."""
 RESOURCE_ROLE = {"broker": "broker", "engine": "engine", "judge": "engine", "learner": "learner", "actor": "actor",
                  "gateway": "actor", "evaluator": "actor"}
 """Which entry of launcher.resources a child of each role asks for (a sidecar goes beside its engine instead)."""
@@ -312,6 +314,18 @@ class RayLauncher(Launcher):
         placed = await asyncio.to_thread(self.backend.place, child.role, child.name, node, bundle)
         self._nodes[child.name] = placed.node
         return placed
+
+    async def _reseat_broker(self) -> None:
+        """Before the broker restarts: back on its node while that lives; when it is gone, on any node Ray finds
+        room on, binding that node's address. It recovers from its log in the run folder (shared storage), writes
+        its new addresses to its record there, and every client follows (`agentstream.wire.client.BrokerLink`)."""
+        node = self._nodes.get("broker")
+        if node is None or await asyncio.to_thread(_alive, node):
+            return
+        placed = await asyncio.to_thread(self.backend.place, "broker", "broker")
+        self._placed["broker"], self._nodes["broker"] = placed, placed.node
+        self.broker_host = placed.node.ip
+        log.warning("the broker's Ray node %s is gone: starting it again on node %s", node.ip, placed.node.ip)
 
     async def _reseat_engine(self, i: int) -> None:
         """Before engine i restarts: a new host, on any node (the old one may be gone), binding the same port there;

@@ -68,7 +68,8 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
     print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
           flush=True)
     print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
-          f"broker.address={launcher.wiring.broker} actors.count=N)", flush=True)
+          f"broker.address={launcher.wiring.broker} actors.count=N; or broker.address={launcher.broker_where}, "
+          f"followed if the broker moves)", flush=True)
     if launcher.wiring.gateway:
         print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (agent code: open episodes there; the URL is in "
               f"{run_dir / 'gateway_url'} once it answers; docs/gateway.md)", flush=True)
@@ -82,8 +83,8 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
         progress: asyncio.Task[None] | None = None
         try:
             await launcher.start_all(session)
-            progress = asyncio.create_task(progress_loop(session, launcher.wiring.dashboard, cfg.trainer.total_steps,
-                                                         validation_csv=run_dir / CSV_NAME))
+            progress = asyncio.create_task(progress_loop(session, lambda: launcher.wiring.dashboard,
+                                                         cfg.trainer.total_steps, validation_csv=run_dir / CSV_NAME))
             await launcher.supervise()
             if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
                 launcher._stopping = True

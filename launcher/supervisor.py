@@ -23,14 +23,15 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 
 from agentstream.config import Config, learner_threads
-from agentstream.wire.addresses import free_port
+from agentstream.wire.addresses import BROKER_RECORD, free_port, read_broker_record
 from launcher.placement import host_gpus, host_plan, visible
 from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
 from launcher.wiring import Wiring, wire
@@ -123,12 +124,14 @@ class Launcher:
         `prefix` goes into every actor's and engine's name, unique per launch when several join one run."""
         self.cfg, self.run_dir = cfg, run_dir
         self.wiring = wiring or wire(cfg)
+        self.runs_broker = cfg.run.role == "all"  # a joining launch reaches another launch's broker
+        self.broker_host = ""  # the interface a moved broker binds (empty: broker.host)
         self.prefix = prefix
         self.config_path = run_dir / "config.yaml"
         self.children: list[Child] = []
         self.actor_restarts = 0
         self.restarts: Counter[str] = Counter()  # broker, engine, learner restarts (supervise)
-        self._restarting: set[asyncio.Task[None]] = set()  # engine restarts in flight
+        self._restarting: set[asyncio.Task[None]] = set()  # restarts in flight (`_background`)
         self._failed: RunFailed | None = None  # a background restart that failed
         self.lost: list[dict[str, str]] = []  # children whose node died (Ray): summary.json's lost_with_node
         self.started = time.time()
@@ -140,10 +143,21 @@ class Launcher:
         return Child(name, role, argv, {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
                      self.run_dir / "logs" / f"{name}.log")
 
-    def broker_child(self) -> Child:
+    def broker_child(self, restart: bool = False) -> Child:
+        """The broker; `restart`: started again from its log on any free ZeroMQ port (its old one may be held, and on
+        another node it is another address anyway), which it writes to its record for the clients to follow."""
         w = self.wiring
+        host = ["--host", self.broker_host] if self.broker_host else []  # a node of its own (`_reseat_broker`)
         return self._child("broker", "broker", [PY, "-m", "broker.server", "--config", str(self.config_path),
-                                                "--port", str(w.broker_port), "--dashboard-port", str(w.dashboard_port)])
+                                                "--port", "0" if restart else str(w.broker_port),
+                                                "--dashboard-port", str(w.dashboard_port), *host])
+
+    @property
+    def broker_where(self) -> str:
+        """What the children are told of the broker: the record it writes in the run folder when this launch runs
+        it (they follow a broker started again elsewhere: `agentstream.wire.client.BrokerLink`), else the address
+        a joining launch was given."""
+        return str((self.run_dir / BROKER_RECORD).resolve()) if self.runs_broker else self.wiring.broker
 
     def engine_children(self) -> list[Child]:
         from engines.server import server_command
@@ -199,7 +213,7 @@ class Launcher:
         w = self.wiring
         return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
             PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
-            "--learner", w.weights, "--broker", w.broker,
+            "--learner", w.weights, "--broker", self.broker_where,
             "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
             "--stats-interval", str(self.cfg.run.log_interval_s),
             "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
@@ -224,7 +238,7 @@ class Launcher:
         master, port = self.wiring.rdzv.rsplit(":", 1) if self.wiring.rdzv else ("127.0.0.1", str(free_port()))
         argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(c.nnodes), "--node-rank", str(node),
                 "--nproc-per-node", str(c.world_size // c.nnodes), "--master-addr", master, "--master-port", port,
-                "-m", "learner.train", "--config", str(self.config_path), "--broker", self.wiring.broker,
+                "-m", "learner.train", "--config", str(self.config_path), "--broker", self.broker_where,
                 "--weights-bind", self.wiring.weights_bind, "--out", str(self.run_dir)]
         if self.cfg.engines.external_urls:
             argv.append("--publish-initial")  # servers started elsewhere may hold other weights
@@ -237,7 +251,7 @@ class Launcher:
     def actor_child(self, i: int, incarnation: int = 0) -> Child:
         name = f"actor-{self.prefix}{i}"
         argv = [PY, "-m", "actors.actor", "--config", str(self.config_path), "--name", name,
-                "--incarnation", str(incarnation), "--broker", self.wiring.broker]
+                "--incarnation", str(incarnation), "--broker", self.broker_where]
         for url in self.wiring.engines:  # none (a joining launch): the actor asks the broker
             argv += ["--engine", url]
         for url in self.wiring.judges:
@@ -251,7 +265,7 @@ class Launcher:
         same port (agent code keeps its URL; episodes open in the dead incarnation are its groups' loss)."""
         name = f"gateway-{self.prefix}0"
         argv = [PY, "-m", "gateway", "--config", str(self.config_path), "--name", name,
-                "--incarnation", str(incarnation), "--broker", self.wiring.broker,
+                "--incarnation", str(incarnation), "--broker", self.broker_where,
                 "--port", str(self.wiring.gateway_port)]
         for url in self.wiring.engines:  # none (a joining launch): the gateway asks the broker
             argv += ["--engine", url]
@@ -267,7 +281,7 @@ class Launcher:
 
     def evaluator_child(self) -> Child:  # validation (actors/evaluate.py): held-out seeds, never trained on
         return self._child("evaluator", "evaluator", [
-            PY, "-m", "actors.evaluate", "--config", str(self.config_path), "--broker", self.wiring.broker,
+            PY, "-m", "actors.evaluate", "--config", str(self.config_path), "--broker", self.broker_where,
             "--engine", self.wiring.engines[0], "--out", str(self.run_dir), "--t0", str(self.started)])
 
     async def wait_evaluator(self) -> None:
@@ -405,14 +419,38 @@ class Launcher:
         log.warning("%s died (exit code %s); restarting it (%s restart %d of %d)", child.name, code, key,
                     self.restarts[key], budget)
         if key == "broker":
-            await self.spawn(self.broker_child())
+            before = read_broker_record(self.run_dir / BROKER_RECORD)
+            await self._reseat_broker()
+            await self.spawn(self.broker_child(restart=True))
+            self._background(self._follow_broker(before), "follow-broker")
         elif key == "learner":  # the dead torchrun's ranks were ended with it (supervise: end_leftovers)
             await self.spawn(self.learner_child(resume=True, node_rank=learner_node_rank(child.name)))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
-            task = asyncio.create_task(self._restart_engine_guarded(child), name=f"restart-{child.name}")
-            self._restarting.add(task)
-            task.add_done_callback(self._restarting.discard)
+            self._background(self._restart_engine_guarded(child), f"restart-{child.name}")
         return True
+
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` beside the supervision (restarts in flight, awaited or cancelled at the stop)."""
+        task = asyncio.create_task(work, name=name)
+        self._restarting.add(task)
+        task.add_done_callback(self._restarting.discard)
+
+    async def _reseat_broker(self) -> None:
+        """Before the broker restarts: where (on one host, where it was; `RayLauncher` moves it off a dead node)."""
+
+    async def _follow_broker(self, before: dict[str, Any] | None) -> None:
+        """Once the restarted broker wrote its record (another one than `before`): this launch's wiring names its
+        addresses (the progress line and the final summary read its dashboard; the children read the record)."""
+        deadline = time.monotonic() + self.cfg.run.startup_timeout_s
+        while time.monotonic() < deadline:
+            now = read_broker_record(self.run_dir / BROKER_RECORD)
+            if now is not None and now != before:
+                self.wiring = dataclasses.replace(self.wiring, broker=now["address"], dashboard=now["dashboard"],
+                                                  broker_port=int(now["address"].rsplit(":", 1)[1]))
+                log.warning("the broker is back on %s (dashboard %s/)", now["address"], now["dashboard"])
+                return
+            await asyncio.sleep(0.5)
+        log.error("the restarted broker wrote no record within %.0f s", self.cfg.run.startup_timeout_s)
 
     async def _restart_engine_guarded(self, child: Child) -> None:
         try:

@@ -108,7 +108,8 @@ def default_publisher(bind_address: str, curve_keys_dir: str = "") -> Publisher:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m learner.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="resolved run config (agentstream.config.save)")
-    p.add_argument("--broker", required=True, help="broker ROUTER address, e.g. tcp://127.0.0.1:5555")
+    p.add_argument("--broker", required=True, help="broker ROUTER address, e.g. tcp://127.0.0.1:5555, or its record "
+                   "(RUN/broker.json: followed when the broker moves)")
     p.add_argument("--weights-bind", default=None, help="address rank 0 binds to publish weights; omit: no publishing")
     p.add_argument("--out", default=None, type=Path, help="run folder; rank 0 appends learner_metrics.jsonl there")
     p.add_argument("--engines", default=None, type=int,
@@ -199,6 +200,7 @@ def request_batch_in_step(r: Rank, step: int, before: tuple) -> Batch:
                 raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")
             batch = reply
             if batch is None and time.monotonic() - sent > BATCH_RESEND_S:  # a restarted broker lost the request
+                client.follow()  # and may listen elsewhere now
                 for m in (*before, request):
                     client.send(m)
                 sent = time.monotonic()

@@ -7,6 +7,7 @@ What must hold at the end, from summary.json, the learner's metrics log and /pro
 - every acknowledged transition was trained exactly once or dropped with a recorded reason (or is still
   buffered from groups in play when the run ended), and no partial group was trained;
 - the learner's version sequence, across its restart from a checkpoint, has no gaps or repeats;
+- the restarted broker listens on a new port (its record says which) and every client followed it there;
 - every process was restarted as configured, the run finished, and nothing is left behind: not even the
   EngineCore of the engine's API server killed alone (it outlives its parent, reparented to init), found by the
   run's marker in every descendant's environment (launcher.procs.RUN_ENV).
@@ -113,6 +114,7 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
         learner = kill_matching("learner.train", str(run_dir))  # torchrun and both ranks (each in its own session)
         assert len(learner) == 3, learner
         progress(2, "learner steps after its restart from the checkpoint")
+        first_broker = json.loads((run_dir / "broker.json").read_text())["address"]
         os.kill(newest_pid(run_dir, "broker"), signal.SIGKILL)
         out, _ = proc.communicate(timeout=900)
     finally:
@@ -138,6 +140,9 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
     assert set(s["transitions_dropped"]) <= {"actor_died", "actor_left", "actor_silent", "stale"}
     assert set(s["trained_group_shapes"]) == {f"{G}/{G}"}  # no partial group was trained
     assert rel["wal_snapshot_recovered"] or rel["wal_events_recovered"] > 0  # the second broker began from its log
+    # ... on a port of its own, which its record named: the actors, sidecars, evaluator and learner followed it there
+    # (else they would have waited on the old port to the end).
+    assert json.loads((run_dir / "broker.json").read_text())["address"] != first_broker
     assert s["processes_left"] == [] and processes_mentioning(str(run_dir)) == []
     assert marked(RUN_ENV, str(run_dir.resolve())) == {}  # no descendant of any incarnation, reparented or not
 

@@ -241,3 +241,57 @@ def dashboard(port: int, what: str) -> dict | None:
             return json.loads(r.read())
     except OSError:
         return None
+
+
+@pytest.mark.e2e
+def test_the_broker_moves_off_a_dead_node_and_every_client_follows(cluster, tmp_path: Path) -> None:
+    """The node holding the broker dies mid-run: the broker starts again on another node from its log in the run
+    folder, writes its new address to its record there, and the learner, the sidecar and the actors follow it; the
+    run finishes with every transition accounted for and the learner's versions without a gap or a repeat."""
+    c, _ = cluster
+    spare = [c.add_node(node_ip_address=IP, num_cpus=2, resources={"broker_slot": 1}) for _ in range(2)]
+    c.wait_for_nodes()
+    run_dir, port, steps = tmp_path / "run", free_port(), 6
+    main = launch([f"run.output_dir={run_dir}", "launcher.backend=ray", f"launcher.ray_address={c.address}",
+                   f"launcher.ray_node_ip={IP}", "++launcher.resources.broker={CPU:1,broker_slot:1}",
+                   "++launcher.resources.learner={CPU:1,head:0.1}", "++launcher.resources.engine={CPU:1,head:0.1}",
+                   "++launcher.resources.actor={CPU:0.5,head:0.1}", "engines.count=1", "actors.count=2",
+                   "learner.world_size=1", f"trainer.total_steps={steps}", "trainer.groups_per_step=2",
+                   "broker.track_keys=true", f"broker.dashboard_port={port}", "run.startup_timeout_s=300"],
+                  tmp_path / "main.out")
+    try:
+        def version() -> int:
+            s = dashboard(port, "state")
+            return s["learner"]["version"] if s else -1
+
+        wait_for(lambda: version() >= 2, 400, "the second learner step", run_dir=run_dir)
+        first = json.loads((run_dir / "broker.json").read_text())
+        broker_node = hosts(c.address)["broker"]
+        victim = next(n for n in spare if n.node_id == broker_node)
+        lost_at = version()
+        killed = kill_node(c, victim)
+        assert main.wait(timeout=600) == 0, (tmp_path / "main.out").read_text()[-3000:]
+    finally:
+        if main.poll() is None:
+            main.send_signal(signal.SIGINT)
+            main.wait(timeout=120)
+        for node in spare:
+            if node is not victim:
+                c.remove_node(node)
+
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "finished" and lost_at < steps, (s["reason"], lost_at)
+    assert [x["process"] for x in s["lost_with_node"]] == ["broker"], s["lost_with_node"]
+    assert s["restarts"] == {"broker": 1}, s["restarts"]
+    moved = json.loads((run_dir / "broker.json").read_text())
+    assert moved["address"] != first["address"] and moved["pid"] != first["pid"], (first, moved)
+    rel = s["reliability"]
+    assert rel["wal_snapshot_recovered"] or rel["wal_events_recovered"] > 0  # it began from the dead broker's log
+    check_accounting(s)
+    versions = [json.loads(ln)["version"] for ln in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
+    assert versions == list(range(1, steps + 1)) and s["learner_version"] == steps
+    assert set(s["engine_versions"].values()) == {steps}  # the sidecar followed: the new broker knows the engine
+    assert s["processes_left"] == [] and not marked(RUN_ENV, str(run_dir.resolve()))
+    assert not [p for p in processes_mentioning(str(run_dir)) if int(p.split(":")[0]) not in killed]
+    print(f"[ray] broker moved at version {lost_at}: {first['address']} -> {moved['address']}; "
+          f"wall {s['launcher_wall_s']:.0f}s", flush=True)

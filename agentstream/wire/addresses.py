@@ -1,8 +1,13 @@
-"""Addresses: a free port to bind, and the name other hosts use to reach a bound socket."""
+"""Addresses: a free port to bind, the name other hosts use to reach a bound socket, and the broker's record."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import time
+from pathlib import Path
+from typing import Any
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -16,3 +21,29 @@ def advertised_host(host: str) -> str:
     """The name other processes use to reach a socket bound to `host`: a wildcard bind (0.0.0.0, ::, *)
     is reached through this machine's name; any other host as given."""
     return socket.getfqdn() if host in ("0.0.0.0", "::", "*", "") else host
+
+
+BROKER_RECORD = "broker.json"
+"""The broker's record in its run folder: the addresses it listens on now. A broker started again (on another port,
+or on another node from the run folder on shared storage) writes it anew; its clients read it when they wait on the
+broker, and follow (`agentstream.wire.client`). A file in the run folder, not Ray's key-value store: the broker's
+write-ahead log must be on storage every node reads for it to move at all, and a file serves the local, Slurm and
+Ray backends alike."""
+
+
+def write_broker_record(run_dir: Path, address: str, dashboard: str) -> Path:
+    """Write `run_dir`/broker.json atomically (readers never see half a record)."""
+    path = Path(run_dir) / BROKER_RECORD
+    tmp = path.with_name(f".{BROKER_RECORD}.{os.getpid()}")
+    tmp.write_text(json.dumps({"address": address, "dashboard": dashboard, "pid": os.getpid(), "at": time.time()}))
+    os.replace(tmp, path)
+    return path
+
+
+def read_broker_record(path: str | Path) -> dict[str, Any] | None:
+    """The record at `path`, or None when there is none (yet) or it does not parse."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("address"), str) else None

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterator
 import zmq
 import zmq.asyncio
 
+from agentstream.wire.addresses import read_broker_record
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.messages import (
     MAX_BUNDLE,
@@ -37,6 +40,8 @@ from agentstream.wire.messages import (
     encode,
 )
 from agentstream.wire.reconnect import keep_alive
+
+log = logging.getLogger(__name__)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -54,6 +59,48 @@ def _configure(sock: zmq.Socket, name: str, hwm: int, curve_keys_dir: str = "", 
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, 5000)  # on close, flush what was sent (bounded)
     keep_alive(sock)  # a connection lost to a partition is made again
+
+
+class BrokerLink:
+    """Where a client reaches the broker. Given an address (tcp://HOST:PORT) it stays there; given the path of
+    the broker's record (RUN/broker.json, `agentstream.wire.addresses`) it starts at the address the record names
+    and moves with it: a broker started again elsewhere rewrites it. Clients ask `moved()` while they wait on the
+    broker (a stat of the file; read again only when it changed) and reconnect to what it returns."""
+
+    def __init__(self, where: str):
+        self.record = "" if "://" in where else where
+        self._seen = 0  # the record's mtime when it was last read
+        self.address = where
+        if self.record and self.moved() is None:
+            raise BrokerUnavailable(f"no broker record at {where}: give the broker's address (tcp://HOST:PORT), "
+                                    f"or the record a running broker wrote (RUN/broker.json)")
+
+    def moved(self) -> str | None:
+        """The new address when the record names another one than `address` (which becomes it), else None."""
+        try:
+            mtime = os.stat(self.record).st_mtime_ns if self.record else self._seen
+        except OSError:
+            return None
+        if mtime == self._seen or (record := read_broker_record(self.record)) is None:
+            return None
+        self._seen = mtime
+        if record["address"] == self.address:
+            return None
+        self.address = record["address"]
+        return self.address
+
+
+def _follow(sock: zmq.Socket, link: BrokerLink, name: str) -> bool:
+    """Reconnect `sock` to the broker's new address if its record names one; True if it did."""
+    old = link.address
+    new = link.moved()
+    if new is None:
+        return False
+    with contextlib.suppress(zmq.ZMQError):  # already gone
+        sock.disconnect(old)
+    sock.connect(new)  # what was queued for the old one is lost: every client resends until answered
+    log.warning("%s: the broker moved from %s to %s (its record %s); following it", name, old, new, link.record)
+    return True
 
 
 BUNDLE_BYTES = 8 * 1024 * 1024
@@ -83,12 +130,21 @@ class SyncClient:
 
     def __init__(self, address: str, name: str, hwm: int = 1000, curve_keys_dir: str = "",
                  max_message_bytes: int = 0):
-        """`curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
+        """`address`: the broker's, or its record (`BrokerLink`: followed while a request waits);
+        `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
+        self.link = BrokerLink(address)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
-        self._sock.connect(address)
+        self._sock.connect(self.link.address)
         self.name = name
+        self.moves_followed = 0
+
+    def follow(self) -> bool:
+        """Reconnect if the broker's record names a new address (call it while the broker is silent)."""
+        moved = _follow(self._sock, self.link, self.name)
+        self.moves_followed += moved
+        return moved
 
     def send(self, msg: Message) -> None:
         self._sock.send_multipart(encode(msg), copy=False)
@@ -105,6 +161,8 @@ class SyncClient:
         deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
         resend = False
         while True:
+            if resend:
+                self.follow()
             for m in (*before, msg) if resend else (msg,):
                 self.send(m)
             resend = True
@@ -147,11 +205,13 @@ class AsyncClient:
 
     def __init__(self, address: str, name: str, hwm: int = 10_000, curve_keys_dir: str = "",
                  max_message_bytes: int = 0):
-        """`curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
+        """`address`: the broker's, or its record (`BrokerLink`: looked at every ack_timeout_s / 2 and followed);
+        `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
+        self.link = BrokerLink(address)
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
-        self._sock.connect(address)
+        self._sock.connect(self.link.address)
         self.name = name
         self._reader: asyncio.Task[None] | None = None
         self.rejects: list[str] = []
@@ -169,7 +229,7 @@ class AsyncClient:
         self._next_request = 0
         self._resender: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {"transitions_resent": 0, "group_requests_resent": 0, "acks": 0,
-                                         "transition_messages": 0}
+                                         "transition_messages": 0, "broker_moves_followed": 0}
 
     async def start(self, incarnation: int = 0, max_unacked: int = 256, ack_timeout_s: float = 5.0) -> None:
         self.incarnation, self.max_unacked, self.ack_timeout_s = incarnation, max_unacked, ack_timeout_s
@@ -233,9 +293,14 @@ class AsyncClient:
     async def _resend_loop(self) -> None:
         """Go-back-N: nothing acknowledged for ack_timeout_s -> resend every unacknowledged transition in
         order (the broker takes each seq once); pending group requests are resent too (the broker answers a
-        repeated request with the grant it already gave)."""
+        repeated request with the grant it already gave). A broker that moved is followed first."""
         while True:
             await asyncio.sleep(self.ack_timeout_s / 2)
+            if _follow(self._sock, self.link, self.name):  # a broker that moved has everything unacked resent
+                self.counters["broker_moves_followed"] += 1
+                self._last_progress = 0.0
+                for _, fut in self._requests.values():
+                    fut.sent_at = 0.0  # type: ignore[attr-defined]
             if self._unacked and time.monotonic() - self._last_progress > self.ack_timeout_s:
                 pending = list(self._unacked)
                 for batch in bundles(pending):

@@ -8,6 +8,7 @@ import dataclasses
 import random
 
 import numpy as np
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -131,3 +132,58 @@ def test_a_router_hands_an_identity_over_to_its_new_connection() -> None:
     assert clients[1].poll(5000) and clients[1].recv() == b"ack" and not clients[0].poll(100)
     for sock in (*clients, server):
         sock.close(0)
+
+
+def test_clients_given_the_brokers_record_follow_it_to_a_new_address(tmp_path) -> None:
+    """A broker started again elsewhere rewrites its record: the asyncio client resends its unacknowledged
+    transitions there, the blocking client its unanswered request; a client given a plain address stays put."""
+    from agentstream.wire.addresses import write_broker_record
+    from agentstream.wire.client import BrokerLink, BrokerUnavailable, SyncClient
+    from agentstream.wire.messages import BatchRequest, VersionUpdate
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context.instance()
+        first, second = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+        old = first.bind_to_random_port("tcp://127.0.0.1")
+        record = write_broker_record(tmp_path, f"tcp://127.0.0.1:{old}", "http://127.0.0.1:1")
+        client = AsyncClient(str(record), "actor-0")
+        assert client.link.address == f"tcp://127.0.0.1:{old}"
+        await client.start(incarnation=1, max_unacked=64, ack_timeout_s=0.4)
+        try:
+            await asyncio.gather(*(client.send_transition(tr(i)) for i in range(3)))
+            await received(first, 3)  # the first broker got them, and died without acknowledging
+            first.close(linger=0)
+            new = second.bind_to_random_port("tcp://127.0.0.1")
+            write_broker_record(tmp_path, f"tcp://127.0.0.1:{new}", "http://127.0.0.1:1")
+            _, _, again = await received(second, 3)
+            assert [t.seq for t in again] == [0, 1, 2] and client.counters["broker_moves_followed"] == 1
+            assert client.link.address == f"tcp://127.0.0.1:{new}"
+        finally:
+            await client.close()
+
+        blocking = SyncClient(str(record), "learner-0")  # the record names the second broker now
+        third = zmq.Context.instance().socket(zmq.ROUTER)
+        moved = third.bind_to_random_port("tcp://127.0.0.1")
+        try:
+            write_broker_record(tmp_path, f"tcp://127.0.0.1:{moved}", "http://127.0.0.1:1")
+            request = BatchRequest(step=0, rank=0, world_size=1)
+            answer = VersionUpdate(version=4)
+
+            def serve() -> None:  # the third broker answers the request that reaches it
+                ident, *frames = third.recv_multipart()
+                assert decode(frames) == request
+                third.send_multipart([ident, *encode(answer)])
+
+            server = asyncio.get_running_loop().run_in_executor(None, serve)
+            assert blocking.request(request, timeout_s=10, resend_every_s=0.3) == answer
+            await server
+            assert blocking.moves_followed == 1
+        finally:
+            blocking.close()
+            third.close(linger=0)
+            second.close(linger=0)
+
+    asyncio.run(main())
+    assert BrokerLink("tcp://127.0.0.1:5").moved() is None  # an address is never re-resolved
+    with pytest.raises(BrokerUnavailable, match="no broker record at"):
+        BrokerLink(str(tmp_path / "none.json"))
