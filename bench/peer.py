@@ -361,11 +361,22 @@ def warm_model(log: Path) -> Path:
     return LEARN_MODEL
 
 
+def paired_interval(a: list[float], b: list[float], draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """The 95% bootstrap interval of mean(a - b) over seeds, paired: seed s of each system played the same questions
+    (seeds drawn with replacement, `draws` times; the 2.5th and 97.5th percentiles of the resampled means)."""
+    import numpy as np
+
+    d = np.asarray(a[:len(b)]) - np.asarray(b[:len(a)])
+    means = d[np.random.default_rng(seed).integers(0, len(d), (draws, len(d)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
 def learning_lines(curves: dict[str, list[tuple[float, ...]]], batch: int, every: int) -> list[str]:
     """`curves`: per system label (TRL first), each seed's per-step rewards. The table of the mean reward over
     the seeds every `every` steps against completions trained; each system's mean reward over the run (the area
     under its reward-against-completions curve, per completion: who learns faster per sample has more), its mean
-    +- standard deviation over the seeds; agentstream's minus TRL's (+- its standard error); the ratio last."""
+    +- standard deviation over the seeds; agentstream's minus TRL's (+- its standard error, and a paired bootstrap
+    interval); the ratio last."""
     labels = list(curves)
     steps = min(len(c) for runs in curves.values() for c in runs)
     lines = [f"{'step':>5} {'completions':>11} " + " ".join(f"{label:>16}" for label in labels)]
@@ -386,7 +397,8 @@ def learning_lines(curves: dict[str, list[tuple[float, ...]]], batch: int, every
         se = (spread(areas[label]) ** 2 / len(areas[label]) + spread(areas[peer]) ** 2 / len(areas[peer])) ** 0.5
         d = mean(areas[label]) - mean(areas[peer])
         verdict = "as fast or faster" if d >= -2 * se else "slower"
-        diffs.append(f"{label} {d:+.4f} +- {se:.4f} ({verdict})")
+        lo, hi = paired_interval(areas[label], areas[peer])
+        diffs.append(f"{label} {d:+.4f} +- {se:.4f} ({verdict}; 95% paired bootstrap [{lo:+.4f}, {hi:+.4f}])")
         ratio = mean(areas[label]) / mean(areas[peer]) if mean(areas[peer]) > 0 else float("nan")
         ratios_.append(f"{label} {ratio:.2f}x")
     lines.append(f"# mean reward minus {peer}'s (within 2 standard errors: as fast): " + ", ".join(diffs))

@@ -5,6 +5,7 @@ venv of their own: they are benchmarks, run by hand; docs/benchmarks.md.)"""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -111,10 +112,23 @@ def test_learning_lines_compare_the_mean_reward_per_completion() -> None:
     assert lines[2].split() == ["3", "192", "0.500", "0.500"]  # step 3: (0.4+0.6)/2 both
     assert lines[3].split() == ["4", "256", "0.400", "0.600"]  # the last step is always shown
     assert "mean reward over the run +0.3000 +- 0.1414 over 2 seeds" in lines[4]
-    assert "agentstream sync +0.1000 +- 0.1414 (as fast or faster)" in lines[-2]
+    # Paired by seed, agentstream is ahead by exactly 0.1 in both seeds: every resample's mean is 0.1.
+    assert "agentstream sync +0.1000 +- 0.1414 (as fast or faster; 95% paired bootstrap [+0.1000, +0.1000])" in lines[-2]
     assert lines[-1] == "mean reward over the run, over TRL sync's: agentstream sync 1.33x"
     slower = {"TRL sync": curves["TRL sync"], "agentstream sync": [(0.0, 0.0, 0.0, 0.0)] * 2}
-    assert "(slower)" in bench_peer.learning_lines(slower, batch=64, every=2)[-2]
+    assert "(slower;" in bench_peer.learning_lines(slower, batch=64, every=2)[-2]
+
+
+def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_seeds() -> None:
+    rng = random.Random(0)
+    for n in (3, 8, 30):
+        a = [rng.gauss(0.1, 0.02) for _ in range(n)]
+        b = [x - 0.03 + rng.gauss(0, 0.01) for x in a]  # a leads by 0.03 give or take the pairing noise
+        lo, hi = bench_peer.paired_interval(a, b)
+        d = sum(x - y for x, y in zip(a, b)) / n
+        assert lo <= d <= hi and hi - lo < 0.05
+        if n == 30:
+            assert 0.02 < lo and hi < 0.04  # 30 seeds: within a third of the noise's spread of the true 0.03
 
 
 def test_the_learn_warm_start_writes_a_model_of_format_demonstrations(tmp_path: Path) -> None:
