@@ -13,7 +13,7 @@ the reason on the dashboard, `wal_failing` in /metrics and an error in its log, 
 goes on, losing nothing, once the disk takes the log's pending records.
 
 Once listening, it writes where (RUN/broker.json): a broker started again, on another port or node, from the log in
-the run folder, is found there by every client (`agentstream.wire.client.BrokerLink`).
+the run folder, is found there by every client (`agentstream.wire.client.RecordLink`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from agentstream import config as config_mod
-from agentstream.wire.addresses import advertised_host, write_broker_record
+from agentstream.wire.addresses import BROKER_RECORD, advertised_host, write_record
 from agentstream.wire.curve import CurveServer
 from agentstream.wire.limits import check_limits
 from agentstream.wire.messages import (
@@ -144,9 +144,9 @@ class Broker:
         app.router.add_get("/api/summary", self._summary_handler)
         runner = await dashboard.serve(app, self.cfg.dashboard_host, self.dashboard_port)
         self.dashboard_port = self.dashboard_port or int(runner.addresses[0][1])
-        if self.run_dir is not None:  # where the clients find this broker (agentstream.wire.client.BrokerLink)
-            write_broker_record(self.run_dir, f"tcp://{advertised_host(self.cfg.host)}:{self.port}",
-                                f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}")
+        if self.run_dir is not None:  # where the clients find this broker (agentstream.wire.client.RecordLink)
+            write_record(self.run_dir / BROKER_RECORD, address=f"tcp://{advertised_host(self.cfg.host)}:{self.port}",
+                         dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}")
         self.status = "running"
         log.info("broker on tcp://%s:%d (%s), dashboard http://%s:%d/", self.cfg.host, self.port,
                  "CURVE" if self._curve else "no CURVE", self.cfg.dashboard_host, self.dashboard_port)

@@ -22,7 +22,7 @@ from agentstream.config import (
     ValidationConfig,
 )
 from agentstream.models import is_vision_language
-from agentstream.wire.addresses import read_broker_record
+from agentstream.wire.addresses import read_record
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.sinks import logger_errors
 from broker.wal import FOLDER as WAL_FOLDER
@@ -331,7 +331,7 @@ def _role_errors(cfg: Config) -> list[str]:
     role, address = cfg.run.role, cfg.broker.address
     if role not in ROLES:
         return [f"run.role={role!r} is unknown; use one of {', '.join(ROLES)}."]
-    if role != "all" and not (address.startswith("tcp://") or read_broker_record(address)):
+    if role != "all" and not (address.startswith("tcp://") or read_record(address)):
         return [f"run.role={role} joins a running run: set broker.address=tcp://HOST:PORT (the main launch prints "
                 f"it as `broker:`), or the run's record RUN/broker.json on storage this host reads (followed if the "
                 f"broker moves); got broker.address={address!r}."]
@@ -480,7 +480,7 @@ def network_errors(cfg: Config) -> list[str]:
         errors += keys_dir_errors(b.curve_keys_dir, server=role == "all")
     elif not b.allow_insecure_bind:
         binds = [("broker.host", b.host), ("learner.weight_host", cfg.learner.weight_host)] if role == "all" else []
-        address = b.address if b.address.startswith("tcp://") else (read_broker_record(b.address) or {}).get("address", "")
+        address = b.address if b.address.startswith("tcp://") else (read_record(b.address) or {}).get("address", "")
         joins = [("broker.address", address.removeprefix("tcp://").rsplit(":", 1)[0])] if role != "all" else []
         for name, host in binds + joins:
             if host and not is_loopback(host):

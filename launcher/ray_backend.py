@@ -318,7 +318,7 @@ class RayLauncher(Launcher):
     async def _reseat_broker(self) -> None:
         """Before the broker restarts: back on its node while that lives; when it is gone, on any node Ray finds
         room on, binding that node's address. It recovers from its log in the run folder (shared storage), writes
-        its new addresses to its record there, and every client follows (`agentstream.wire.client.BrokerLink`)."""
+        its new addresses to its record there, and every client follows (`agentstream.wire.client.RecordLink`)."""
         node = self._nodes.get("broker")
         if node is None or await asyncio.to_thread(_alive, node):
             return

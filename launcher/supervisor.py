@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from agentstream.config import Config, learner_threads
-from agentstream.wire.addresses import BROKER_RECORD, free_port, read_broker_record
+from agentstream.wire.addresses import BROKER_RECORD, free_port, read_record
 from launcher.placement import host_gpus, host_plan, visible
 from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
 from launcher.wiring import Wiring, wire
@@ -155,7 +155,7 @@ class Launcher:
     @property
     def broker_where(self) -> str:
         """What the children are told of the broker: the record it writes in the run folder when this launch runs
-        it (they follow a broker started again elsewhere: `agentstream.wire.client.BrokerLink`), else the address
+        it (they follow a broker started again elsewhere: `agentstream.wire.client.RecordLink`), else the address
         a joining launch was given."""
         return str((self.run_dir / BROKER_RECORD).resolve()) if self.runs_broker else self.wiring.broker
 
@@ -419,7 +419,7 @@ class Launcher:
         log.warning("%s died (exit code %s); restarting it (%s restart %d of %d)", child.name, code, key,
                     self.restarts[key], budget)
         if key == "broker":
-            before = read_broker_record(self.run_dir / BROKER_RECORD)
+            before = read_record(self.run_dir / BROKER_RECORD)
             await self._reseat_broker()
             await self.spawn(self.broker_child(restart=True))
             self._background(self._follow_broker(before), "follow-broker")
@@ -443,7 +443,7 @@ class Launcher:
         addresses (the progress line and the final summary read its dashboard; the children read the record)."""
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
         while time.monotonic() < deadline:
-            now = read_broker_record(self.run_dir / BROKER_RECORD)
+            now = read_record(self.run_dir / BROKER_RECORD)
             if now is not None and now != before:
                 self.wiring = dataclasses.replace(self.wiring, broker=now["address"], dashboard=now["dashboard"],
                                                   broker_port=int(now["address"].rsplit(":", 1)[1]))

@@ -24,26 +24,29 @@ def advertised_host(host: str) -> str:
 
 
 BROKER_RECORD = "broker.json"
-"""The broker's record in its run folder: the addresses it listens on now. A broker started again (on another port,
-or on another node from the run folder on shared storage) writes it anew; its clients read it when they wait on the
-broker, and follow (`agentstream.wire.client`). A file in the run folder, not Ray's key-value store: the broker's
-write-ahead log must be on storage every node reads for it to move at all, and a file serves the local, Slurm and
-Ray backends alike."""
+"""The broker's record in its run folder: the addresses it listens on now (`address`, `dashboard`). A broker started
+again (on another port, or on another node from the run folder on shared storage) writes it anew; its clients read it
+when they wait on the broker, and follow (`agentstream.wire.client.RecordLink`). A file in the run folder, not Ray's
+key-value store: the broker's write-ahead log must be on storage every node reads for it to move at all, and a file
+serves the local, Slurm and Ray backends alike."""
+LEARNER_RECORD = "learner.json"
+"""The learner's record in the run folder: where rank 0 publishes weights (`weights`), written by the launcher each
+time it places the learner; the weight sidecars follow it as the broker's clients follow the broker's."""
 
 
-def write_broker_record(run_dir: Path, address: str, dashboard: str) -> Path:
-    """Write `run_dir`/broker.json atomically (readers never see half a record)."""
-    path = Path(run_dir) / BROKER_RECORD
-    tmp = path.with_name(f".{BROKER_RECORD}.{os.getpid()}")
-    tmp.write_text(json.dumps({"address": address, "dashboard": dashboard, "pid": os.getpid(), "at": time.time()}))
+def write_record(path: Path, **fields: str) -> Path:
+    """Write a record (`fields`, the writer's pid and the time) to `path` atomically: readers never see half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({**fields, "pid": os.getpid(), "at": time.time()}))
     os.replace(tmp, path)
     return path
 
 
-def read_broker_record(path: str | Path) -> dict[str, Any] | None:
-    """The record at `path`, or None when there is none (yet) or it does not parse."""
+def read_record(path: str | Path, key: str = "address") -> dict[str, Any] | None:
+    """The record at `path`, or None when there is none (yet), it does not parse or it has no string `key`."""
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("address"), str) else None
+    return record if isinstance(record, dict) and isinstance(record.get(key), str) else None

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import zmq
 import zmq.asyncio
 
-from agentstream.wire.addresses import read_broker_record
+from agentstream.wire.addresses import read_record
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.messages import (
     MAX_BUNDLE,
@@ -61,19 +61,19 @@ def _configure(sock: zmq.Socket, name: str, hwm: int, curve_keys_dir: str = "", 
     keep_alive(sock)  # a connection lost to a partition is made again
 
 
-class BrokerLink:
-    """Where a client reaches the broker. Given an address (tcp://HOST:PORT) it stays there; given the path of
-    the broker's record (RUN/broker.json, `agentstream.wire.addresses`) it starts at the address the record names
-    and moves with it: a broker started again elsewhere rewrites it. Clients ask `moved()` while they wait on the
-    broker (a stat of the file; read again only when it changed) and reconnect to what it returns."""
+class RecordLink:
+    """Where a client reaches a server that may move. Given an address (tcp://HOST:PORT) it stays there; given the
+    path of the server's record (RUN/broker.json or RUN/learner.json, `agentstream.wire.addresses`) it starts at the
+    address the record names under `key` and moves with it: a server started again elsewhere rewrites it. Clients ask
+    `moved()` while they wait on the server (a stat of the file; read again only when it changed) and reconnect."""
 
-    def __init__(self, where: str):
-        self.record = "" if "://" in where else where
+    def __init__(self, where: str, key: str = "address"):
+        self.record, self.key = ("" if "://" in where else where), key
         self._seen = 0  # the record's mtime when it was last read
         self.address = where
         if self.record and self.moved() is None:
-            raise BrokerUnavailable(f"no broker record at {where}: give the broker's address (tcp://HOST:PORT), "
-                                    f"or the record a running broker wrote (RUN/broker.json)")
+            raise BrokerUnavailable(f"no record with an address at {where}: give the address (tcp://HOST:PORT), or "
+                                    f"the record the running run wrote (RUN/broker.json, RUN/learner.json)")
 
     def moved(self) -> str | None:
         """The new address when the record names another one than `address` (which becomes it), else None."""
@@ -81,25 +81,25 @@ class BrokerLink:
             mtime = os.stat(self.record).st_mtime_ns if self.record else self._seen
         except OSError:
             return None
-        if mtime == self._seen or (record := read_broker_record(self.record)) is None:
+        if mtime == self._seen or (record := read_record(self.record, self.key)) is None:
             return None
         self._seen = mtime
-        if record["address"] == self.address:
+        if record[self.key] == self.address:
             return None
-        self.address = record["address"]
+        self.address = record[self.key]
         return self.address
 
 
-def _follow(sock: zmq.Socket, link: BrokerLink, name: str) -> bool:
-    """Reconnect `sock` to the broker's new address if its record names one; True if it did."""
+def follow_record(sock: zmq.Socket, link: RecordLink, name: str) -> bool:
+    """Reconnect `sock` to the server's new address if its record names one; True if it did."""
     old = link.address
     new = link.moved()
     if new is None:
         return False
     with contextlib.suppress(zmq.ZMQError):  # already gone
         sock.disconnect(old)
-    sock.connect(new)  # what was queued for the old one is lost: every client resends until answered
-    log.warning("%s: the broker moved from %s to %s (its record %s); following it", name, old, new, link.record)
+    sock.connect(new)  # what was queued for the old one is lost: every client sends again until answered
+    log.warning("%s: %s moved to %s (its record %s); following it", name, old, new, link.record)
     return True
 
 
@@ -130,9 +130,9 @@ class SyncClient:
 
     def __init__(self, address: str, name: str, hwm: int = 1000, curve_keys_dir: str = "",
                  max_message_bytes: int = 0):
-        """`address`: the broker's, or its record (`BrokerLink`: followed while a request waits);
+        """`address`: the broker's, or its record (`RecordLink`: followed while a request waits);
         `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
-        self.link = BrokerLink(address)
+        self.link = RecordLink(address)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
@@ -142,7 +142,7 @@ class SyncClient:
 
     def follow(self) -> bool:
         """Reconnect if the broker's record names a new address (call it while the broker is silent)."""
-        moved = _follow(self._sock, self.link, self.name)
+        moved = follow_record(self._sock, self.link, self.name)
         self.moves_followed += moved
         return moved
 
@@ -205,9 +205,9 @@ class AsyncClient:
 
     def __init__(self, address: str, name: str, hwm: int = 10_000, curve_keys_dir: str = "",
                  max_message_bytes: int = 0):
-        """`address`: the broker's, or its record (`BrokerLink`: looked at every ack_timeout_s / 2 and followed);
+        """`address`: the broker's, or its record (`RecordLink`: looked at every ack_timeout_s / 2 and followed);
         `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
-        self.link = BrokerLink(address)
+        self.link = RecordLink(address)
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
@@ -296,7 +296,7 @@ class AsyncClient:
         repeated request with the grant it already gave). A broker that moved is followed first."""
         while True:
             await asyncio.sleep(self.ack_timeout_s / 2)
-            if _follow(self._sock, self.link, self.name):  # a broker that moved has everything unacked resent
+            if follow_record(self._sock, self.link, self.name):  # a broker that moved has everything unacked resent
                 self.counters["broker_moves_followed"] += 1
                 self._last_progress = 0.0
                 for _, fut in self._requests.values():

@@ -137,15 +137,15 @@ def test_a_router_hands_an_identity_over_to_its_new_connection() -> None:
 def test_clients_given_the_brokers_record_follow_it_to_a_new_address(tmp_path) -> None:
     """A broker started again elsewhere rewrites its record: the asyncio client resends its unacknowledged
     transitions there, the blocking client its unanswered request; a client given a plain address stays put."""
-    from agentstream.wire.addresses import write_broker_record
-    from agentstream.wire.client import BrokerLink, BrokerUnavailable, SyncClient
+    from agentstream.wire.addresses import BROKER_RECORD, write_record
+    from agentstream.wire.client import RecordLink, BrokerUnavailable, SyncClient
     from agentstream.wire.messages import BatchRequest, VersionUpdate
 
     async def main() -> None:
         ctx = zmq.asyncio.Context.instance()
         first, second = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
         old = first.bind_to_random_port("tcp://127.0.0.1")
-        record = write_broker_record(tmp_path, f"tcp://127.0.0.1:{old}", "http://127.0.0.1:1")
+        record = write_record(tmp_path / BROKER_RECORD, address=f"tcp://127.0.0.1:{old}", dashboard="http://127.0.0.1:1")
         client = AsyncClient(str(record), "actor-0")
         assert client.link.address == f"tcp://127.0.0.1:{old}"
         await client.start(incarnation=1, max_unacked=64, ack_timeout_s=0.4)
@@ -154,7 +154,7 @@ def test_clients_given_the_brokers_record_follow_it_to_a_new_address(tmp_path) -
             await received(first, 3)  # the first broker got them, and died without acknowledging
             first.close(linger=0)
             new = second.bind_to_random_port("tcp://127.0.0.1")
-            write_broker_record(tmp_path, f"tcp://127.0.0.1:{new}", "http://127.0.0.1:1")
+            write_record(tmp_path / BROKER_RECORD, address=f"tcp://127.0.0.1:{new}", dashboard="http://127.0.0.1:1")
             _, _, again = await received(second, 3)
             assert [t.seq for t in again] == [0, 1, 2] and client.counters["broker_moves_followed"] == 1
             assert client.link.address == f"tcp://127.0.0.1:{new}"
@@ -165,7 +165,7 @@ def test_clients_given_the_brokers_record_follow_it_to_a_new_address(tmp_path) -
         third = zmq.Context.instance().socket(zmq.ROUTER)
         moved = third.bind_to_random_port("tcp://127.0.0.1")
         try:
-            write_broker_record(tmp_path, f"tcp://127.0.0.1:{moved}", "http://127.0.0.1:1")
+            write_record(tmp_path / BROKER_RECORD, address=f"tcp://127.0.0.1:{moved}", dashboard="http://127.0.0.1:1")
             request = BatchRequest(step=0, rank=0, world_size=1)
             answer = VersionUpdate(version=4)
 
@@ -184,6 +184,6 @@ def test_clients_given_the_brokers_record_follow_it_to_a_new_address(tmp_path) -
             second.close(linger=0)
 
     asyncio.run(main())
-    assert BrokerLink("tcp://127.0.0.1:5").moved() is None  # an address is never re-resolved
-    with pytest.raises(BrokerUnavailable, match="no broker record at"):
-        BrokerLink(str(tmp_path / "none.json"))
+    assert RecordLink("tcp://127.0.0.1:5").moved() is None  # an address is never re-resolved
+    with pytest.raises(BrokerUnavailable, match="no record with an address at"):
+        RecordLink(str(tmp_path / "none.json"))
