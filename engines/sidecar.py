@@ -50,7 +50,7 @@ import zmq
 import zmq.asyncio
 
 from agentstream.models import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME
-from agentstream.wire.client import AsyncClient
+from agentstream.wire.client import AsyncClient, RecordLink, follow_record
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
 from agentstream.wire.messages import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
@@ -269,6 +269,7 @@ class WeightSidecar:
         self._wake = asyncio.Event()
         self._apply_lock = asyncio.Lock()  # held while an update is applied; shutdown waits for it
         self._learner: zmq.asyncio.Socket | None = None
+        self._learner_link: RecordLink | None = None
         self._learner_events: zmq.asyncio.Socket | None = None  # its monitor: each time the connection is made
         self.link = 0  # times the connection to the learner was made (EngineStatus.link)
         self._broker: AsyncClient | None = None
@@ -317,7 +318,8 @@ class WeightSidecar:
         self._learner_events = self._learner.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         if self.spec.curve_keys_dir:
             secure_client(self._learner, load_client_keys(self.spec.curve_keys_dir))
-        self._learner.connect(self.spec.learner)
+        self._learner_link = RecordLink(self.spec.learner, key="weights")  # followed in _report_loop
+        self._learner.connect(self._learner_link.address)
         self._broker = AsyncClient(self.spec.broker, name=self.spec.name, curve_keys_dir=self.spec.curve_keys_dir)
         await self._broker.start()
         await self._broker.send(Hello(role="engine", name=self.spec.name, address=self.spec.url, pid=os.getpid()))
@@ -454,11 +456,13 @@ class WeightSidecar:
                  self.last_sync_s, reports)
 
     async def _report_loop(self) -> None:
-        """Stats to the broker, heartbeat to the learner, and the server's health, every interval."""
-        assert self._server is not None and self._learner is not None
+        """Stats to the broker, heartbeat to the learner (followed to where its record says), and the server's health,
+        every interval."""
+        assert self._server is not None and self._learner is not None and self._learner_link is not None
         last_ok = time.monotonic()
         while True:
             await asyncio.sleep(self.spec.stats_interval)
+            follow_record(self._learner, self._learner_link, self.spec.name)  # a learner placed on another node
             await self._send_stats(final=False)
             await self._send_status()  # also the broker's heartbeat: a restarted broker learns the version again
             if await self._server.healthy():
@@ -519,7 +523,8 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
     p = argparse.ArgumentParser(prog="python -m engines.sidecar", description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True, help="engine name (ZeroMQ identity, stats source)")
     p.add_argument("--url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--learner", required=True, help="the learner's weight ROUTER, e.g. tcp://127.0.0.1:5600")
+    p.add_argument("--learner", required=True,
+                   help="the learner's weight ROUTER, e.g. tcp://127.0.0.1:5600, or its record (RUN/learner.json: followed)")
     p.add_argument("--broker", required=True,
                    help="the broker's ROUTER, e.g. tcp://127.0.0.1:5555, or its record (RUN/broker.json: followed)")
     p.add_argument("--workdir", default=None, help="where weights are written (default: a temporary folder)")

@@ -16,8 +16,9 @@ A node that dies takes its processes with it: their hosts' calls fail with Ray's
 supervisor sees as that child's death (`RemoteProcess.lost` says why) and handles as a kill -9: an actor is
 restarted wherever Ray finds room (its groups are dropped under `actor_left`), an engine too (a new URL if it lands
 on another node; actors learn it from the broker), the broker too (from its log in the run folder; its clients
-follow the record it writes there, RUN/broker.json), while the gateway and the learner may only come back on their
-own node (their addresses are the run's), else the run stops with the reason.
+follow the record it writes there, RUN/broker.json), a one-node learner too (from its checkpoint, in its placement
+group's bundle Ray reserves again elsewhere; the sidecars follow RUN/learner.json), while the gateway may only come
+back on its own node (agent code holds its address), else the run stops with the reason.
 
 What every node needs: the same Python environment at the same path as this host (Ray's usual assumption), and the
 run folder and the model on storage that every node sees at the same path (docs/deployment.md).
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from agentstream.config import Config, LauncherConfig
+from agentstream.wire.addresses import LEARNER_RECORD, write_record
 from agentstream.wire.curve import is_loopback
 from launcher.checks import gateway_errors, network_errors
 from launcher.procs import CHILD_ENV, child_marker
@@ -55,8 +57,8 @@ LOCAL_RAY_IP = "127.0.0.2"
 """The address a Ray instance started for the run advertises, unless launcher.ray_node_ip says otherwise: loopback,
 so the run's sockets stay on this host. Ray replaces 127.0.0.1 by the host's other interface; 127.0.0.2 it keeps."""
 SAME_NODE_ROLES = ("broker", "learner", "gateway")
-"""Roles whose address the whole run holds: restarted on the node they ran on (the broker elsewhere if that node is
-gone: its clients follow its record)."""
+"""Roles whose address the whole run holds: restarted on the node they ran on (the broker and a one-node learner
+elsewhere if that node is gone: their clients follow their records)."""
 RESOURCE_ROLE = {"broker": "broker", "engine": "engine", "judge": "engine", "learner": "learner", "actor": "actor",
                  "gateway": "actor", "evaluator": "actor"}
 """Which entry of launcher.resources a child of each role asks for (a sidecar goes beside its engine instead)."""
@@ -326,6 +328,27 @@ class RayLauncher(Launcher):
         self._placed["broker"], self._nodes["broker"] = placed, placed.node
         self.broker_host = placed.node.ip
         log.warning("the broker's Ray node %s is gone: starting it again on node %s", node.ip, placed.node.ip)
+
+    async def _reseat_learner(self, node_rank: int) -> None:
+        """Before a learner node restarts: back in its bundle while its node lives; when the node is gone, in the bundle
+        Ray reserves again on a node left (the learner's placement group), with new ports picked there, which the run's
+        wiring and the learner's record (RUN/learner.json) name: the sidecars follow it. (A learner of several nodes
+        restarts as a whole or not at all: `learner.max_restarts` applies to one node.)"""
+        import ray
+
+        name = "learner" if self.cfg.learner.nnodes == 1 else f"learner-node{node_rank}"
+        node = self._nodes.get(name)
+        if node is None or await asyncio.to_thread(_alive, node):
+            return
+        placed = await asyncio.to_thread(self.backend.place, "learner", name, None, (self.learner_group, node_rank))
+        ip = placed.node.ip
+        weight_port, rdzv_port = await asyncio.to_thread(ray.get, placed.host.free_ports.remote(ip, 2))
+        self._placed[name], self._nodes[name] = placed, placed.node
+        self.wiring = dataclasses.replace(self.wiring, weights=f"tcp://{ip}:{weight_port}",
+                                          weights_bind=f"tcp://{ip}:{weight_port}", rdzv=f"{ip}:{rdzv_port}")
+        write_record(self.run_dir / LEARNER_RECORD, weights=self.wiring.weights)
+        log.warning("the learner's Ray node %s is gone: starting it again on node %s, weights at %s", node.ip, ip,
+                    self.wiring.weights)
 
     async def _reseat_engine(self, i: int) -> None:
         """Before engine i restarts: a new host, on any node (the old one may be gone), binding the same port there;

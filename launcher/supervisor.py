@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from agentstream.config import Config, learner_threads
-from agentstream.wire.addresses import BROKER_RECORD, free_port, read_record
+from agentstream.wire.addresses import BROKER_RECORD, LEARNER_RECORD, free_port, read_record, write_record
 from launcher.placement import host_gpus, host_plan, visible
 from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
 from launcher.wiring import Wiring, wire
@@ -124,7 +124,7 @@ class Launcher:
         `prefix` goes into every actor's and engine's name, unique per launch when several join one run."""
         self.cfg, self.run_dir = cfg, run_dir
         self.wiring = wiring or wire(cfg)
-        self.runs_broker = cfg.run.role == "all"  # a joining launch reaches another launch's broker
+        self.main_launch = cfg.run.role == "all"  # it starts the broker and the learner (a joining launch reaches them)
         self.broker_host = ""  # the interface a moved broker binds (empty: broker.host)
         self.prefix = prefix
         self.config_path = run_dir / "config.yaml"
@@ -153,11 +153,17 @@ class Launcher:
                                                 "--dashboard-port", str(w.dashboard_port), *host])
 
     @property
+    def learner_where(self) -> str:
+        """What the weight sidecars are told of the learner: its record (`LEARNER_RECORD`, written by this launch
+        each time it places the learner) when this launch runs it, else the address a joining launch was given."""
+        return str((self.run_dir / LEARNER_RECORD).resolve()) if self.main_launch else self.wiring.weights
+
+    @property
     def broker_where(self) -> str:
         """What the children are told of the broker: the record it writes in the run folder when this launch runs
         it (they follow a broker started again elsewhere: `agentstream.wire.client.RecordLink`), else the address
         a joining launch was given."""
-        return str((self.run_dir / BROKER_RECORD).resolve()) if self.runs_broker else self.wiring.broker
+        return str((self.run_dir / BROKER_RECORD).resolve()) if self.main_launch else self.wiring.broker
 
     def engine_children(self) -> list[Child]:
         from engines.server import server_command
@@ -213,7 +219,7 @@ class Launcher:
         w = self.wiring
         return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
             PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
-            "--learner", w.weights, "--broker", self.broker_where,
+            "--learner", self.learner_where, "--broker", self.broker_where,
             "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
             "--stats-interval", str(self.cfg.run.log_interval_s),
             "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
@@ -314,6 +320,7 @@ class Launcher:
         await self._wait_http(session, f"{self.wiring.dashboard}/api/state", "broker")
         engines = [await self.spawn(c) for c in self.engine_children()]
         judges = [await self.spawn(c) for c in self.judge_children()]
+        write_record(self.run_dir / LEARNER_RECORD, weights=self.wiring.weights)  # where the sidecars find it
         for child in self.learner_children():  # loads and shards the model while the engines start
             await self.spawn(child)
         timeout = self.cfg.run.startup_timeout_s
@@ -424,6 +431,7 @@ class Launcher:
             await self.spawn(self.broker_child(restart=True))
             self._background(self._follow_broker(before), "follow-broker")
         elif key == "learner":  # the dead torchrun's ranks were ended with it (supervise: end_leftovers)
+            await self._reseat_learner(learner_node_rank(child.name))
             await self.spawn(self.learner_child(resume=True, node_rank=learner_node_rank(child.name)))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
             self._background(self._restart_engine_guarded(child), f"restart-{child.name}")
@@ -437,6 +445,10 @@ class Launcher:
 
     async def _reseat_broker(self) -> None:
         """Before the broker restarts: where (on one host, where it was; `RayLauncher` moves it off a dead node)."""
+
+    async def _reseat_learner(self, node_rank: int) -> None:
+        """Before a learner node restarts: where (on one host, where it was; `RayLauncher` moves it off a dead node
+        and rewrites its record, which the sidecars follow)."""
 
     async def _follow_broker(self, before: dict[str, Any] | None) -> None:
         """Once the restarted broker wrote its record (another one than `before`): this launch's wiring names its

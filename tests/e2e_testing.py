@@ -161,3 +161,15 @@ def read_mlflow(tracking_uri: str, experiment: str) -> tuple[object, dict[str, l
     return run, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
                                                          key=lambda m: m.step)]
                  for key in run.data.metrics}
+
+
+def lineage(metrics_log: Path) -> list[int]:
+    """The learner's versions in the surviving lineage: a `resumed_from: v` line discards what came after v."""
+    versions: list[int] = []
+    for line in metrics_log.read_text().splitlines():
+        rec = json.loads(line)
+        if "resumed_from" in rec:
+            versions = [v for v in versions if v <= rec["resumed_from"]]
+        else:
+            versions.append(rec["version"])
+    return versions

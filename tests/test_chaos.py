@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from e2e_testing import api_state, check_accounting, processes_mentioning, wait_for
+from e2e_testing import api_state, check_accounting, lineage, processes_mentioning, wait_for
 
 from agentstream.wire.addresses import free_port
 from launcher.procs import RUN_ENV, kill_matching, marked
@@ -36,18 +36,6 @@ STEPS = 18  # enough that every kill lands while the run is still going (asserte
 # version 8 here, the broker kill at 10; each step after the last kill costs ~5 s of the suite)
 G, MAX_STEPS, IN_PLAY = 4, 8, 6  # group_size, max_steps, groups in play: actors x (episodes_per_actor/G + 1)
 MAX_BUFFERED = 64
-
-
-def lineage(metrics_log: Path) -> list[int]:
-    """The learner's versions in the surviving lineage: a `resumed_from: v` line discards what came after v."""
-    versions: list[int] = []
-    for line in metrics_log.read_text().splitlines():
-        rec = json.loads(line)
-        if "resumed_from" in rec:
-            versions = [v for v in versions if v <= rec["resumed_from"]]
-        else:
-            versions.append(rec["version"])
-    return versions
 
 
 def newest_pid(run_dir: Path, child: str) -> int:

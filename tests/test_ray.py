@@ -14,6 +14,9 @@ on 127.0.0.2: tests stay on loopback), one run for three checks (~3 min on 2 cor
 
 The run trains with GiGPO (`algorithm=gigpo`): the suite's end-to-end run of that preset (step groups by anchor).
 
+Two smaller runs (~1 min each) lose the node holding the broker, then the node holding the learner (each alone on
+one of two spare nodes): it moves to the other, and every process follows its record.
+
 The unit tests below (milliseconds) cover the resource translation and the config checks.
 """
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from e2e_testing import check_accounting, processes_mentioning, wait_for
+from e2e_testing import check_accounting, lineage, processes_mentioning, wait_for
 
 from agentstream import config as C
 from agentstream.wire.addresses import free_port
@@ -244,30 +247,36 @@ def dashboard(port: int, what: str) -> dict | None:
 
 
 @pytest.mark.e2e
-def test_the_broker_moves_off_a_dead_node_and_every_client_follows(cluster, tmp_path: Path) -> None:
-    """The node holding the broker dies mid-run: the broker starts again on another node from its log in the run
-    folder, writes its new address to its record there, and the learner, the sidecar and the actors follow it; the
-    run finishes with every transition accounted for and the learner's versions without a gap or a repeat."""
+@pytest.mark.parametrize("role", ["broker", "learner"])
+def test_the_broker_or_the_learner_moves_off_a_dead_node_and_every_client_follows(cluster, tmp_path: Path,
+                                                                                    role: str) -> None:
+    """The node holding the broker (or the learner) dies mid-run: it starts again on another node, the broker from
+    its log in the run folder, the learner from its checkpoint there (in its placement group's bundle, which Ray
+    reserves again), and its new address goes to its record (RUN/broker.json, RUN/learner.json), which the learner,
+    the sidecar and the actors (the sidecar) follow. The run finishes with every transition accounted for, the
+    learner's versions without a gap or a repeat, and the engine at the final version."""
     c, _ = cluster
-    spare = [c.add_node(node_ip_address=IP, num_cpus=2, resources={"broker_slot": 1}) for _ in range(2)]
+    spare = [c.add_node(node_ip_address=IP, num_cpus=2, resources={"spare": 1}) for _ in range(2)]
     c.wait_for_nodes()
     run_dir, port, steps = tmp_path / "run", free_port(), 6
+    resources = {"broker": "{CPU:1,head:0.1}", "learner": "{CPU:1,head:0.1}", "engine": "{CPU:1,head:0.1}",
+                 "actor": "{CPU:0.5,head:0.1}", role: "{CPU:1,spare:1}"}
+    record = run_dir / ("broker.json" if role == "broker" else "learner.json")
+    key = "address" if role == "broker" else "weights"
     main = launch([f"run.output_dir={run_dir}", "launcher.backend=ray", f"launcher.ray_address={c.address}",
-                   f"launcher.ray_node_ip={IP}", "++launcher.resources.broker={CPU:1,broker_slot:1}",
-                   "++launcher.resources.learner={CPU:1,head:0.1}", "++launcher.resources.engine={CPU:1,head:0.1}",
-                   "++launcher.resources.actor={CPU:0.5,head:0.1}", "engines.count=1", "actors.count=2",
-                   "learner.world_size=1", f"trainer.total_steps={steps}", "trainer.groups_per_step=2",
-                   "broker.track_keys=true", f"broker.dashboard_port={port}", "run.startup_timeout_s=300"],
-                  tmp_path / "main.out")
+                   f"launcher.ray_node_ip={IP}", *(f"++launcher.resources.{r}={v}" for r, v in resources.items()),
+                   "engines.count=1", "actors.count=2", "learner.world_size=1", f"trainer.total_steps={steps}",
+                   "trainer.groups_per_step=2", "checkpoint.every_steps=1", "broker.track_keys=true",
+                   f"broker.dashboard_port={port}", "run.startup_timeout_s=300"], tmp_path / "main.out")
+    victim = None
     try:
         def version() -> int:
             s = dashboard(port, "state")
             return s["learner"]["version"] if s else -1
 
         wait_for(lambda: version() >= 2, 400, "the second learner step", run_dir=run_dir)
-        first = json.loads((run_dir / "broker.json").read_text())
-        broker_node = hosts(c.address)["broker"]
-        victim = next(n for n in spare if n.node_id == broker_node)
+        first = json.loads(record.read_text())
+        victim = next(n for n in spare if n.node_id == hosts(c.address)[role])
         lost_at = version()
         killed = kill_node(c, victim)
         assert main.wait(timeout=600) == 0, (tmp_path / "main.out").read_text()[-3000:]
@@ -281,17 +290,20 @@ def test_the_broker_moves_off_a_dead_node_and_every_client_follows(cluster, tmp_
 
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "finished" and lost_at < steps, (s["reason"], lost_at)
-    assert [x["process"] for x in s["lost_with_node"]] == ["broker"], s["lost_with_node"]
-    assert s["restarts"] == {"broker": 1}, s["restarts"]
-    moved = json.loads((run_dir / "broker.json").read_text())
-    assert moved["address"] != first["address"] and moved["pid"] != first["pid"], (first, moved)
+    assert [x["process"] for x in s["lost_with_node"]] == [role], s["lost_with_node"]
+    assert s["restarts"] == {role: 1}, s["restarts"]
+    moved = json.loads(record.read_text())
+    assert moved[key] != first[key], (first, moved)
     rel = s["reliability"]
-    assert rel["wal_snapshot_recovered"] or rel["wal_events_recovered"] > 0  # it began from the dead broker's log
+    metrics = (run_dir / "learner_metrics.jsonl").read_text()
+    if role == "broker":  # it began from the dead broker's log
+        assert rel["wal_snapshot_recovered"] or rel["wal_events_recovered"] > 0
+    else:
+        assert "resumed_from" in metrics  # from its checkpoint
     check_accounting(s)
-    versions = [json.loads(ln)["version"] for ln in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
-    assert versions == list(range(1, steps + 1)) and s["learner_version"] == steps
-    assert set(s["engine_versions"].values()) == {steps}  # the sidecar followed: the new broker knows the engine
+    assert lineage(run_dir / "learner_metrics.jsonl") == list(range(1, steps + 1)) and s["learner_version"] == steps
+    assert set(s["engine_versions"].values()) == {steps}  # the sidecar followed: the engine took the final weights
     assert s["processes_left"] == [] and not marked(RUN_ENV, str(run_dir.resolve()))
     assert not [p for p in processes_mentioning(str(run_dir)) if int(p.split(":")[0]) not in killed]
-    print(f"[ray] broker moved at version {lost_at}: {first['address']} -> {moved['address']}; "
-          f"wall {s['launcher_wall_s']:.0f}s", flush=True)
+    print(f"[ray] {role} moved at version {lost_at}: {first[key]} -> {moved[key]}; wall {s['launcher_wall_s']:.0f}s",
+          flush=True)

@@ -70,7 +70,7 @@ def test_the_gateway_is_wired_on_a_fixed_port_and_started_like_an_actor(tmp_path
     assert (child.name, child.role, child.incarnation) == ("gateway-0", "gateway", 2)
     argv = child.argv[child.argv.index("-m") + 1:]
     assert argv == ["gateway", "--config", str(tmp_path / "config.yaml"), "--name", "gateway-0",
-                    "--incarnation", "2", "--broker", w.broker, "--port", str(w.gateway_port),
+                    "--incarnation", "2", "--broker", str(tmp_path / "broker.json"), "--port", str(w.gateway_port),
                     "--engine", "http://127.0.0.1:9"]
 
 
