@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.error
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from pathlib import Path
 import openai
 from openai import OpenAI
 
-from gateway.episode_client import GatewayError, open_episode
+from gateway.episode_client import Episode, GatewayError, open_episode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,6 +142,18 @@ class Recorder:
             with self.lock, self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
+    def call(self, ep: Episode, task_id: str, turn: int, body: dict) -> None:
+        """One answered chat call, from its response body (JSON): the token ids are there with `return_token_ids`."""
+        choice = body["choices"][0]
+        self.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "turn": turn,
+                    "prompt_token_ids": body.get("prompt_token_ids"), "token_ids": choice.get("token_ids"),
+                    "tool_calls": [c["function"]["name"] for c in choice["message"].get("tool_calls") or []],
+                    "finish_reason": choice.get("finish_reason")})
+
+    def end(self, ep: Episode, task_id: str, reward: float, steps: int) -> None:
+        """One finished episode: its reward and its number of model calls."""
+        self.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "reward": reward, "steps": steps})
+
 
 def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> dict:
     """One episode: think, act (tool calls), observe, until an answer without tool calls or max_turns."""
@@ -161,11 +174,7 @@ def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> 
                 break
             msg = r.choices[0].message
             messages.append(msg.model_dump(exclude_none=True))  # the answer goes back exactly as it came
-            rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "turn": turn,
-                       "prompt_token_ids": getattr(r, "prompt_token_ids", None),
-                       "token_ids": getattr(r.choices[0], "token_ids", None),
-                       "tool_calls": [c.function.name for c in msg.tool_calls or []],
-                       "finish_reason": r.choices[0].finish_reason})
+            rec.call(ep, task_id, turn, r.model_dump())
             if not msg.tool_calls:
                 answer, answered = msg.content or "", True
                 break
@@ -175,14 +184,19 @@ def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> 
                                  "content": run_tool(call.function.name, call.function.arguments)})
         reward = check(task, answer)
         ep.finish(reward=reward, truncated=not answered)  # truncated: still acting after max_turns
-    rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "reward": reward, "steps": turn + 1})
+    rec.end(ep, task_id, reward, turn + 1)
     return {"reward": reward, "tool_calls": calls, "steps": turn + 1}
 
 
+Play = Callable[[str, Task, str, Settings, Recorder], dict]
+"""One episode: (gateway URL, task, task id, settings, recorder) -> {"reward", "tool_calls", "steps"}."""
+
+
 def play_many(gateway: str, episodes: int, group_size: int, concurrency: int, s: Settings,
-              stop: threading.Event) -> list[dict]:
+              stop: threading.Event, play_episode: Play = play) -> list[dict]:
     """`episodes` episodes (0: until the gateway goes away), group k of `group_size` on task k mod len(TASKS)
-    under task id `<task>#<k>`, `concurrency` at a time. Stops early when the gateway stops answering."""
+    under task id `<task>#<k>`, `concurrency` at a time, each played by `play_episode`. Stops early when the
+    gateway stops answering."""
     rec, results, gone = Recorder(s.record), [], threading.Event()
     counter = iter(range(episodes)) if episodes else itertools.count()  # 0: until the gateway goes away
 
@@ -194,7 +208,7 @@ def play_many(gateway: str, episodes: int, group_size: int, concurrency: int, s:
             k = i // group_size
             task = TASKS[k % len(TASKS)]
             try:
-                results.append(play(gateway, task, f"{task.id}#{k}", s, rec))
+                results.append(play_episode(gateway, task, f"{task.id}#{k}", s, rec))
             except (urllib.error.URLError, ConnectionError, openai.APIConnectionError) as exc:
                 gone.set()  # the run ended (or the gateway is down): stop starting episodes
                 print(f"[agent] the gateway stopped answering ({exc.__class__.__name__}); stopping", flush=True)
@@ -232,8 +246,10 @@ def wait_for_url(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 600) 
     raise SystemExit(f"[agent] no {run_dir / 'gateway_url'} within {timeout_s:.0f}s")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(play_episode: Play = play, name: str = "openai-agent", doc: str | None = __doc__) -> int:
+    """The command line (--launch or --gateway, episodes, settings), each episode played by `play_episode`; the
+    agents of examples/openai_agents_sdk.py and examples/langgraph_agent.py run under it too."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gateway", default="", help="a run's gateway URL (RUN/gateway_url)")
     p.add_argument("--launch", action="store_true", help="start a local run (scripts/launch.py) and play against it")
     p.add_argument("--episodes", type=int, default=None,
@@ -263,7 +279,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     gateway = args.gateway
     if args.launch:
-        run_dir = ROOT / "runs" / f"openai-agent-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = ROOT / "runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(next((o.split("=", 1)[1] for o in args.overrides if o.startswith("run.output_dir=")), run_dir))
         proc = launch([o for o in args.overrides if not o.startswith("run.output_dir=")], args.group_size, run_dir)
         gateway = wait_for_url(run_dir, proc)
@@ -271,7 +287,7 @@ def main() -> int:
     t0 = time.monotonic()
     try:
         results = play_many(gateway, episodes, args.group_size, args.concurrency or 2 * args.group_size, settings,
-                            stop)
+                            stop, play_episode)
     except KeyboardInterrupt:
         stop.set()
         results = []

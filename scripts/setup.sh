@@ -46,14 +46,14 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1
   echo "[setup] installing slurm-wlm from Debian"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null
 fi
-echo "[setup] installing agentstream[$EXTRA,envs,ray,test] (first run: several minutes; ALFWorld's planner compiles)"
-quiet_pip install --quiet -e "$ROOT[$EXTRA,envs,ray,test]"
+echo "[setup] installing agentstream[$EXTRA,envs,ray,test,agents] (first run: several minutes; ALFWorld's planner compiles)"
+quiet_pip install --quiet -e "$ROOT[$EXTRA,envs,ray,test,agents]"
 if [ "$EXTRA" = "cpu" ]; then
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU,
   # and triton is unused there (1 GB).
   "$VPY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
-"$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym, ray" \
+"$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym, ray, agents, langgraph, langchain_openai" \
   || { echo "[setup] import check failed; see the messages above" >&2; exit 1; }
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -1,0 +1,132 @@
+"""Agents written with agent SDKs train a real run through the gateway, token-exactly: the OpenAI Agents SDK
+(examples/openai_agents_sdk.py: `agents.Agent`, `OpenAIChatCompletionsModel` on the episode's `AsyncOpenAI`) and
+LangGraph (examples/langgraph_agent.py: `create_react_agent` on `ChatOpenAI(base_url=<the episode's URL>)`).
+
+Each runs as a user runs it, `python examples/<sdk>.py --launch ...`, as tests/test_e2e_gateway.py runs the plain
+`openai` agent: the launcher with gateway.enabled=true and actors.count=0, the session's vLLM server (`tiny_engine`,
+through engines.external_urls), 6 episodes (3 groups of 2; the first call of each forced to be a tool call, at most 3
+model calls), 3 learner steps. The SDK runs its own loop (call, run the tools, call again); the example only reads
+the gateway's answers off the HTTP client it hands the SDK (--record: prompt and answer token ids of every call).
+
+    .venv/bin/python -m pytest tests/test_e2e_agent_sdks.py -q -p no:cacheprovider      # ~15 s per SDK + vLLM
+
+Checked per SDK: the learner took its 3 steps on the agent's groups and nothing is left running; the broker's log
+holds exactly the calls the SDK made, with the checker's reward on each episode's last step; a tool's result went
+back and each later call's prompt ids extend the previous call's prompt + answer ids (the SDK sent the history back
+as the gateway returned it: no prompt was rendered anew); the gateway's counters are the SDK's counts.
+"""
+
+import collections
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_testing import processes_mentioning
+
+from agentstream.wire.addresses import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+G, GROUPS, STEPS, MAX_TURNS = 2, 3, 3, 3
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name}{labels} missing from /metrics"
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module", params=["openai_agents_sdk", "langgraph_agent"])
+def run(request: pytest.FixtureRequest, tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    model, url = tiny_engine
+    tmp = tmp_path_factory.mktemp(request.param)
+    run_dir, record = tmp / "run", tmp / "calls.jsonl"
+    argv = [sys.executable, f"examples/{request.param}.py", "--launch", "--episodes", str(G * GROUPS),
+            "--group-size", str(G), "--concurrency", "4", "--max-tokens", "64", "--max-turns", str(MAX_TURNS),
+            "--record", str(record),
+            f"run.output_dir={run_dir}", f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
+            "learner.world_size=1", "trainer.groups_per_step=1", f"trainer.total_steps={STEPS}",
+            f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)  # the SDK's turns and the client's timeouts bound each episode
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the agent stops its launch, which stops its children
+        out, err = proc.communicate(timeout=60)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    return {"sdk": request.param, "dir": run_dir, "out": out, "wall_s": wall,
+            "summary": json.loads((run_dir / "summary.json").read_text()),
+            "calls": [r for r in rows if "turn" in r], "ends": {r["episode"]: r for r in rows if "reward" in r},
+            "metrics": (run_dir / "metrics.txt").read_text(), "model": model}
+
+
+def test_the_sdk_agent_trains_the_run_and_leaves_nothing(run: dict) -> None:
+    s = run["summary"]
+    print(f"{run['sdk']} e2e wall time: {run['wall_s']:.1f}s")
+    assert s["status"] == "finished" and s["processes_left"] == [], s["reason"]
+    assert s["learner_version"] == STEPS and s["engine_versions"] == {"engine-0": STEPS}
+    assert s["trained_group_shapes"] == {f"{G}/{G}": GROUPS} and s["episodes"] == G * GROUPS
+    n = len(run["calls"])
+    assert s["transitions_sent"] == s["transitions_ingested"] == s["transitions_trained"] == n >= G * GROUPS
+    assert len(run["ends"]) == G * GROUPS
+    assert all(1 <= e["steps"] <= MAX_TURNS for e in run["ends"].values())  # the SDK's turns were bounded
+    assert f"[agent] {G * GROUPS} episodes in" in run["out"]
+    assert processes_mentioning(str(run["dir"])) == []
+
+
+def test_the_broker_logged_exactly_the_calls_the_sdk_made(run: dict) -> None:
+    from broker.state import logged_transitions
+
+    logged = list(logged_transitions(run["dir"] / "broker-wal"))
+    key = collections.Counter  # (prompt ids, answer ids) of each call, as a multiset
+    assert key((tuple(t.prompt_ids.tolist()), tuple(t.response_ids.tolist())) for t in logged) == key(
+        (tuple(c["prompt_token_ids"]), tuple(c["token_ids"])) for c in run["calls"])
+    last = {}
+    for c in run["calls"]:
+        last[c["episode"]] = c  # the record is in call order per episode
+    ends = {(tuple(c["prompt_token_ids"]), tuple(c["token_ids"])): run["ends"][e]["reward"] for e, c in last.items()}
+    for t in logged:
+        k = (tuple(t.prompt_ids.tolist()), tuple(t.response_ids.tolist()))
+        assert t.actor == "gateway-0"
+        if k in ends:  # each episode's last call ends its trajectory with the checker's reward
+            assert (t.done or t.truncated) and t.reward == ends[k]
+        else:
+            assert not (t.done or t.truncated) and t.reward == 0.0
+    groups = collections.Counter(t.group_id for t in logged if t.done or t.truncated)
+    assert sorted(groups.values()) == [G] * GROUPS
+
+
+def test_the_sdks_tool_calls_round_trip_token_exactly(run: dict) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run["model"])
+    by_episode = collections.defaultdict(list)
+    for c in run["calls"]:
+        by_episode[c["episode"]].append(c)
+    round_trips = 0
+    for calls in by_episode.values():
+        assert [c["turn"] for c in calls] == list(range(len(calls)))
+        assert calls[0]["finish_reason"] in ("tool_calls", "length")  # the first call was forced to act
+        for a, b in zip(calls, calls[1:]):  # the SDK calls again only after it ran a tool
+            assert a["tool_calls"], a
+            p, r = a["prompt_token_ids"], a["token_ids"]
+            assert b["prompt_token_ids"][:len(p) + len(r)] == p + r  # the answer's ids, never re-tokenised
+            suffix = tok.decode(b["prompt_token_ids"][len(p) + len(r):])
+            assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
+            round_trips += 1
+    assert round_trips >= 1, [c["finish_reason"] for c in run["calls"]]
+    m, n = run["metrics"], len(run["calls"])
+    assert metric(m, "agentstream_gateway_calls_total") == n
+    assert metric(m, "agentstream_gateway_tool_calls_total") == sum(len(c["tool_calls"]) for c in run["calls"]) >= 1
+    # The SDK sent each episode's history back exactly as the gateway returned it: every later call extended.
+    assert metric(m, "agentstream_gateway_prompts_extended_total") == n - G * GROUPS
+    assert metric(m, "agentstream_gateway_prompts_rendered_anew_total") == 0
