@@ -413,11 +413,11 @@ def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], fo
         python, _ = peer_python(log)
     steps = args.steps or 40
     print(f"# learning: {DATASET} {json.dumps(LEARN_KWARGS)}, from {model} (format-only warm start); "
-          f"{steps} steps, {args.seeds} seeds; runs in {folder}", flush=True)
+          f"{steps} steps, {args.seeds} seeds, lr {args.lr:g}; runs in {folder}", flush=True)
     for batch in (int(b) for b in args.batch.split(",")):
         curves: dict[str, list[tuple[float, ...]]] = {}
         for seed in range(args.seeds):
-            w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed)
+            w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed, lr=args.lr)
             runs = [run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
             runs += [run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s,
                                      args.override) for mode in modes]
@@ -438,6 +438,7 @@ def main() -> None:
     parser.add_argument("--learn", action="store_true", help="compare learning (reward against completions) "
                         "from the same warm start instead of speed")
     parser.add_argument("--seeds", type=int, default=3, help="--learn: runs per system")
+    parser.add_argument("--lr", type=float, default=Workload.lr, help="--learn: both systems' learning rate")
     parser.add_argument("--modes", default="sync,async", help="agentstream's modes: sync (max_staleness=0), "
                         "async (the config's default bound)")
     parser.add_argument("--peer-only", action="store_true", help="run TRL only")
