@@ -25,6 +25,7 @@ _ENTRY_POINTS = {
     f"{NAMESPACE}/ALFWorld-v0": "envs.alfworld.game:AlfWorldText",
     f"{NAMESPACE}/TWX-TWC-v0": "envs.textworld_express:TWCText",
     f"{NAMESPACE}/TWX-CookingWorld-v0": "envs.textworld_express:CookingWorldText",
+    f"{NAMESPACE}/TextArena-v0": "envs.arena:TextArenaEnv",
 }
 
 

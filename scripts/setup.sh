@@ -53,7 +53,7 @@ if [ "$EXTRA" = "cpu" ]; then
   # and triton is unused there (1 GB).
   "$VPY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
-"$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym, ray, agents, langgraph, langchain_openai" \
+"$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym, textarena, ray, agents, langgraph, langchain_openai" \
   || { echo "[setup] import check failed; see the messages above" >&2; exit 1; }
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

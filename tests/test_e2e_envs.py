@@ -87,6 +87,38 @@ def test_every_env_plays_episodes_through_the_engine(server, name: str) -> None:
         assert e.env_return == e.env_return  # not nan
 
 
+def test_textarena_games_through_the_engine(server) -> None:
+    """Kuhn Poker against the random opponent through the evaluator's episode loop and the real engine: both seats
+    play (the seat comes from the seed), and each episode's return is its invalid answers' penalties plus, when the
+    game ended, TextArena's outcome (-1, 0 or 1)."""
+    import asyncio
+
+    import aiohttp
+    from transformers import AutoTokenizer
+
+    from actors.evaluate import play_episode
+    from actors.spec import EpisodeSpec
+    from engines.client import EngineClient
+
+    model, url = server
+    cfg = Config()
+    cfg.model.path, cfg.env.name, cfg.env.max_steps, cfg.sampling.max_tokens = model, "agentstream/TextArena-v0", 4, 12
+    cfg.env.kwargs = {"game": "KuhnPoker-v0", "opponent": "random"}
+    spec, tokenizer = EpisodeSpec.from_config(cfg), AutoTokenizer.from_pretrained(model)
+    seeds = range(10**9, 10**9 + 4)  # validation seeds
+    assert {envs.make(cfg.env.name, **cfg.env.kwargs).reset(seed=s)[1]["seat"] for s in seeds} == {0, 1}
+
+    async def play() -> list:
+        async with aiohttp.ClientSession() as session:
+            engine = EngineClient(url, session, timeout_s=120)
+            return await asyncio.gather(*(play_episode(spec, engine, tokenizer, seed) for seed in seeds))
+
+    for e in asyncio.run(play()):
+        assert 1 <= e.steps <= 4 and 0 <= e.invalid <= e.steps, e
+        outcome = e.env_return + 0.2 * e.invalid
+        assert min(abs(outcome - o) for o in (-1.0, 0.0, 1.0)) < 1e-9 and (outcome > 0) == e.success, e
+
+
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_a_run_completes(server, tmp_path: Path, name: str) -> None:
     model, url = server

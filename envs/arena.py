@@ -1,0 +1,270 @@
+"""TextArena's two-player games, one seat played by the policy and the other by a fixed opponent.
+
+    env = envs.make("agentstream/TextArena-v0", game="TicTacToe-v0", max_steps=9)          # seat from the seed
+    env = envs.make("agentstream/TextArena-v0", game="KuhnPoker-v0", seat=1, opponent="random")
+    obs, info = env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step("<action>4</action>")
+
+In a run: `env.name=agentstream/TextArena-v0 +env.kwargs.game=KuhnPoker-v0`.
+
+The game is the `textarena` package's own (`textarena.make(game + "-raw")`: its rules, its texts, its zero-sum
+outcome). One episode is one seat's side of one game: after each of the policy's moves, the opponent seat moves
+(before the policy's first turn too, when it opens the game) until it is the policy's turn again or the game is
+over. The reward comes at the end: the seat's reward from the game (TextArena's win 1, loss -1, draw 0), 0 before.
+Which seat the policy plays is `seat` (0 or 1) or, with `seat=None`, drawn from the reset seed, so the G
+episodes of a group (one seed) play the same seat against the same deal and both seats are trained.
+
+Opponents (`opponent`): "random" (a uniformly random legal move, from the env's own RNG): the fixed opponent
+that validation measures a win rate against; "first" (the first legal move in the game's order): a fixed,
+exploitable opponent, deterministic, for scripted tests. True self-play (both seats by the policy, two
+trajectories from one game) and a frozen earlier policy in the other seat need the actor: docs/environments.md.
+
+The answer is `<action>MOVE</action>` with MOVE one of the legal moves the observation lists (`4`, `bet`; TextArena's
+bracketed form `[4]` is accepted as well). Anything else, an illegal move included, is an invalid answer: the game
+does not move and the step costs `invalid_reward` (-0.2: with `max_steps` at 5 or more, answering invalidly until
+the step limit costs at least a loss). So TextArena's own invalid-move rule (a second invalid move in a row loses
+the game) never fires; a move TextArena rejects although the adapter listed it as legal is a bug of the adapter and
+raises, as does any exception of the game itself: the actor counts it as an infrastructure failure
+(`infra_failures_raised`) and plays the seed again, never training on it.
+
+TextArena draws its randomness (Kuhn Poker's deals) from the global `random` module and seeds it on reset; many
+episodes share an actor's process, so every call into the game runs with the global state swapped for this env's
+own (`_own_random`) and the global state restored after: episodes neither disturb one another nor the process.
+A game is supported when an adapter (`ADAPTERS`) knows its legal moves and what the seat knows of its state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from envs.base import TEXT_CHARSET, Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
+
+OPPONENTS = ("random", "first")
+_ALLOWED = frozenset(TEXT_CHARSET)
+_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
+
+HEADER = ("You play a two-player game against an opponent. Each turn you see what happened since your last move "
+          "and your legal moves. Answer with one legal move between tags, e.g. <action>{example}</action>.")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """What this env needs of a TextArena game beyond its own API (pure functions of its `game_state`)."""
+
+    legal: Callable[[dict[str, Any], int], list[str]]
+    """The seat-to-move's legal moves (lower case, without brackets), in the game's order."""
+    view: Callable[[dict[str, Any], int], str]
+    """What `seat` knows of the state (no hidden information of the other seat): GiGPO's anchor."""
+    example: str
+    """A move to show in the instructions."""
+
+
+def _tictactoe_legal(state: dict[str, Any], seat: int) -> list[str]:
+    return [str(r * 3 + c) for r in range(3) for c in range(3) if state["board"][r][c] == ""]
+
+
+def _tictactoe_view(state: dict[str, Any], seat: int) -> str:
+    return "/".join("".join(cell or "." for cell in row) for row in state["board"])
+
+
+def _kuhn_legal(state: dict[str, Any], seat: int) -> list[str]:
+    tree = state["current_legal_action_tree"]
+    return list(tree) if isinstance(tree, dict) else []
+
+
+def _kuhn_view(state: dict[str, Any], seat: int) -> str:
+    tree = state["current_legal_action_tree"]
+    return json.dumps({"round": state["current_round"], "card": state["player_cards"][seat],
+                       "chips": [state["player_chips"][0], state["player_chips"][1]], "pot": state["pot"],
+                       "to_act": tree if isinstance(tree, str) else sorted(tree)}, sort_keys=True)
+
+
+def _adapters() -> list[tuple[type, Adapter]]:
+    """(TextArena game class, adapter): a subclass of a supported game is supported too."""
+    from textarena.envs.KuhnPoker.env import KuhnPokerEnv
+    from textarena.envs.TicTacToe.env import TicTacToeEnv
+
+    return [(TicTacToeEnv, Adapter(_tictactoe_legal, _tictactoe_view, "4")),
+            (KuhnPokerEnv, Adapter(_kuhn_legal, _kuhn_view, "bet"))]
+
+
+SUPPORTED = ("TicTacToe-v0", "KuhnPoker-v0", "KuhnPoker-v0-short", "KuhnPoker-v0-medium", "KuhnPoker-v0-long")
+"""Registered TextArena ids this env has adapters for (any subclass of their game classes works too)."""
+
+
+def parse_move(text: object, legal: Sequence[str]) -> ParseResult:
+    """The first `<action>MOVE</action>` in `text` -> `Action(MOVE)` when MOVE (stripped, lower-cased, without
+    TextArena's brackets) is one of `legal`. Never raises."""
+    if not isinstance(text, str):
+        return ParseFailure(f"expected text, got {type(text).__name__}")
+    match = _TAG.search(text)
+    if match is None:
+        return ParseFailure("no <action>...</action> tag found")
+    move = match.group(1).strip().strip("[]'\"").strip().lower()
+    if move not in legal:
+        shown = move if len(move) <= 40 else move[:40] + "..."
+        return ParseFailure(f"{shown!r} is not a legal move now; legal moves: {', '.join(legal)}")
+    return Action(move)
+
+
+def clean(text: str) -> str:
+    """`text` with every character outside the observation charset replaced by '?'."""
+    return "".join(ch if ch in _ALLOWED else "?" for ch in text)
+
+
+class TextArenaEnv(TextGame):
+    """One seat of a TextArena two-player game against a fixed opponent (see the module docstring)."""
+
+    metadata = {"render_modes": []}
+    invalid_reward = -0.2
+
+    def __init__(self, game: str = "TicTacToe-v0", seat: int | None = None, opponent: str = "random",
+                 max_steps: int = 9, invalid_reward: float = -0.2, game_kwargs: dict[str, Any] | None = None):
+        import textarena
+
+        if seat not in (None, 0, 1):
+            raise ValueError(f"seat={seat!r}: use 0, 1, or None (drawn from the reset seed)")
+        if opponent not in OPPONENTS:
+            raise ValueError(f"opponent={opponent!r}: use one of {', '.join(OPPONENTS)}")
+        self.game, self.seat_option, self.opponent = game, seat, opponent
+        self.max_steps, self.invalid_reward = max_steps, invalid_reward
+        self.game_kwargs = dict(game_kwargs or {})
+        try:
+            probe = textarena.make(f"{game}-raw", **self.game_kwargs)
+        except ValueError as exc:  # TextArena's "not found in registry"
+            raise ValueError(f"game={game!r} is not a TextArena game id; supported here: {', '.join(SUPPORTED)}") \
+                from exc
+        self.adapter = next((a for cls, a in _adapters() if isinstance(probe, cls)), None)
+        if self.adapter is None:
+            raise ValueError(f"game={game!r} has no adapter in envs/arena.py (its legal moves are unknown); "
+                             f"supported: {', '.join(SUPPORTED)}")
+        self._make = lambda: textarena.make(f"{game}-raw", **self.game_kwargs)
+        self.instructions = HEADER.format(example=self.adapter.example)
+        self.observation_space = text_space()
+        self.action_space = text_space()
+        self._ta: Any = None
+        self._rng_state: Any = None
+        self.seat = 0
+        self._obs = ""
+        self._steps = 0
+
+    @contextlib.contextmanager
+    def _own_random(self) -> Iterator[None]:
+        """Run TextArena code with the global `random` state swapped for this env's own (module docstring)."""
+        saved = random.getstate()
+        random.setstate(self._rng_state)
+        try:
+            yield
+        finally:
+            self._rng_state = random.getstate()
+            random.setstate(saved)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.seat = int(self.np_random.integers(2)) if self.seat_option is None else self.seat_option
+        self._rng_state = random.Random(int(self.np_random.integers(2**63))).getstate()
+        self._steps = 0
+        with self._own_random():
+            self._ta = self._make()  # a fresh game: Kuhn Poker shuffles its deck in place, round after round
+            self._ta.reset(num_players=2, seed=None)  # (a seed here would seed the global RNG)
+        prompt = self._messages(self.seat, keep_prompt=True)
+        self.instructions = f"{HEADER.format(example=self.adapter.example)}\n\n{prompt}".strip()
+        self._opponent_moves()  # (a game cannot end before the policy's first move)
+        return self._turn()
+
+    def _started(self) -> bool:
+        return self._ta is not None
+
+    def _parse(self, action: str) -> ParseResult:
+        return parse_move(action, self._legal())
+
+    def _invalid(self) -> tuple[str, dict[str, Any]]:
+        return self._obs, self._info(valid=False, success=False)
+
+    def _step(self, value: str) -> StepResult:
+        if self._play(value) or self._opponent_moves():
+            return self._end()
+        obs, info = self._turn()
+        return obs, 0.0, False, False, info
+
+    # -- the game ------------------------------------------------------------------------------------------
+
+    def _state(self) -> Any:
+        return self._ta.state
+
+    def _legal(self) -> list[str]:
+        return self.adapter.legal(self._state().game_state, self._state().current_player_id)
+
+    def _play(self, move: str) -> bool:
+        """The seat to move plays `move` (legal by the adapter); whether the game is over."""
+        mover = self._state().current_player_id
+        with self._own_random():
+            done, _ = self._ta.step(f"[{move}]")
+        if self._state().error_count:
+            raise RuntimeError(f"{self.game}: TextArena rejected [{move}] of player {mover}, which the adapter listed "
+                               f"as legal: fix the adapter in envs/arena.py")
+        return bool(done)
+
+    def _opponent_moves(self) -> bool:
+        """The opponent moves until it is the policy's turn or the game is over; whether it is over."""
+        state = self._state()
+        while not state.done and state.current_player_id != self.seat:
+            legal = self._legal()
+            move = legal[0] if self.opponent == "first" else legal[int(self.np_random.integers(len(legal)))]
+            if self._play(move):
+                return True
+        return bool(state.done)
+
+    def _messages(self, seat: int, keep_prompt: bool = False) -> str:
+        """The messages `seat` got since it last looked, as text (TextArena's own wording); taken from the game.
+        `keep_prompt`: only the game's rules prompt (reset), the rest stays for the first turn."""
+        from textarena import GAME_ID, ObservationType
+
+        queue = self._state().observations[seat]
+        taken = [m for m in queue if (m[2] == ObservationType.PROMPT) == keep_prompt]
+        queue[:] = [m for m in queue if m not in taken]
+        boards = [i for i, m in enumerate(taken) if m[2] == ObservationType.GAME_BOARD]
+        lines: list[str] = []
+        for i, (sender, text, kind) in enumerate(taken):
+            if kind == ObservationType.GAME_BOARD and i != boards[-1]:
+                continue  # only the newest board: the older ones are the same board a move or two before
+            if lines and lines[-1] == text.strip():
+                continue  # (Kuhn Poker announces a round twice to the seat that does not open it)
+            if sender == GAME_ID:
+                lines.append(text.strip())
+            elif sender != seat:  # the seat's own answers are in the memory already
+                lines.append(f"Opponent (player {sender}): {text.strip()}")
+        return clean("\n".join(lines))
+
+    def _turn(self) -> tuple[str, dict[str, Any]]:
+        """The policy's turn: what it saw since its last move, and its legal moves."""
+        seen = self._messages(self.seat)
+        self._obs = clean(f"You are player {self.seat}.\n{seen}\nYour legal moves: {', '.join(self._legal())}.")
+        return self._obs, self._info(valid=True, success=False)
+
+    def _end(self) -> StepResult:
+        state = self._state()
+        reward = float((state.rewards or {}).get(self.seat, 0.0))
+        reason = state.game_info[self.seat].get("reason", "")
+        outcome = "You won." if reward > 0 else "You lost." if reward < 0 else "Draw."
+        self._obs = clean(f"You are player {self.seat}.\n{self._messages(self.seat)}\nGame over: {reason} {outcome}")
+        self._messages(1 - self.seat)  # (nobody reads them)
+        info = self._info(valid=True, success=reward > 0)
+        info.update(admissible_actions=[], game_reward=reward)
+        return self._obs, reward, True, False, info
+
+    def _info(self, valid: bool, success: bool) -> dict[str, Any]:
+        state = self._state()
+        view = self.adapter.view(state.game_state, self.seat)
+        legal = self._legal() if not state.done and state.current_player_id == self.seat else []
+        return {"valid": valid, "success": success, "anchor": f"seat {self.seat}: {view}",
+                "admissible_actions": legal, "seat": self.seat}
+
+    def close(self) -> None:
+        self._ta = None

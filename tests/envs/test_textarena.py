@@ -1,0 +1,254 @@
+"""TextArena's two-player games as one seat against a fixed opponent (envs/arena.py), on the real `textarena` games.
+
+Scripted games are played to the end against the "first legal move" opponent, whose replies are worked out by hand
+below; then invalid answers, a game that raises (inline and through the actors' episode loop), random-opponent games
+over many seeds, the global RNG left alone, and whole games through the actor (`Actor.play`: env -> memory ->
+engine -> transitions to the broker) with a scripted engine. ~2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import textarena
+from textarena.envs.TicTacToe.env import TicTacToeEnv
+
+import envs
+from actors.actor import Actor
+from actors.episode import Answer, EnvCalls, EnvFailure, play
+from actors.spec import ActorSpec
+from agentstream.config import Config
+from agentstream.wire.messages import GroupGrant, Transition
+from engines.client import Generation
+from envs.arena import SUPPORTED, parse_move
+from envs.base import Action, ParseFailure
+
+ENV = "agentstream/TextArena-v0"
+
+
+def act(move: str) -> str:
+    return f"<action>{move}</action>"
+
+
+def make(**kwargs: Any):
+    return envs.make(ENV, **kwargs)
+
+
+# Tic Tac Toe, cells numbered 0-8 row by row; player 0 ('O') moves first. The "first" opponent takes the lowest free
+# cell. As seat 0:
+#   win:  we 4, it 0; we 2, it 1; we 6: 2-4-6 is our diagonal -> +1 after our 3rd move.
+#   draw: we 1, it 0; we 3, it 2; we 4, it 5; we 6, it 7; we 8: X O X / O O X / O X O, no line, board full -> 0.
+# As seat 1 (it opens): it 0; we 8, it 1; we 7, it 2: 0-1-2 is its row -> -1 after our 2nd move.
+SCRIPTS = {
+    "win": (0, ["4", "2", "6"], 1.0),
+    "draw": (0, ["1", "3", "4", "6", "8"], 0.0),
+    "loss": (1, ["8", "7"], -1.0),
+}
+
+
+@pytest.mark.parametrize("outcome", sorted(SCRIPTS))
+def test_tictactoe_scripted_games_end_with_the_games_reward(outcome: str) -> None:
+    seat, moves, expected = SCRIPTS[outcome]
+    env = make(seat=seat, opponent="first", max_steps=9)
+    obs, info = env.reset(seed=11)
+    assert info["seat"] == seat and f"You are Player {seat} in Tic Tac Toe" in env.instructions
+    rewards, ended = [], []
+    for move in moves:
+        assert move in info["admissible_actions"]
+        obs, reward, terminated, truncated, info = env.step(act(move))
+        assert info["valid"] and not truncated
+        rewards.append(reward)
+        ended.append(terminated)
+    assert rewards == [0.0] * (len(moves) - 1) + [expected]  # the outcome comes at the end, nothing before
+    assert ended == [False] * (len(moves) - 1) + [True]
+    assert info["success"] is (expected > 0) and info["admissible_actions"] == [] and "Game over" in obs
+
+
+# Kuhn Poker (KuhnPoker-v0: 3 rounds, each player antes 1, round 1 opened by player 1, then alternating). The
+# "first" opponent checks when it may (the tree lists check before bet) and folds to a bet (fold before call). So
+# betting at every turn wins every pot: with seat 0 it checks, we bet, it folds (rounds 1 and 3), or we open with a
+# bet and it folds (round 2); with seat 1 the other way round. 3 rounds x +1 chip: we finish +3, it -3 -> reward +1,
+# after exactly 3 of our moves, whatever the cards.
+@pytest.mark.parametrize("seat", [0, 1])
+def test_kuhn_poker_always_betting_beats_the_folding_opponent(seat: int) -> None:
+    env = make(game="KuhnPoker-v0", seat=seat, opponent="first", max_steps=10)
+    obs, info = env.reset(seed=5)
+    assert info["admissible_actions"] == ["check", "bet"] and "Your card is" in obs
+    steps = 0
+    while True:
+        obs, reward, terminated, truncated, info = env.step(act("bet"))
+        steps += 1
+        if terminated or truncated:
+            break
+        assert reward == 0.0
+    assert (steps, reward, terminated, info["success"]) == (3, 1.0, True, True)
+    assert "Player 0: '3'; Player 1: '-3'" in obs if seat == 0 else "Player 0: '-3'; Player 1: '3'" in obs
+
+
+def test_invalid_answers_do_not_move_the_game_and_cost_the_penalty() -> None:
+    env = make(seat=0, opponent="first", max_steps=9)
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(act("4"))  # it replies 0
+    board = info["anchor"]
+    for text in ["4", act("4"), act("0"), act("9"), act("center"), ""]:  # no tag, occupied, off the board, junk
+        again, reward, terminated, truncated, info = env.step(text)
+        assert (again, reward, terminated, truncated, info["valid"]) == (obs, -0.2, False, False, False)
+        assert info["parse_error"] and info["anchor"] == board
+    _, reward, _, _, info = env.step(act("[2]"))  # TextArena's own bracketed form is accepted too
+    assert info["valid"] and info["anchor"] == "seat 0: XXO/.O./..."  # our 2, its 1
+    kuhn = make(game="KuhnPoker-v0", seat=0, opponent="first")
+    kuhn.reset(seed=0)
+    _, reward, _, _, info = kuhn.step(act("call"))  # nothing to call: it checked
+    assert (reward, info["valid"]) == (-0.2, False) and "legal moves: check, bet" in info["parse_error"]
+
+
+def test_invalid_answers_until_the_step_limit_truncate_without_a_game_reward() -> None:
+    env = make(seat=0, max_steps=5)
+    env.reset(seed=0)
+    rewards = [env.step("pass")[1] for _ in range(4)]
+    _, reward, terminated, truncated, _ = env.step("pass")
+    # 5 x -0.2 = -1.0: stalling costs as much as the loss it avoids
+    assert rewards + [reward] == [-0.2] * 5 and (terminated, truncated) == (False, True)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("<action>4</action>", Action("4")), ("I pick <ACTION> [4] </ACTION>", Action("4")),
+    ("<action>'Bet'</action>", Action("bet")), ("<action>5</action>", ParseFailure("")), ("4", ParseFailure("")),
+    (None, ParseFailure("")),
+])
+def test_parse_move(text: Any, expected: Any) -> None:
+    got = parse_move(text, ["0", "4", "bet"])
+    assert type(got) is type(expected) and (isinstance(got, ParseFailure) or got == expected)
+
+
+class RaisingTicTacToe(TicTacToeEnv):
+    """Tic Tac Toe whose step raises once cell 8 is played: a game with a bug."""
+
+    def step(self, action: str):
+        if "8" in action:
+            raise KeyError("a bug in the game")
+        return super().step(action)
+
+
+textarena.register(id="AgentstreamRaisingTicTacToe-v0-raw", entry_point=RaisingTicTacToe)
+
+
+async def test_a_game_that_raises_fails_the_step_and_the_actor_sees_an_env_failure() -> None:
+    env = make(game="AgentstreamRaisingTicTacToe-v0", seat=0, opponent="first")
+    env.reset(seed=0)
+    env.step(act("4"))
+    with pytest.raises(KeyError, match="a bug in the game"):
+        env.step(act("8"))
+
+    import memory
+
+    answers = iter([act("4"), act("8")])
+    with pytest.raises(EnvFailure) as failure:  # what the actor retries on the same seed (infra_failures_raised)
+        await play(env, memory.make("last_k", k=2), lambda turn: Answer(next(answers)), seed=0, calls=EnvCalls())
+    assert failure.value.cause == "raised"
+
+
+def test_unknown_and_unsupported_games_say_what_is_supported() -> None:
+    with pytest.raises(ValueError, match="not a TextArena game id.*TicTacToe-v0"):
+        make(game="NoSuchGame-v0")
+    with pytest.raises(ValueError, match="no adapter.*KuhnPoker-v0"):
+        make(game="ConnectFour-v0")
+    with pytest.raises(ValueError, match="opponent"):
+        make(opponent="self")
+    assert all(make(game=g).game == g for g in SUPPORTED)
+
+
+@pytest.mark.parametrize("game", ["TicTacToe-v0", "KuhnPoker-v0"])
+def test_random_games_end_with_a_zero_sum_outcome_and_seats_come_from_the_seed(game: str) -> None:
+    env, rng = make(game=game, max_steps=50), random.Random(0)
+    outcomes, seats = [], set()
+    for seed in range(60):
+        obs, info = env.reset(seed=seed)
+        seats.add(info["seat"])
+        while True:  # a random legal policy against the random opponent
+            obs, reward, terminated, truncated, info = env.step(act(rng.choice(info["admissible_actions"])))
+            assert info["valid"] and not truncated
+            if terminated:
+                break
+        outcomes.append(reward)
+    assert seats == {0, 1} and set(outcomes) <= {-1.0, 0.0, 1.0}
+    assert {-1.0, 1.0} <= set(outcomes)  # both sides win some
+    assert [make(game=game).reset(seed=s)[1]["seat"] for s in range(8)] == \
+        [make(game=game).reset(seed=s)[1]["seat"] for s in range(8)]  # a group's copies play one seat
+
+
+def test_kuhn_deals_come_from_the_seed_and_the_global_rng_is_left_alone() -> None:
+    def deals(seed: int) -> list[str]:
+        """The anchors (our card, chips, round) of a game in which we check or call, the opponent random."""
+        env = make(game="KuhnPoker-v0", seat=0, opponent="random", max_steps=50)
+        _, info = env.reset(seed=seed)
+        anchors = [info["anchor"]]
+        random.seed(123)  # another episode (or TextArena elsewhere) seeding the global RNG in between
+        while True:
+            move = "check" if "check" in info["admissible_actions"] else "call"
+            _, _, terminated, _, info = env.step(act(move))
+            anchors.append(info["anchor"])
+            if terminated:
+                return anchors
+
+    random.seed(7)
+    before = random.getstate()
+    make(game="KuhnPoker-v0").reset(seed=3)
+    assert random.getstate() == before  # resetting (TextArena deals) did not touch the global RNG
+    first = deals(41)
+    assert deals(41) == first
+    assert len({tuple(deals(s)) for s in range(6)}) > 1  # and the seed does decide the deals
+
+
+# ---- whole games through the actor ------------------------------------------------------------------------------
+
+class ByteTokenizer:
+    """Chat template: the messages' contents joined by '|'; token ids: that text's UTF-8 bytes."""
+
+    eos_token_id = 0
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> list[int]:
+        return list("|".join(m["content"] for m in conversation).encode())
+
+
+class BettingEngine:
+    """Reads the prompt's newest "Your legal moves: ..." line and answers bet when it may, else its first move."""
+
+    url = "http://e:1"
+
+    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
+                     images: Any = None) -> list[Generation]:
+        legal = re.findall(r"Your legal moves: (.*)\.", bytes(prompt_ids).decode())[-1].split(", ")
+        text = act("bet" if "bet" in legal else legal[0])
+        ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)
+        return [Generation(ids, np.zeros(len(ids), np.float32), text, "stop", 3, 3)] * n
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.sent: list[Transition] = []
+
+    async def send_transition(self, t: Transition) -> None:
+        self.sent.append(t)
+
+
+@pytest.mark.parametrize("seed", [0, 1])  # one seed per seat (seat drawn from the seed)
+async def test_whole_games_through_the_actor(seed: int) -> None:
+    cfg = Config()
+    cfg.env.name, cfg.env.max_steps = ENV, 10
+    cfg.env.kwargs = {"game": "KuhnPoker-v0", "opponent": "first"}
+    cfg.memory.k, cfg.memory.max_prompt_tokens = 2, 100_000
+    broker, engine = Broker(), BettingEngine()
+    actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, broker, [engine], ByteTokenizer())  # type: ignore[arg-type]
+    result = await actor.play(GroupGrant(group_id=1, seed=seed, min_version=0), "t", engine)  # type: ignore[arg-type]
+    sent = broker.sent
+    # As worked out above: three bets, three folds, +1 at the third step; nothing invalid.
+    assert [t.step for t in sent] == [0, 1, 2] and all(t.valid for t in sent)
+    assert [t.reward for t in sent] == [0.0, 0.0, 1.0] and [t.done for t in sent] == [False, False, True]
+    assert sent[-1].info["success"] and (result.steps, result.total_reward, result.success) == (3, 1.0, True)
+    assert all(t.anchor.startswith("seat ") for t in sent)
