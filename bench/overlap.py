@@ -107,7 +107,7 @@ def main() -> None:
             r = run_once(args, model, url, bound, folder)
             results.append(r)
             speed = results[0].train_s / r.train_s
-            print(f"{r.bound:>5} {r.wall_s:>7.1f} {r.train_s:>8.1f} {speed:>7.2f}x {r.idle_frac:>12.1%} "
+            print(f"{r.bound:>5} {r.wall_s:>7.1f} {r.train_s:>8.2f} {speed:>7.2f}x {r.idle_frac:>12.1%} "
                   f"{r.engine_busy:>11.1%} {r.staleness_mean:>9.2f} {r.transitions:>7} {r.status:>8}", flush=True)
     base = results[0]
     ideal = ideal_speedup(base)
