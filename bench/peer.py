@@ -87,6 +87,8 @@ class Workload:
     """The reasoning-gym generator's arguments (empty: its defaults)."""
     seed: int = 0
     """run.seed (which questions, group g asks seed_base + g's) and TRL's seed."""
+    peer_seed_offset: int = 0
+    """Added to `seed` for TRL's own seed: its sampling draws apart from the questions (vLLM samples unseeded)."""
 
     @property
     def groups(self) -> int:
@@ -267,7 +269,8 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     argv = [str(python), "-m", "bench.peer_trl", "--prompts", str(folder / "prompts.jsonl"),
             "--model", w.model, "--out", str(folder / "trl-out"), "--batch", str(w.batch), "--steps", str(w.steps),
             "--group-size", str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature",
-            str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty()), "--seed", str(w.seed)]
+            str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty()),
+            "--seed", str(w.seed + w.peer_seed_offset)]
     t0 = time.time()
     with harness.child(argv, folder / "trl.log") as proc, CpuSampler(proc.pid) as cpu:
         proc.wait(timeout_s)
@@ -417,7 +420,8 @@ def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], fo
     for batch in (int(b) for b in args.batch.split(",")):
         curves: dict[str, list[tuple[float, ...]]] = {}
         for seed in range(args.seeds):
-            w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed, lr=args.lr)
+            w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed, lr=args.lr,
+                         peer_seed_offset=args.peer_seed_offset)
             runs = [run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
             runs += [run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s,
                                      args.override) for mode in modes]
@@ -439,6 +443,8 @@ def main() -> None:
                         "from the same warm start instead of speed")
     parser.add_argument("--seeds", type=int, default=3, help="--learn: runs per system")
     parser.add_argument("--lr", type=float, default=Workload.lr, help="--learn: both systems' learning rate")
+    parser.add_argument("--peer-seed-offset", type=int, default=0,
+                        help="--learn: TRL's seed is the questions' seed plus this (other sampling, same questions)")
     parser.add_argument("--modes", default="sync,async", help="agentstream's modes: sync (max_staleness=0), "
                         "async (the config's default bound)")
     parser.add_argument("--peer-only", action="store_true", help="run TRL only")
