@@ -2,6 +2,7 @@
 trackers' files (TensorBoard, W&B, MLflow) read back."""
 
 import asyncio
+import collections
 import json
 import os
 import re
@@ -173,3 +174,52 @@ def lineage(metrics_log: Path) -> list[int]:
         else:
             versions.append(rec["version"])
     return versions
+
+
+def check_logged_calls(run: dict, groups: int, group_size: int) -> list:
+    """A gateway run's broker log (`run`: "dir", "calls", "ends", as the example agents record them) holds exactly
+    the calls the agent made, each episode's last call with the checker's reward ending its trajectory and the
+    others 0, in `groups` groups of `group_size`. Returns the logged transitions."""
+    from broker.state import logged_transitions
+
+    def key(prompt: list[int], answer: list[int]) -> tuple:
+        return tuple(prompt), tuple(answer)
+
+    logged = list(logged_transitions(run["dir"] / "broker-wal"))
+    assert collections.Counter(key(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in logged) == \
+        collections.Counter(key(c["prompt_token_ids"], c["token_ids"]) for c in run["calls"])  # as multisets
+    last = {c["episode"]: c for c in run["calls"]}  # the record is in call order per episode
+    ends = {key(c["prompt_token_ids"], c["token_ids"]): run["ends"][e]["reward"] for e, c in last.items()}
+    for t in logged:
+        k = key(t.prompt_ids.tolist(), t.response_ids.tolist())
+        assert t.actor == "gateway-0"
+        if k in ends:
+            assert (t.done or t.truncated) and t.reward == ends[k]
+        else:
+            assert not (t.done or t.truncated) and t.reward == 0.0
+    ended = collections.Counter(t.group_id for t in logged if t.done or t.truncated)
+    assert sorted(ended.values()) == [group_size] * groups
+    return logged
+
+
+def tool_round_trips(calls: list[dict], model_dir: str) -> int:
+    """Check that every later call of an episode came after a tool call and that its prompt ids extend the previous
+    call's prompt and answer ids (never re-tokenised) with the tool's response and a new assistant turn; returns
+    how many such round trips there were (`calls`: the example agents' --record rows, in call order)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    by_episode = collections.defaultdict(list)
+    for c in calls:
+        by_episode[c["episode"]].append(c)
+    round_trips = 0
+    for episode in by_episode.values():
+        assert episode[0]["finish_reason"] in ("tool_calls", "length")  # the first call was forced to act
+        for a, b in zip(episode, episode[1:]):
+            assert a["tool_calls"], a
+            p, r = a["prompt_token_ids"], a["token_ids"]
+            assert b["prompt_token_ids"][:len(p) + len(r)] == p + r
+            suffix = tok.decode(b["prompt_token_ids"][len(p) + len(r):])
+            assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
+            round_trips += 1
+    return round_trips

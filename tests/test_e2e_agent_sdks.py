@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_testing import processes_mentioning
+from e2e_testing import check_logged_calls, processes_mentioning, tool_round_trips
 
 from agentstream.wire.addresses import free_port
 
@@ -84,46 +84,16 @@ def test_the_sdk_agent_trains_the_run_and_leaves_nothing(run: dict) -> None:
 
 
 def test_the_broker_logged_exactly_the_calls_the_sdk_made(run: dict) -> None:
-    from broker.state import logged_transitions
-
-    logged = list(logged_transitions(run["dir"] / "broker-wal"))
-    key = collections.Counter  # (prompt ids, answer ids) of each call, as a multiset
-    assert key((tuple(t.prompt_ids.tolist()), tuple(t.response_ids.tolist())) for t in logged) == key(
-        (tuple(c["prompt_token_ids"]), tuple(c["token_ids"])) for c in run["calls"])
-    last = {}
-    for c in run["calls"]:
-        last[c["episode"]] = c  # the record is in call order per episode
-    ends = {(tuple(c["prompt_token_ids"]), tuple(c["token_ids"])): run["ends"][e]["reward"] for e, c in last.items()}
-    for t in logged:
-        k = (tuple(t.prompt_ids.tolist()), tuple(t.response_ids.tolist()))
-        assert t.actor == "gateway-0"
-        if k in ends:  # each episode's last call ends its trajectory with the checker's reward
-            assert (t.done or t.truncated) and t.reward == ends[k]
-        else:
-            assert not (t.done or t.truncated) and t.reward == 0.0
-    groups = collections.Counter(t.group_id for t in logged if t.done or t.truncated)
-    assert sorted(groups.values()) == [G] * GROUPS
+    check_logged_calls(run, GROUPS, G)
 
 
 def test_the_sdks_tool_calls_round_trip_token_exactly(run: dict) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(run["model"])
     by_episode = collections.defaultdict(list)
     for c in run["calls"]:
-        by_episode[c["episode"]].append(c)
-    round_trips = 0
-    for calls in by_episode.values():
-        assert [c["turn"] for c in calls] == list(range(len(calls)))
-        assert calls[0]["finish_reason"] in ("tool_calls", "length")  # the first call was forced to act
-        for a, b in zip(calls, calls[1:]):  # the SDK calls again only after it ran a tool
-            assert a["tool_calls"], a
-            p, r = a["prompt_token_ids"], a["token_ids"]
-            assert b["prompt_token_ids"][:len(p) + len(r)] == p + r  # the answer's ids, never re-tokenised
-            suffix = tok.decode(b["prompt_token_ids"][len(p) + len(r):])
-            assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
-            round_trips += 1
-    assert round_trips >= 1, [c["finish_reason"] for c in run["calls"]]
+        by_episode[c["episode"]].append(c["turn"])
+    assert all(turns == list(range(len(turns))) for turns in by_episode.values())
+    # the SDK calls again only after it ran a tool
+    assert tool_round_trips(run["calls"], run["model"]) >= 1, [c["finish_reason"] for c in run["calls"]]
     m, n = run["metrics"], len(run["calls"])
     assert metric(m, "agentstream_gateway_calls_total") == n
     assert metric(m, "agentstream_gateway_tool_calls_total") == sum(len(c["tool_calls"]) for c in run["calls"]) >= 1

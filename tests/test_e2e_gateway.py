@@ -15,7 +15,6 @@ prompt + answer ids token-exactly; the gateway's counters in /metrics are the ag
 running.
 """
 
-import collections
 import json
 import re
 import signal
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_testing import processes_mentioning
+from e2e_testing import check_logged_calls, processes_mentioning, tool_round_trips
 
 from agentstream.wire.addresses import free_port
 
@@ -82,46 +81,16 @@ def test_the_run_trains_its_steps_on_the_agents_groups_and_leaves_nothing(run: d
 
 
 def test_the_broker_logged_exactly_the_calls_the_agent_made(run: dict) -> None:
-    from broker.state import logged_transitions
-
-    logged = list(logged_transitions(run["dir"] / "broker-wal"))
-    key = collections.Counter  # (prompt ids, answer ids) of each call, as a multiset
-    seen = key((tuple(c["prompt_token_ids"]), tuple(c["token_ids"])) for c in run["calls"])
-    assert key((tuple(t.prompt_ids.tolist()), tuple(t.response_ids.tolist())) for t in logged) == seen
-    # Each episode's last call carries the checker's reward and ends its trajectory; the others carry 0.
-    last = {}
-    for c in run["calls"]:
-        last[c["episode"]] = c  # the record is in call order per episode
-    ends = {(tuple(c["prompt_token_ids"]), tuple(c["token_ids"])): run["ends"][e]["reward"] for e, c in last.items()}
-    for t in logged:
-        k = (tuple(t.prompt_ids.tolist()), tuple(t.response_ids.tolist()))
-        assert t.actor == "gateway-0" and 0 <= t.version_lo <= t.version_hi <= STEPS
-        if k in ends:
-            assert (t.done or t.truncated) and t.reward == ends[k]
-        else:
-            assert not (t.done or t.truncated) and t.reward == 0.0
-    groups = collections.Counter(t.group_id for t in logged if t.done or t.truncated)
-    assert sorted(groups.values()) == [G] * GROUPS  # 3 groups of 2 trajectories, from 3 task ids
+    logged = check_logged_calls(run, GROUPS, G)  # 3 groups of 2 trajectories, from 3 task ids
+    assert all(0 <= t.version_lo <= t.version_hi <= STEPS for t in logged)
 
 
 def test_tool_calls_round_trip_token_exactly(run: dict) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(run["model"])
-    by_episode = collections.defaultdict(list)
+    firsts: dict = {}
     for c in run["calls"]:
-        by_episode[c["episode"]].append(c)
-    round_trips = 0
-    for calls in by_episode.values():
-        assert calls[0]["turn"] == 0 and calls[0]["finish_reason"] in ("tool_calls", "length")
-        for a, b in zip(calls, calls[1:]):  # a later call exists only after a tool call was answered
-            assert a["tool_calls"], a
-            p, r = a["prompt_token_ids"], a["token_ids"]
-            assert b["prompt_token_ids"][:len(p) + len(r)] == p + r  # the answer's ids, never re-tokenised
-            suffix = tok.decode(b["prompt_token_ids"][len(p) + len(r):])
-            assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
-            round_trips += 1
-    assert round_trips >= 1, [c["finish_reason"] for c in run["calls"]]
+        firsts.setdefault(c["episode"], c)
+    assert all(c["turn"] == 0 for c in firsts.values())  # a later call exists only after a tool call was answered
+    assert tool_round_trips(run["calls"], run["model"]) >= 1, [c["finish_reason"] for c in run["calls"]]
     m = run["metrics"]
     tool_calls = sum(len(c["tool_calls"]) for c in run["calls"])
     assert metric(m, "agentstream_gateway_tool_calls_total") == tool_calls >= 1
