@@ -5,13 +5,18 @@
     .venv/bin/python -m bench.compare algorithm     # GRPO vs GiGPO, same env and budget
     .venv/bin/python -m bench.compare memory        # last-k vs full history on long FrozenLake episodes
     .venv/bin/python -m bench.compare staleness --steps 40 --out runs/compare-staleness -- learner.lr=5e-4
+    .venv/bin/python -m bench.compare algorithm --seeds 3   # each arm with run.seed=0, 1, 2: mean and spread
 
 Every arm is `scripts/launch.py preset=learn_frozenlake` plus the arm's overrides (and any after `--`),
 run one after another so that they do not compete for the CPU. The evaluator validates each run on the
 same held-out seeds (VALIDATION_SEEDS) every `--every` learner steps. Into the output folder go each
 arm's run folder and its launcher's output (`launch-<arm>.log`), `curves.csv` (one row per validation of every
 arm), `key_figures.csv` (start, end, best, time and samples to reach `--target`), `success_vs_samples.png` and
-`success_vs_time.png`. An arm that already has a finished run folder there is not run again (`--rerun` to redo
+`success_vs_time.png`. With `--seeds N` every arm runs N times (`run.seed=0..N-1`, folders `<arm>/seed<k>`): the
+plots draw each seed thin and the arms' mean at each validation thick, `key_figures.csv` has a row per seed and one
+per arm (the mean, with the seeds' spread). Each row also has the mean over the run of the learner's
+`adv_step_in_shared_group_frac`: the share of steps whose GiGPO step group holds more than one step (only GiGPO logs
+it). An arm that already has a finished run folder there is not run again (`--rerun` to redo
 it).
 """
 
@@ -52,7 +57,7 @@ COMPARISONS: dict[str, tuple[Arm, ...]] = {
         Arm("full history", ("memory.kind=full", "env.kwargs.map_size=6", "env.max_steps=30")),
     ),
 }
-FIELDS = ("arm", "version", "trajectories_trained", "wall_s", "val_success_rate", "val_return", "val_invalid_rate")
+FIELDS = ("arm", "seed", "version", "trajectories_trained", "wall_s", "val_success_rate", "val_return", "val_invalid_rate")
 
 
 def slug(label: str) -> str:
@@ -74,6 +79,34 @@ def key_figures(label: str, rows: list[dict[str, float]], target: float, wall_s:
             "final_version": rows[-1]["version"] if rows else None, "run_wall_s": round(wall_s, 1)}
 
 
+def shared_step_frac(run_dir: Path) -> float | None:
+    """Mean over the run's learner steps of GiGPO's share of steps in a step group of more than one (None: not logged)."""
+    path = run_dir / "learner_metrics.jsonl"
+    values = [row["adv_step_in_shared_group_frac"] for row in map(json.loads, path.read_text().splitlines())
+              if "adv_step_in_shared_group_frac" in row] if path.is_file() else []
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def mean_curve(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """The seeds' mean at each validation (position k of every run), as far as the shortest run goes."""
+    n = min(map(len, runs))
+    return [{key: sum(run[k][key] for run in runs) / len(runs) for key in FIELDS[2:]} for k in range(n)]
+
+
+def mean_figures(label: str, per_seed: list[dict[str, object]]) -> dict[str, object]:
+    """One row for an arm: the mean of its seeds' figures, and the seeds' sample standard deviation as `<key>_sd`."""
+    row: dict[str, object] = {"arm": label, "seed": "mean"}
+    for key in ("start", "end", "best", "shared_step_frac", "run_wall_s"):
+        values = [float(f[key]) for f in per_seed if f[key] is not None]
+        row[key] = round(sum(values) / len(values), 3) if values else None
+        if len(values) > 1 and key != "shared_step_frac":
+            mu = sum(values) / len(values)
+            row[f"{key}_sd"] = round((sum((v - mu) ** 2 for v in values) / (len(values) - 1)) ** 0.5, 3)
+    reached = [f for f in per_seed if f["time_to_target_s"] is not None]
+    row["seeds_reaching_target"] = f"{len(reached)}/{len(per_seed)}"
+    return row
+
+
 def run_arm(arm: Arm, run_dir: Path, steps: int, every: int, extra: list[str]) -> float:
     """One launcher run; returns its wall time. Raises if the launcher fails (its output tail in the message)."""
     overrides = ["preset=learn_frozenlake", f"trainer.total_steps={steps}", f"validation.every={every}",
@@ -82,15 +115,21 @@ def run_arm(arm: Arm, run_dir: Path, steps: int, every: int, extra: list[str]) -
     return harness.run_launcher(run_dir, overrides, f"of {arm.label}").wall_s
 
 
-def plot(curves: dict[str, list[dict[str, float]]], x: str, xlabel: str, title: str, path: Path) -> None:
+def plot(curves: dict[str, list[list[dict[str, float]]]], x: str, xlabel: str, title: str, path: Path) -> None:
+    """One line per arm; with several seeds each seed thin and the arm's mean (at each validation) thick."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
-    for label, rows in curves.items():
-        ax.plot([r[x] for r in rows], [r["val_success_rate"] for r in rows], marker="o", markersize=3, label=label)
+    for label, runs in curves.items():
+        rows = mean_curve(runs) if len(runs) > 1 else runs[0]
+        line, = ax.plot([r[x] for r in rows], [r["val_success_rate"] for r in rows], marker="o", markersize=3,
+                        label=f"{label} (mean of {len(runs)} seeds)" if len(runs) > 1 else label)
+        for run in runs if len(runs) > 1 else ():
+            ax.plot([r[x] for r in run], [r["val_success_rate"] for r in run], color=line.get_color(), alpha=0.3,
+                    linewidth=0.8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation success rate")
     ax.set_ylim(-0.02, 1.02)
@@ -117,24 +156,35 @@ def main() -> int:
     p.add_argument("--target", type=float, default=0.5, help="validation success rate whose first crossing is timed")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<comparison>)")
     p.add_argument("--rerun", action="store_true", help="run arms again even if their run folder is finished")
+    p.add_argument("--seeds", type=int, default=1, help="runs per arm, run.seed=0..N-1")
     p.add_argument("extra", nargs="*", help="overrides for every arm, after --")
     args = p.parse_args()
     out = Path(args.out or REPO_ROOT / "runs" / f"compare-{args.comparison}")
     out.mkdir(parents=True, exist_ok=True)
-    curves: dict[str, list[dict[str, float]]] = {}
-    figures = []
+    curves: dict[str, list[list[dict[str, float]]]] = {}
+    rows_out, figures = [], []
     for arm in COMPARISONS[args.comparison]:
-        run_dir = out / slug(arm.label)
-        summary_path = run_dir / "summary.json"
-        done = summary_path.is_file() and json.loads(summary_path.read_text()).get("status") == "finished"
-        if args.rerun or not done:
-            run_arm(arm, run_dir, args.steps, args.every, args.extra)
-        summary = json.loads(summary_path.read_text())
-        curves[arm.label] = rows = read_rows(run_dir / CSV_NAME)
-        figures.append(key_figures(arm.label, rows, args.target, float(summary.get("launcher_wall_s", 0.0))))
-        print(f"[compare] {json.dumps(figures[-1])}", flush=True)
-    write_csv(out / "curves.csv", [{"arm": a, **r} for a, rows in curves.items() for r in rows], list(FIELDS))
-    write_csv(out / "key_figures.csv", figures, list(figures[0]))
+        per_seed = []
+        for seed in range(args.seeds):
+            run_dir = out / slug(arm.label) / (f"seed{seed}" if args.seeds > 1 else "")
+            seeded = Arm(arm.label, (*arm.overrides, f"run.seed={seed}") if args.seeds > 1 else arm.overrides)
+            summary_path = run_dir / "summary.json"
+            done = summary_path.is_file() and json.loads(summary_path.read_text()).get("status") == "finished"
+            if args.rerun or not done:
+                run_arm(seeded, run_dir, args.steps, args.every, args.extra)
+            summary = json.loads(summary_path.read_text())
+            rows = read_rows(run_dir / CSV_NAME)
+            curves.setdefault(arm.label, []).append(rows)
+            rows_out += [{"arm": arm.label, "seed": seed, **r} for r in rows]
+            per_seed.append({**key_figures(arm.label, rows, args.target, float(summary.get("launcher_wall_s", 0.0))),
+                             "seed": seed, "shared_step_frac": shared_step_frac(run_dir)})
+            print(f"[compare] {json.dumps(per_seed[-1])}", flush=True)
+        figures += per_seed
+        if args.seeds > 1:
+            figures.append(mean_figures(arm.label, per_seed))
+            print(f"[compare] {json.dumps(figures[-1])}", flush=True)
+    write_csv(out / "curves.csv", rows_out, list(FIELDS))
+    write_csv(out / "key_figures.csv", figures, list(dict.fromkeys(k for f in figures for k in f)))
     title = f"{args.comparison}: FrozenLake 5x5, tiny model, CPU" if args.comparison != "memory" else \
         "memory: FrozenLake 6x6, 30 steps, tiny model, CPU"
     plot(curves, "trajectories_trained", "trajectories trained", title, out / "success_vs_samples.png")
