@@ -76,7 +76,7 @@ class FrozenLakeText(TextGame):
     instructions = INSTRUCTIONS
 
     def __init__(self, map_size: int = 4, max_steps: int = 8, is_slippery: bool = False, frozen_prob: float = 0.8,
-                 show_safe_moves: bool = False, hole_reward: float = 0.0, view: str = "grid"):
+                 show_safe_moves: bool = False, hole_reward: float = 0.0, view: str = "grid", instructions: str = ""):
         if map_size < 2:
             raise ValueError(f"map_size={map_size}: must be at least 2")
         if view not in VIEWS:
@@ -101,7 +101,9 @@ class FrozenLakeText(TextGame):
         # cells one move away (`left ice, down hole, right off, up ice.`: one token each), egocentric and
         # partial, as in MiniGrid: a prompt two thirds as long, where the cells that decide the move are all it shows.
         self.view = view
-        self.instructions = INSTRUCTIONS if view == "grid" else LOCAL_INSTRUCTIONS
+        # The task text every prompt starts with; `instructions` replaces the view's own (e.g. a shorter one: the
+        # tiny model's state at the move is mostly the prompt's constant part, see docs/experiments.md).
+        self.instructions = instructions or (INSTRUCTIONS if view == "grid" else LOCAL_INSTRUCTIONS)
         self.observation_space = text_space()
         self.action_space = text_space()
         self._game: FrozenLakeEnv | None = None

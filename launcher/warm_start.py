@@ -86,7 +86,7 @@ def format_spec(args: argparse.Namespace) -> FormatSpec:
                             for seed in VALIDATION_SEEDS[-args.answers:])  # items no run trains on
         return FormatSpec(args.env, kwargs, 1, args.memory, args.k, template="<answer>{}</answer>", answers=answers)
     kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,
-              "view": args.view} if "FrozenLake" in args.env else json.loads(args.env_kwargs)
+              "view": args.view, **json.loads(args.env_kwargs)} if "FrozenLake" in args.env else json.loads(args.env_kwargs)
     return FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
 
 
@@ -126,7 +126,9 @@ def argv_for(env: EnvConfig, memory: MemoryConfig, out: Path) -> list[str]:
     argv = ["--out", str(out), "--env", env.name, "--map-size", str(kw.get("map_size", 4)),
             "--frozen-prob", str(kw.get("frozen_prob", 0.8)), "--max-steps", str(env.max_steps),
             "--view", str(kw.get("view", "grid")), "--memory", memory.kind, "--k", str(memory.k)]
-    return argv + (["--show-safe-moves"] if kw.get("show_safe_moves") else [])
+    rest = {k: v for k, v in kw.items() if k == "instructions"}  # others are flags above or do not shape prompts
+    return argv + (["--show-safe-moves"] if kw.get("show_safe_moves") else []) + (
+        ["--env-kwargs", json.dumps(rest)] if rest else [])
 
 
 def ensure_warm_model(env: EnvConfig, memory: MemoryConfig, out: Path) -> None:

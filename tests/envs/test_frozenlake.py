@@ -202,3 +202,12 @@ def test_local_view_names_the_cell_each_move_reaches_as_the_grid_shows_it() -> N
         envs.make("agentstream/FrozenLake-v0", view="map")
     with pytest.raises(ValueError, match="drop one of them"):
         envs.make("agentstream/FrozenLake-v0", view="local", show_safe_moves=True)
+
+
+def test_instructions_replace_the_views_task_text_and_nothing_else() -> None:
+    for view in ("grid", "local"):
+        own = envs.make("agentstream/FrozenLake-v0", view=view)
+        brief = envs.make("agentstream/FrozenLake-v0", view=view, instructions="Reach the goal, avoid holes.")
+        assert brief.unwrapped.instructions == "Reach the goal, avoid holes." != own.unwrapped.instructions
+        assert brief.reset(seed=4) == own.reset(seed=4)
+        assert brief.step("<action>down</action>") == own.step("<action>down</action>")

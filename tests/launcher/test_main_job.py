@@ -40,5 +40,8 @@ def test_the_warm_start_fits_the_runs_lake_and_memory() -> None:
     plain = argv_for(EnvConfig(kwargs={"show_safe_moves": True}), MemoryConfig(), Path("w"))
     assert plain[plain.index("--map-size") + 1] == "4" and plain[plain.index("--frozen-prob") + 1] == "0.8"
     assert plain[-1] == "--show-safe-moves"
+    # the run's own task text shapes the prompts, so the warm start gets it too (as JSON, merged into the lake's kwargs)
+    brief = argv_for(EnvConfig(kwargs={"instructions": "Reach the goal."}), MemoryConfig(), Path("w"))
+    assert brief[-2:] == ["--env-kwargs", '{"instructions": "Reach the goal."}']
     with pytest.raises(ValueError, match="launcher.warm_start --env agentstream/Sokoban-v0"):
         argv_for(EnvConfig(name="agentstream/Sokoban-v0"), MemoryConfig(), Path("w"))
