@@ -62,7 +62,8 @@ GATEWAY_HELP: dict[str, str] = {
     "gateway_calls": "Model calls the gateway answered (each one transition; also counted in env_steps).",
     "gateway_episodes_opened": "Episodes opened at the gateway.",
     "gateway_episodes_finished": "Episodes finished at the gateway (also counted in episodes).",
-    "gateway_episodes_abandoned": "Gateway episodes given up (no request for gateway.episode_idle_timeout_s; group dropped).",
+    "gateway_episodes_abandoned": "Gateway episodes given up, their group dropped: no request for "
+                                  "gateway.episode_idle_timeout_s, or the agent gave up (POST /episodes/<id>/abandon).",
     "gateway_prompt_tokens": "Prompt tokens of the gateway's model calls.",
     "gateway_tool_calls": "Tool calls the gateway parsed from answers and returned as OpenAI tool_calls.",
     "gateway_tool_parse_failures": "Answers whose tool calls did not parse (returned as text; the step is invalid).",

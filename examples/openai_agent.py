@@ -223,10 +223,11 @@ def play_many(gateway: str, episodes: int, group_size: int, concurrency: int, s:
 
 
 # ------------------------------------------------------------------------------------------------ one command
-def launch(overrides: list[str], group_size: int, run_dir: Path) -> subprocess.Popen:
+def launch(overrides: list[str], group_size: int, run_dir: Path, python: str = sys.executable) -> subprocess.Popen:
     """A local run whose only player is this agent: gateway on, no actors, the ChatML-with-tools template (the
-    tiny model's own template ignores tools)."""
-    argv = [sys.executable, str(ROOT / "scripts" / "launch.py"), "gateway.enabled=true", "actors.count=0",
+    tiny model's own template ignores tools). `python`: the project's interpreter (an agent in a venv of its own,
+    as examples/verifiers_env.py is, passes .venv's)."""
+    argv = [python, str(ROOT / "scripts" / "launch.py"), "gateway.enabled=true", "actors.count=0",
             "gateway.chat_template=gateway/templates/chatml_tools.jinja", f"env.group_size={group_size}",
             f"actors.episodes_per_actor={group_size}", f"run.output_dir={run_dir}", *overrides]
     print(f"[agent] starting the run: {' '.join(argv[1:])}", flush=True)

@@ -8,6 +8,7 @@
         answer = client.chat.completions.create(model="policy", messages=[...], tools=[...])
         ...
         ep.finish(reward=1.0)            # or ep.reward(r) after each call, then ep.finish()
+                                         # or ep.abandon("why"): not the model's fault, the group is dropped
 
 Standard library only (urllib): agent code needs nothing of this project but this file. Opening waits while
 the gateway answers 429 (no group admitted yet: the learner is behind), as its Retry-After says.
@@ -81,6 +82,16 @@ class Episode:
             _raise(status, payload)
         self.finished = True
         return float(payload["return"])
+
+    def abandon(self, reason: str = "") -> int:
+        """Give up on the episode because something outside the model failed (the env's reward raised, say): its
+        whole group is dropped at once, never trained (the broker counts it as `infra_agent_failed`), and the
+        group's other open episodes get 410 from now on. Returns how many episodes were given up."""
+        status, payload, _ = _post(f"{self.gateway}/episodes/{self.id}/abandon", {"reason": reason}, self.timeout_s)
+        if status != 200:
+            _raise(status, payload)
+        self.finished = True
+        return int(payload["abandoned"])
 
     def __enter__(self) -> Episode:
         return self

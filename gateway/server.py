@@ -13,6 +13,7 @@ HTTP API:
                                               waits for admission up to gateway.admission_timeout_s, else 429)
     POST /episodes/<id>/reward {"reward"}  -> adds to the latest step's reward (per-step rewards)
     POST /episodes/<id>/finish {"reward", "truncated"?} -> the last step gets `reward` and ends the trajectory
+    POST /episodes/<id>/abandon {"reason"?} -> the agent gives up (its env failed): the episode's group is dropped
     POST /episodes/<id>/v1/chat/completions, POST /episodes/<id>/v1/completions, GET /episodes/<id>/v1/models
     POST /v1/chat/completions, ... with `Authorization: Bearer <episode id>` instead of the path
     GET  /health
@@ -88,6 +89,7 @@ class Gateway:
         app.router.add_post("/episodes", self._open)
         app.router.add_post("/episodes/{eid}/reward", self._reward)
         app.router.add_post("/episodes/{eid}/finish", self._finish)
+        app.router.add_post("/episodes/{eid}/abandon", self._abandon)
         for prefix in ("/episodes/{eid}/v1", "/v1"):
             app.router.add_post(prefix + "/chat/completions", self._chat)
             app.router.add_post(prefix + "/completions", self._completions)
@@ -154,15 +156,16 @@ class Gateway:
             silent = [e for e in self.episodes.open.values() if not e.lock.locked() and e.last_request < limit]
             for episode in silent:
                 if not episode.finished:  # (an earlier one of its group took it along)
-                    await self._abandon_group(episode)
+                    why = (f"its group {episode.grant.group_id} was dropped: episode {episode.id[:12]}... made no "
+                           f"request for {self.cfg.episode_idle_timeout_s:g} s (gateway.episode_idle_timeout_s), its "
+                           f"agent taken for dead")
+                    await self._abandon_group(episode, "agent_silent", why)
 
-    async def _abandon_group(self, silent: GatewayEpisode) -> None:
+    async def _abandon_group(self, silent: GatewayEpisode, cause: str, why: str) -> int:
         """Drop `silent`'s group whole: an abandon marker for it (agentstream.wire.messages.ABANDON_GROUP; the
-        broker counts what it held as dropped `infra_agent_silent`), its open episodes refused from now on (410),
-        and no new episode joins the group."""
+        broker counts what it held as dropped `infra_<cause>`), its open episodes refused from now on (410),
+        and no new episode joins the group. Returns the episodes given up."""
         gid = silent.grant.group_id
-        why = (f"its group {gid} was dropped: episode {silent.id[:12]}... made no request for "
-               f"{self.cfg.episode_idle_timeout_s:g} s (gateway.episode_idle_timeout_s), its agent taken for dead")
         log.warning("%s", why)
         for task_id, slot in list(self._slots.items()):
             if slot.grant.done() and not slot.grant.cancelled() and slot.grant.result().group_id == gid:
@@ -173,9 +176,9 @@ class Gateway:
             self.episodes.ended(e)
         self.counters["episodes_abandoned"] += len(members)
         await self.broker.send_transition(Transition.abandon_marker(
-            silent.traj_id, gid, self.name, sent[silent.id], silent.grant.min_version, "agent_silent",
-            whole_group=True))
+            silent.traj_id, gid, self.name, sent[silent.id], silent.grant.min_version, cause, whole_group=True))
         self.counters["transitions_sent"] += 1
+        return len(members)
 
     # ------------------------------------------------------------------------------------ errors
     @web.middleware
@@ -298,6 +301,24 @@ class Gateway:
         self.counters.update(episodes_finished=1, transitions_sent=1)
         self.counters["episode_return_sum"] += episode.total_reward
         return web.json_response({"id": episode.id, "steps": episode.steps, "return": episode.total_reward})
+
+    async def _abandon(self, request: web.Request) -> web.Response:
+        """The agent gives up on an episode because something outside the model failed (its env's reward raised or
+        is not a number, its rollout crashed): the episode's group is dropped whole at once, as a silent agent's is
+        after gateway.episode_idle_timeout_s (counted as `episodes_abandoned`; the broker's `infra_agent_failed`)."""
+        episode = self._episode(request)
+        body = await self._json(request)
+        reason = body.get("reason", "") if isinstance(body, dict) else ""
+        if not isinstance(reason, str):
+            raise ApiError(400, "'reason' must be a string", "invalid_request", "reason")
+        async with episode.lock:
+            if episode.finished:
+                raise ApiError(409, f"episode {episode.id!r} is finished already", "episode_finished")
+            gid = episode.grant.group_id
+            why = (f"its group {gid} was dropped: the agent gave up on episode {episode.id[:12]}...: "
+                   f"{reason[:300] or 'no reason given'}")
+            given_up = await self._abandon_group(episode, "agent_failed", why)
+        return web.json_response({"id": episode.id, "group_id": gid, "abandoned": given_up})
 
     # ------------------------------------------------------------------------------------ OpenAI API
     async def _models(self, request: web.Request) -> web.Response:

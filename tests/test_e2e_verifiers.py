@@ -1,0 +1,289 @@
+"""`verifiers` environments (prime-rl's format) train a real run through the gateway, unchanged:
+examples/verifiers_env.py, run with the verifiers venv's python (.cache/verifiers-venv, made by scripts/setup.sh),
+loads an environment with verifiers' own loader, plays each rollout with the env's own loop (`env.rollout`) on
+verifiers' own OpenAI client pointed at the rollout's gateway episode, scores each group with the env's rubric and
+finishes the episodes with its rewards.
+
+The environments are defined here (ENVS: module sources, written to a folder the runner is pointed at with
+--env-dir) on rows made in code; nothing is downloaded. Each runs as a user runs it, `--launch`, as
+tests/test_e2e_agent_sdks.py runs the SDK agents: the launcher with gateway.enabled=true and actors.count=0, the
+session's vLLM server (`tiny_engine`, through engines.external_urls), groups of 2, 3 learner steps.
+
+    .venv/bin/python -m pytest tests/test_e2e_verifiers.py -q -p no:cacheprovider      # ~10 s per env + vLLM
+
+- a SingleTurnEnv (system prompt, XMLParser, a rubric of three weighted functions, one of them the parser's format
+  reward): the broker's log holds exactly the calls it made, each last step with the rubric's reward; the first
+  prompt is the env's system prompt and question; the reward is the rubric's weighted sum of what the model wrote.
+- a ToolEnv (a `lookup` tool, max_turns 3, the first call forced to be a tool call): the tool's result goes back
+  and each later prompt extends the previous prompt and answer ids token-exactly (none rendered anew); verifiers'
+  own tool-call count per rollout is the gateway's.
+- a SingleTurnEnv whose rubric fails on three of its six rows (a reward that is NaN, a reward function that raises,
+  a rubric whose score_group raises): those groups are given up, dropped whole and counted (the gateway's
+  episodes_abandoned, the broker's infra_agent_failed), nothing of them is trained, and the run trains its 3 steps
+  on the other three.
+"""
+
+import collections
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from e2e_testing import check_logged_calls, processes_mentioning, tool_round_trips
+
+from agentstream.wire.addresses import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+VF_PYTHON = ROOT / ".cache" / "verifiers-venv" / "bin" / "python"
+pytestmark = pytest.mark.e2e
+G, STEPS = 2, 3
+
+SINGLE_TURN = '''
+import verifiers as vf
+from datasets import Dataset
+
+SYSTEM = "Think, then give the number inside <answer>...</answer>."
+ROWS = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 4 * 2?", "answer": "8"},
+        {"question": "What is 9 - 7?", "answer": "2"}]
+
+
+def load_environment(rows: int = 3) -> vf.Environment:
+    parser = vf.XMLParser(["answer"], answer_field="answer")
+
+    def correct(completion, answer, parser) -> float:
+        return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
+
+    def answer_chars(completion) -> float:
+        return len(completion[-1].content or "") / 1000
+
+    rubric = vf.Rubric(funcs=[correct, parser.get_format_reward_func(), answer_chars], weights=[1.0, 0.2, 0.5],
+                       parser=parser)
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(ROWS[:rows]), system_prompt=SYSTEM, parser=parser,
+                            rubric=rubric)
+'''
+SINGLE_TURN_SYSTEM = "Think, then give the number inside <answer>...</answer>."
+SINGLE_TURN_QUESTIONS = ["What is 2 + 3?", "What is 4 * 2?", "What is 9 - 7?"]
+SINGLE_TURN_WEIGHTS = {"correct": 1.0, "format_reward_func": 0.2, "answer_chars": 0.5}
+
+TOOLS = '''
+from typing import Literal
+
+import verifiers as vf
+from datasets import Dataset
+
+PRICES = {"apple": 3, "bread": 4, "cheese": 12}
+ROWS = [{"question": "How much do 3 apples cost?", "answer": "9"},
+        {"question": "How much do 2 bread cost?", "answer": "8"},
+        {"question": "How much does 1 cheese cost?", "answer": "12"}]
+
+
+def lookup(item: Literal["apple", "bread", "cheese"]) -> str:
+    """The price of one item in the shop."""
+    return f"{item} costs {PRICES[item]}"
+
+
+def load_environment(max_turns: int = 3) -> vf.Environment:
+    def correct(completion, answer) -> float:
+        return 1.0 if answer in (completion[-1].content or "") else 0.0
+
+    return vf.ToolEnv(dataset=Dataset.from_list(ROWS), tools=[lookup], max_turns=max_turns,
+                      system_prompt="Look prices up with the lookup tool, then reply with the total.",
+                      rubric=vf.Rubric(funcs=[correct]))
+'''
+TOOLS_MAX_TURNS = 3
+
+FLAKY = '''
+import verifiers as vf
+from datasets import Dataset
+
+ROWS = [{"question": "a", "answer": "nan"}, {"question": "b", "answer": "raise"},
+        {"question": "c", "answer": "rubric-raises"}, {"question": "d", "answer": "1"},
+        {"question": "e", "answer": "1"}, {"question": "f", "answer": "1"}]
+
+
+def flaky(answer) -> float:
+    if answer == "nan":
+        return float("nan")
+    if answer == "raise":
+        raise ZeroDivisionError("a bug in the reward function")
+    return 1.0
+
+
+class FlakyRubric(vf.Rubric):
+    async def score_group(self, states):
+        if any(s["answer"] == "rubric-raises" for s in states):
+            raise RuntimeError("a bug in the rubric")
+        await super().score_group(states)
+
+
+def load_environment() -> vf.Environment:
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(ROWS), system_prompt="Say something.",
+                            rubric=FlakyRubric(funcs=[flaky]))
+'''
+FLAKY_FAILURES = {"reward_not_finite": 1, "reward_function_raised": 1, "rubric_raised": 1}
+"""Rows 0-2 (groups 0-2): a NaN reward, a reward function that raised (verifiers scores it 0 and logs it), a rubric
+that raised; rows 3-5 train."""
+
+ENVS = {"vf_arith_single": (SINGLE_TURN, 3, []),
+        "vf_shop_tools": (TOOLS, 3, ["--first-tool-choice", "required", "--max-tokens", "64"]),
+        "vf_flaky_rubric": (FLAKY, 6, [])}
+"""module name -> (source, groups played, runner options). The tool env's forced first call is ~40 tokens of JSON."""
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+MISSING = f"{VF_PYTHON} is missing: run `bash scripts/setup.sh` (it makes the verifiers venv)"
+
+
+@pytest.fixture(scope="session")
+def vf_python() -> Path:
+    """The verifiers venv's python; checked before the session's vLLM server starts, so that its absence fails at
+    once."""
+    if not VF_PYTHON.is_file():
+        pytest.fail(MISSING)
+    return VF_PYTHON
+
+
+def test_the_verifiers_venv_is_there() -> None:
+    assert VF_PYTHON.is_file(), MISSING
+
+
+def play(name: str, tiny_engine: tuple[str, str], tmp: Path) -> dict:
+    """`python examples/verifiers_env.py --env NAME --launch ...` with the verifiers venv's python: the run, its
+    record and the runner's output."""
+    source, groups, options = ENVS[name]
+    model, url = tiny_engine
+    envs, run_dir, record = tmp / "envs", tmp / "run", tmp / "calls.jsonl"
+    envs.mkdir()
+    (envs / f"{name}.py").write_text(textwrap.dedent(source))
+    argv = [str(VF_PYTHON), "examples/verifiers_env.py", "--env", name, "--env-dir", str(envs), "--launch",
+            "--launcher-python", sys.executable, "--episodes", str(G * groups), "--group-size", str(G),
+            "--concurrency", "2", "--max-tokens", "32", "--record", str(record), *options,
+            f"run.output_dir={run_dir}", f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
+            "learner.world_size=1", "trainer.groups_per_step=1", f"trainer.total_steps={STEPS}",
+            f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the runner stops its launch, which stops its children
+        out, err = proc.communicate(timeout=60)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    print(f"{name} e2e wall time: {wall:.1f}s")
+    return {"env": name, "dir": run_dir, "out": out, "wall_s": wall, "groups": groups, "model": model,
+            "summary": json.loads((run_dir / "summary.json").read_text()),
+            "calls": [r for r in rows if "turn" in r], "ends": {r["episode"]: r for r in rows if "reward" in r},
+            "abandoned": {r["episode"]: r for r in rows if "abandoned" in r},
+            "metrics": (run_dir / "metrics.txt").read_text()}
+
+
+@pytest.fixture(scope="module")
+def single_turn(vf_python, tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return play("vf_arith_single", tiny_engine, tmp_path_factory.mktemp("vf_single"))
+
+
+@pytest.fixture(scope="module")
+def tool_env(vf_python, tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return play("vf_shop_tools", tiny_engine, tmp_path_factory.mktemp("vf_tools"))
+
+
+@pytest.fixture(scope="module")
+def flaky(vf_python, tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return play("vf_flaky_rubric", tiny_engine, tmp_path_factory.mktemp("vf_flaky"))
+
+
+@pytest.mark.parametrize("fixture", ["single_turn", "tool_env", "flaky"])
+def test_the_env_trains_the_run_and_leaves_nothing(fixture: str, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(fixture)
+    s, n = run["summary"], G * STEPS  # the trained groups' episodes
+    assert s["status"] == "finished" and s["processes_left"] == [], s["reason"]
+    assert s["learner_version"] == STEPS and s["engine_versions"] == {"engine-0": STEPS}
+    assert s["trained_group_shapes"] == {f"{G}/{G}": STEPS} and s["episodes"] == n == len(run["ends"])
+    trained = [c for c in run["calls"] if c["episode"] in run["ends"]]  # (a given-up group's held step never went)
+    markers = len(run["abandoned"]) // G
+    assert s["transitions_ingested"] == s["transitions_trained"] + markers == len(trained) + markers >= n
+    assert s["transitions_sent"] == s["transitions_ingested"]
+    assert s["transitions_dropped"] == ({"infra_agent_failed": markers} if markers else {})
+    assert f"[verifiers] {n} episodes in" in run["out"]
+    assert processes_mentioning(str(run["dir"])) == []
+
+
+@pytest.mark.parametrize("fixture", ["single_turn", "tool_env"])
+def test_the_broker_logged_exactly_the_calls_the_env_made(fixture: str, request: pytest.FixtureRequest) -> None:
+    run = request.getfixturevalue(fixture)
+    check_logged_calls(run, run["groups"], G)
+
+
+def test_the_single_turn_env_speaks_with_its_own_prompt_and_rubric(single_turn: dict) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(single_turn["model"])
+    for call in single_turn["calls"]:
+        assert call["turn"] == 0  # one call per rollout
+        prompt = tok.decode(call["prompt_token_ids"])
+        # the env's system prompt, then one of its rows' questions, as verifiers builds the row's prompt
+        assert prompt.startswith(f"<|im_start|>system\n{SINGLE_TURN_SYSTEM}<|im_end|>\n<|im_start|>user\n")
+        assert any(f"user\n{q}<|im_end|>" in prompt for q in SINGLE_TURN_QUESTIONS), prompt
+    content = {c["episode"]: c["content"] for c in single_turn["calls"]}
+    for episode, end in single_turn["ends"].items():
+        m = end["metrics"]
+        # the rubric's weighted sum (its reward functions' scores are in `metrics`; num_turns weighs 0) ...
+        assert end["reward"] == pytest.approx(sum(w * m[f] for f, w in SINGLE_TURN_WEIGHTS.items()))
+        # ... of what the model wrote: answer_chars = len(the answer's text) / 1000
+        assert m["answer_chars"] == pytest.approx(len(content[episode] or "") / 1000)
+        assert end["steps"] == 1 and not end["truncated"] and m["num_turns"] == 1.0
+
+
+def test_the_tool_envs_calls_round_trip_token_exactly(tool_env: dict) -> None:
+    calls = tool_env["calls"]
+    assert tool_round_trips(calls, tool_env["model"]) >= 1, [c["finish_reason"] for c in calls]
+    m, n, episodes = tool_env["metrics"], len(calls), G * tool_env["groups"]
+    assert metric(m, "agentstream_gateway_calls_total") == n
+    assert metric(m, "agentstream_gateway_tool_calls_total") == sum(len(c["tool_calls"]) for c in calls) >= episodes
+    # verifiers sent each rollout's history back exactly as the gateway returned it: every later call extended
+    assert metric(m, "agentstream_gateway_prompts_extended_total") == n - episodes
+    assert metric(m, "agentstream_gateway_prompts_rendered_anew_total") == 0
+    by_episode = collections.defaultdict(list)
+    for c in calls:
+        by_episode[c["episode"]].append(c)
+    for episode, end in tool_env["ends"].items():
+        mine = by_episode[episode]
+        # verifiers' own count of the rollout's tool calls is the gateway's
+        assert end["metrics"]["total_tool_calls"] == sum(len(c["tool_calls"]) for c in mine)
+        assert end["steps"] == len(mine) <= TOOLS_MAX_TURNS
+        assert end["truncated"] == bool(mine[-1]["tool_calls"])  # stopped at max_turns while still calling tools
+
+
+def test_a_failing_rubric_is_counted_and_the_run_goes_on(flaky: dict) -> None:
+    from broker.state import logged_transitions
+
+    from agentstream.wire.messages import ABANDON, ABANDON_GROUP
+
+    given_up = collections.Counter(r["abandoned"].split(":", 1)[0] for r in flaky["abandoned"].values())
+    assert given_up == {kind: G * n for kind, n in FLAKY_FAILURES.items()}  # every episode of the failed groups
+    groups = {r["task_id"].split("#")[0].split("/")[1] for r in flaky["abandoned"].values()}
+    assert groups == {"0", "1", "2"}  # rows 0-2, whose rubric fails; rows 3-5 trained (the first test)
+    failed = sum(FLAKY_FAILURES.values())
+    assert f"{failed} groups given up" in flaky["out"]
+    assert metric(flaky["metrics"], "agentstream_gateway_episodes_abandoned_total") == G * failed
+    logged = list(logged_transitions(flaky["dir"] / "broker-wal"))
+    markers = [t for t in logged if t.info and ABANDON in t.info]
+    assert len(markers) == failed and all(t.info == {ABANDON: "agent_failed", ABANDON_GROUP: True} for t in markers)
+    # nothing of a given-up group reached the broker but its marker: its held steps were never sent
+    abandoned_groups = {r["group_id"] for r in flaky["abandoned"].values()}
+    assert {t.group_id for t in markers} == abandoned_groups
+    assert not [t for t in logged if t.group_id in abandoned_groups and ABANDON not in (t.info or {})]
+    assert all(e["reward"] == 1.0 for e in flaky["ends"].values())
