@@ -17,6 +17,9 @@ With LLM judges (judges.count > 0, `--judge URL`), an episode's last transition 
 on the whole episode, whose score joins that step's reward (actors/judge.py); the other episodes play on.
 The step loop itself is `actors.episode.play`, shared with the evaluator and the warm start's demonstrations;
 what the actor needs of the run config is an `ActorSpec` (actors/spec.py), taken from it once in `main()`.
+Self-play (TextArena with `opponent=self`, `EpisodeSpec.seats` = 2): an episode is a match (`actors.episode.play_match`)
+with the policy in both seats; each grant opens one group per seat (ids grant.group_id + seat), and seat s's turns
+of the group's G matches are the G trajectories of group grant.group_id + s: each seat gets its own baseline.
 SIGTERM: stop starting steps, send the final stats, exit.
 """
 
@@ -25,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +69,20 @@ class _SharedTurn:
     prompt_ids: list[int]
     answers: asyncio.Task[list[Generation]]
     taken: int = 0
+
+
+@dataclass
+class _Trajectory:
+    """A trajectory while its episode plays (a match plays one per seat): where its steps go, what they earned."""
+
+    traj_id: str
+    group_id: int
+    instructions: Callable[[], str]
+    """The task as the judge reads it: the env's instructions (its seat's, in a match), known after reset."""
+    total: float = 0.0
+    judged: list[JudgedStep] = field(default_factory=list)
+    """The trajectory so far, as the judge will see it."""
+    verdict: Verdict | None = None
 
 
 @dataclass
@@ -139,15 +157,22 @@ class Actor:
         """Episode `i` of the group, played again on the same seed (traj_id ....r1, .r2, ...) when its env fails
         (a step raised or timed out) or its engines do, up to actors.episode_retries times; the group stays whole
         and unbiased: the retry replaces the failed attempt, whose sent steps the broker drops (an abandon marker).
-        After the last attempt fails, the group is dropped whole and its other episodes stop at their next step."""
-        base = f"{self.name}.{self.incarnation}.g{grant.group_id}.{i}"
+        After the last attempt fails, the group is dropped whole and its other episodes stop at their next step.
+        A match (self-play) is one episode whose seats' trajectories belong to groups grant.group_id + seat: it is
+        retried, or dropped, in all of them at once."""
+        seats = self.spec.episode.seats
+        bases = [f"{self.name}.{self.incarnation}.g{grant.group_id + seat}.{i}" for seat in range(seats)]
         for attempt in range(self.spec.episode_retries + 1):
             if grant.group_id in self._failed_groups:
                 return
-            traj_id = base if attempt == 0 else f"{base}.r{attempt}"
-            self._steps_sent[traj_id] = 0
+            traj_ids = [base if attempt == 0 else f"{base}.r{attempt}" for base in bases]
+            self._steps_sent.update(dict.fromkeys(traj_ids, 0))
+            share = attempt == 0 and self.spec.share_first_turn
             try:
-                await self.play(grant, traj_id, engine, share_first_turn=attempt == 0 and self.spec.share_first_turn)
+                if seats == 1:
+                    await self.play(grant, traj_ids[0], engine, share_first_turn=share)
+                else:
+                    await self.play_match(grant, traj_ids, engine, share_first_turn=share)
                 return
             except _GroupDropped:
                 self.counters["episodes_cut"] += 1
@@ -156,10 +181,10 @@ class Actor:
                 cause = exc.cause if isinstance(exc, EnvFailure) else "engine"
                 self.counters.update({"infra_failures": 1, f"infra_failures_{cause}": 1})
                 if grant.group_id in self._failed_groups:  # given up meanwhile: dropped with what this attempt sent
-                    log.warning("%s: %s failed (%s); its group is dropped already", self.name, traj_id, exc)
+                    log.warning("%s: %s failed (%s); its group is dropped already", self.name, traj_ids[0], exc)
                     return
                 give_up = attempt == self.spec.episode_retries
-                log.warning("%s: %s failed (%s); %s", self.name, traj_id, exc,
+                log.warning("%s: %s failed (%s); %s", self.name, traj_ids[0], exc,
                             "dropping its group" if give_up else "playing it again on the same seed")
                 if give_up:
                     self._failed_groups.add(grant.group_id)  # (before the marker's send: no new step of it follows)
@@ -167,12 +192,15 @@ class Actor:
                     self.counters["episode_retries"] += 1
                     if cause == "engine":
                         engine = self._pick_engine()
-                sent = self._steps_sent[traj_id]
-                if sent or give_up:  # nothing sent: nothing to drop, the retry takes the place
-                    await self.broker.send_transition(Transition.abandon_marker(
-                        traj_id, grant.group_id, self.name, sent, grant.min_version, cause, whole_group=give_up))
+                for seat, traj_id in enumerate(traj_ids):
+                    sent = self._steps_sent[traj_id]
+                    if sent or give_up:  # nothing sent: nothing to drop, the retry takes the place
+                        await self.broker.send_transition(Transition.abandon_marker(
+                            traj_id, grant.group_id + seat, self.name, sent, grant.min_version, cause,
+                            whole_group=give_up))
             finally:
-                self._steps_sent.pop(traj_id, None)
+                for traj_id in traj_ids:
+                    self._steps_sent.pop(traj_id, None)
 
     async def _next_episode(self) -> tuple[GroupGrant, int, EngineClient]:
         """The next episode to play: an unstarted one of a granted group, else the first of a new group (one
@@ -180,7 +208,8 @@ class Actor:
         async with self._deal:
             await self._deal.wait_for(lambda: bool(self._pending) or len(self._open) < self.max_open_groups)
             if not self._pending:
-                grant = await self.broker.request_group()  # others wait on the lock: this grant may serve them
+                # (others wait on the lock: this grant may serve them); self-play: one group per seat
+                grant = await self.broker.request_group(self.spec.episode.seats)
                 engine = self._pick_engine()
                 self._open[grant.group_id] = self.spec.group_size
                 self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
@@ -191,18 +220,35 @@ class Actor:
         """One episode from the group's seed to done/truncated (`actors.episode.play`); every step goes to the
         broker as soon as it is taken. `share_first_turn`: its first turn is one of the group's shared answers
         (`_shared_answer`)."""
-        env_spec = self.spec.episode.env
-        mem = self.spec.episode.make_memory(self.tokenizer)
+        (result,) = await self._play(grant, [traj_id], engine, share_first_turn)
+        return result
+
+    async def play_match(self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient,
+                         share_first_turn: bool = False) -> list[EpisodeResult]:
+        """Self-play: one game from the group's seed with the policy in every seat (`actors.episode.play_match`).
+        Seat s's steps are trajectory traj_ids[s] of group grant.group_id + s, each sent once what followed it is
+        known (the other seat's reply, or the game's end). `share_first_turn`: the match's first turn is one of the
+        group's shared answers. Returns each seat's result."""
+        return await self._play(grant, traj_ids, engine, share_first_turn)
+
+    async def _play(self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient, share_first_turn: bool
+                    ) -> list[EpisodeResult]:
+        """`play` (one trajectory) or `play_match` (one per seat): one env, a memory and a trajectory per seat."""
         env = self.spec.episode.make_env()
-        total = 0.0
-        judged: list[JudgedStep] = []  # the episode so far, as the judge will see it
-        verdict: Verdict | None = None
+        mems = [self.spec.episode.make_memory(self.tokenizer) for _ in traj_ids]
+
+        def instructions(seat: int) -> str:  # the task, as the judge reads it: in a match, the seat's own rules
+            return env.instructions if len(traj_ids) == 1 else env.seat_instructions[seat]  # type: ignore[attr-defined]
+
+        trajs = [_Trajectory(traj_id, grant.group_id + seat, functools.partial(instructions, seat))
+                 for seat, traj_id in enumerate(traj_ids)]
+        first_turn = share_first_turn
 
         async def generate(turn: Turn) -> Generation:
-            nonlocal engine  # the episode stays with the engine that last answered it
+            nonlocal engine, first_turn  # the episode stays with the engine that last answered it
             self.requests_in_flight += 1
             try:
-                share = share_first_turn and turn.step == 0 and not turn.images and self.spec.group_size > 1
+                share, first_turn = first_turn and not turn.images and self.spec.group_size > 1, False
                 gen, engine = await self._generate(turn.prompt_ids, engine, turn.images,
                                                    grant.group_id if share else None)
             finally:
@@ -210,49 +256,62 @@ class Actor:
             self.policy_version = max(self.policy_version, gen.version_hi)
             return gen
 
-        async def send(step: StepRecord[Generation]) -> None:
-            nonlocal total, verdict
-            if env_spec.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
-                await asyncio.sleep(sample_latency(self._latency_rng, env_spec.step_latency_mean_s,
-                                                   env_spec.step_latency_sigma))
-            reward, info = step.reward, {}
-            if self.judge is not None:
-                judged.append(JudgedStep(step.turn.observation, step.response.text, step.reward))
-                if step.done:  # the judged reward is the last step's: its transition waits for the verdict
-                    record = EpisodeRecord(env.instructions, tuple(judged), step.next_observation,
-                                           bool(step.info.get("success", False)))
-                    verdict = await self.judge.judge(record)
-                    j = self.judge.spec
-                    reward = combine(j.combine, step.reward, verdict.score, j.weight)
-                    info = {"env_reward": step.reward, "judge_score": verdict.score, "judge_outcome": verdict.outcome}
-                    if verdict.outcome != "parsed":
-                        log.debug("%s: judge %s (%s)", traj_id, verdict.outcome, verdict.detail)
-            reward += 0.0 if step.valid else self.spec.invalid_action_penalty
-            token_rewards = self._token_rewards(step)
-            reward += float(token_rewards.sum(dtype=np.float64))  # a transition's reward is its step's whole reward
-            if grant.group_id in self._failed_groups:  # (checked with no await before the send: nothing of the
-                raise _GroupDropped                    # group is sent after the marker that dropped it)
-            await self.broker.send_transition(self._transition(grant, traj_id, step, reward, info, token_rewards))
-            self._steps_sent[traj_id] = self._steps_sent.get(traj_id, 0) + 1
-            self._count_step(len(step.response.response_ids), step.valid)
-            total += reward
-
+        senders = [functools.partial(self._send_step, grant, traj) for traj in trajs]
         self.in_flight += 1
         timed_out = False
         try:
-            outcome = await episode.play(env, mem, generate, send, seed=grant.seed, calls=self.env_calls)
+            if len(trajs) == 1:
+                outcomes = [await episode.play(env, mems[0], generate, senders[0], seed=grant.seed,
+                                               calls=self.env_calls)]
+            else:
+                outcomes = await episode.play_match(env, mems, generate, senders,  # type: ignore[arg-type]
+                                                    seed=grant.seed, calls=self.env_calls)
         except EnvFailure as exc:
             timed_out = exc.cause == "timeout"
             raise
         finally:
             self.in_flight -= 1
-            self.counters.update(memory_dropped_steps=mem.dropped_steps, memory_truncated_steps=mem.truncated_steps)
+            for mem in mems:
+                self.counters.update(memory_dropped_steps=mem.dropped_steps,
+                                     memory_truncated_steps=mem.truncated_steps)
             self.env_calls.close(env, abandoned=timed_out)
-        self.counters.update(episodes=1, successes=int(outcome.success))
-        if verdict is not None:  # counted with the episode: judge_requests == episodes whenever stats are read
-            self.counters.update(verdict_counters(verdict))
-        self.counters["episode_return_sum"] += total
-        return EpisodeResult(outcome.steps, total, outcome.success)
+        results = []
+        for outcome, traj in zip(outcomes, trajs, strict=True):
+            self.counters.update(episodes=1, successes=int(outcome.success))
+            if traj.verdict is not None:  # counted with the episode: judge_requests == episodes whenever stats are read
+                self.counters.update(verdict_counters(traj.verdict))
+            self.counters["episode_return_sum"] += traj.total
+            results.append(EpisodeResult(outcome.steps, traj.total, outcome.success))
+        return results
+
+    async def _send_step(self, grant: GroupGrant, traj: _Trajectory, step: StepRecord[Generation]) -> None:
+        """One step of `traj` to the broker, with the judge's verdict on a last step, the invalid-action penalty and
+        the token rewards in its reward."""
+        env_spec = self.spec.episode.env
+        if env_spec.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
+            await asyncio.sleep(sample_latency(self._latency_rng, env_spec.step_latency_mean_s,
+                                               env_spec.step_latency_sigma))
+        reward, info = step.reward, {}
+        if self.judge is not None:
+            traj.judged.append(JudgedStep(step.turn.observation, step.response.text, step.reward))
+            if step.done:  # the judged reward is the last step's: its transition waits for the verdict
+                record = EpisodeRecord(traj.instructions(), tuple(traj.judged), step.next_observation,
+                                       bool(step.info.get("success", False)))
+                traj.verdict = verdict = await self.judge.judge(record)
+                j = self.judge.spec
+                reward = combine(j.combine, step.reward, verdict.score, j.weight)
+                info = {"env_reward": step.reward, "judge_score": verdict.score, "judge_outcome": verdict.outcome}
+                if verdict.outcome != "parsed":
+                    log.debug("%s: judge %s (%s)", traj.traj_id, verdict.outcome, verdict.detail)
+        reward += 0.0 if step.valid else self.spec.invalid_action_penalty
+        token_rewards = self._token_rewards(step)
+        reward += float(token_rewards.sum(dtype=np.float64))  # a transition's reward is its step's whole reward
+        if grant.group_id in self._failed_groups:  # (checked with no await before the send: nothing of the
+            raise _GroupDropped                    # group is sent after the marker that dropped it)
+        await self.broker.send_transition(self._transition(grant, traj, step, reward, info, token_rewards))
+        self._steps_sent[traj.traj_id] = self._steps_sent.get(traj.traj_id, 0) + 1
+        self._count_step(len(step.response.response_ids), step.valid)
+        traj.total += reward
 
     def _token_rewards(self, step: StepRecord[Generation]) -> np.ndarray:
         """The step's rewards on its response tokens [T] ([0]: none, or the function failed: counted)."""
@@ -263,15 +322,15 @@ class Actor:
             step.valid, step.info))
         return values
 
-    def _transition(self, grant: GroupGrant, traj_id: str, step: StepRecord[Generation], reward: float,
+    def _transition(self, grant: GroupGrant, traj: _Trajectory, step: StepRecord[Generation], reward: float,
                     info: dict[str, Any], token_rewards: np.ndarray) -> Transition:
-        """The message to the broker of one step (reward: the env's, or the judged one of a last step, plus the
-        actor's invalid-action penalty and the token rewards' sum; `info`: the judge's verdict on a judged last
+        """The message to the broker of one step of `traj` (reward: the env's, or the judged one of a last step, plus
+        the actor's invalid-action penalty and the token rewards' sum; `info`: the judge's verdict on a judged last
         step)."""
         gen = step.response
         version_lo, version_hi = clamp_to_grant(gen.version_lo, gen.version_hi, grant.min_version)
         return Transition(
-            traj_id=traj_id, group_id=grant.group_id, actor=self.name, step=step.turn.step,
+            traj_id=traj.traj_id, group_id=traj.group_id, actor=self.name, step=step.turn.step,
             prompt_ids=np.asarray(step.turn.prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
             logprobs=gen.logprobs, version_lo=version_lo, version_hi=version_hi, reward=reward, done=step.terminated,
             truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,

@@ -2,6 +2,7 @@
 
     outcome = await play(env, mem, generate, on_step, seed=seed)           # inside an asyncio process
     outcome = asyncio.run(play(env, mem, generate, on_step, seed=seed))    # from synchronous code
+    outcomes = await play_match(env, [mem0, mem1], generate, [on_step0, on_step1], seed=seed)   # self-play
 
 Per step: the memory turns the current observation into chat messages (and, when it was made with the
 model's tokenizer, into the prompt token ids an engine gets); `generate(turn)` answers them; the env steps
@@ -15,6 +16,9 @@ An env that declares `blocking` (Java- or subprocess-backed games) has its reset
 worker thread, so the other episodes on the same event loop keep going meanwhile. With `calls=EnvCalls(...)`
 (the actors) those threads are bounded by a timeout, and a reset or step that raises or times out ends the
 episode with `EnvFailure` (its cause: "raised" or "timeout"), which the actor retries.
+
+`play_match` is the same loop over a game whose every seat the caller plays (self-play, a `MatchEnv`): a memory
+per seat, `generate` asked for the seat to move, each seat's steps reported as a trajectory of its own.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -245,5 +249,74 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
             return EpisodeOutcome(step, total, invalid, bool(info.get("success", False)), record.done)
 
 
-__all__ = ["Answer", "EnvCalls", "EnvFailure", "EpisodeOutcome", "Response", "StepRecord", "TooManyHungSteps", "Turn",
-           "play"]
+class MatchEnv(TextEnv, Protocol):
+    """A game whose every seat the caller plays (envs/arena.py with `opponent="self"`): reset's and every step's
+    `info["seat"]` is the seat to move, whose turn the observation is; a step's reward is the mover's; a game that
+    ends puts each seat's outcome and last observation in `info["seat_rewards"]` and `info["seat_observations"]`."""
+
+    seat_instructions: tuple[str, ...]
+    """Each seat's instructions (set by reset)."""
+
+
+async def play_match(env: MatchEnv, mems: Sequence[Memory], generate: Callable[[Turn], R | Awaitable[R]],
+                     on_step: Sequence[Callable[[StepRecord[R]], None | Awaitable[None]]], *, seed: int,
+                     calls: EnvCalls | None = None) -> list[EpisodeOutcome]:
+    """Play one game of `env` from `seed`, every seat through `generate` (self-play); seat s's turns are built by
+    `mems[s]` and reported to `on_step[s]`, numbered 0, 1, ... as a trajectory of their own. Returns each seat's
+    outcome.
+
+    A seat's step is its move and what followed until its next turn, as an episode's step against a fixed opponent
+    is: its record waits for the seat's next turn (reward: the env's for the move, done False) or the end of the game
+    (every seat's last record is done, and a seat whose move did not end the game gets its outcome from
+    `info["seat_rewards"]` on its last step; a truncated game gives no outcome). An invalid answer is a step of its
+    own. A record's `info` is what its env step returned (the move's validity; the rest is about the next mover's
+    turn), its `next_observation` the seat's own next one. Exceptions propagate as in `play`. A seat that never
+    moved has no steps: an env must let every seat move before its game can end."""
+    blocking = bool(env.blocking)
+    call = _call_env if calls is None else calls.call
+    obs, info = await call(blocking, env.reset, seed=seed)
+    for mem, instructions in zip(mems, env.seat_instructions, strict=True):
+        mem.reset(instructions)
+    has_ids = mems[0].fitter.tokenizer is not None
+    held: list[StepRecord[R] | None] = [None] * len(mems)  # each seat's last step, until what followed is known
+    steps, totals, invalid = [0] * len(mems), [0.0] * len(mems), [0] * len(mems)
+
+    async def report(seat: int, record: StepRecord[R]) -> None:
+        handled = on_step[seat](record)
+        if inspect.isawaitable(handled):
+            await handled
+        totals[seat] += record.reward
+        invalid[seat] += not record.valid
+
+    while True:
+        seat = int(info["seat"])
+        mem, before = mems[seat], held[seat]
+        if before is not None:  # its step led to this turn
+            await report(seat, replace(before, next_observation=obs))
+        messages = mem.messages(obs, image=info.get("image"))
+        turn = Turn(steps[seat], obs, str(info.get("anchor", "")), messages,
+                    mem.fitter.token_ids(messages) if has_ids else None, info, tuple(mem.prompt_images))
+        response = generate(turn)
+        if inspect.isawaitable(response):
+            response = await response
+        next_obs, reward, terminated, truncated, info = await call(blocking, env.step, response.text)
+        held[seat] = StepRecord(turn, response, float(reward), False, False, info)  # (next_obs: the next mover's)
+        mem.record(obs, response.text, reward=float(reward), info=info)
+        obs, steps[seat] = next_obs, steps[seat] + 1
+        if terminated or truncated:
+            break
+    outcomes = info["seat_rewards"] if terminated else None
+    for s, record in enumerate(held):
+        if record is None:
+            continue
+        if outcomes is not None:
+            own = record.reward + (outcomes[s] if s != seat else 0.0)  # (the mover's reward holds its outcome already)
+            record = replace(record, reward=own, info={**record.info, "success": outcomes[s] > 0},
+                             next_observation=info["seat_observations"][s])
+        await report(s, replace(record, terminated=bool(terminated), truncated=not terminated))
+    return [EpisodeOutcome(steps[s], totals[s], invalid[s], outcomes is not None and outcomes[s] > 0, True)
+            for s in range(len(mems))]
+
+
+__all__ = ["Answer", "EnvCalls", "EnvFailure", "EpisodeOutcome", "MatchEnv", "Response", "StepRecord",
+           "TooManyHungSteps", "Turn", "play", "play_match"]

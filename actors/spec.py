@@ -21,6 +21,7 @@ import envs
 import memory
 from agentstream.config import Config, EnvConfig, MemoryConfig, SamplingConfig
 from agentstream.models import base_model_name, served_model_name
+from envs.arena import SELF
 from envs.base import TextEnv
 
 
@@ -42,6 +43,12 @@ class EpisodeSpec:
     def make_env(self) -> TextEnv:
         """A new env (the caller closes it)."""
         return envs.make(self.env.name, max_steps=self.env.max_steps, **self.env.kwargs)
+
+    @property
+    def seats(self) -> int:
+        """Seats of one game the policy plays: 2 in TextArena self-play (`env.kwargs.opponent=self`: an episode is a
+        match, `actors.episode.play_match`, each seat's trajectory in a group of its own), else 1."""
+        return 2 if self.env.kwargs.get("opponent") == SELF else 1
 
     def make_memory(self, tokenizer: Any) -> memory.Memory:
         """A new memory that tokenizes with the model's `tokenizer` (prompt ids, the budget)."""
@@ -165,7 +172,7 @@ class EvaluatorSpec:
     """Everything the evaluator process uses."""
 
     episode: EpisodeSpec
-    """As the actors play, but sampled at `validation.temperature`."""
+    """As the actors play, but sampled at `validation.temperature` (and against the random opponent, not itself)."""
     client: ClientSpec
     episodes: int
     """Validation episodes, one per validation seed."""
@@ -178,8 +185,12 @@ class EvaluatorSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> EvaluatorSpec:
+        """Validation plays one seat against the fixed random opponent, also when training is self-play: a win rate
+        against a fixed opponent measures progress, one against itself does not."""
         episode = EpisodeSpec.from_config(cfg)
         episode = replace(episode, sampling=replace(episode.sampling, temperature=cfg.validation.temperature))
+        if episode.seats > 1:
+            episode = replace(episode, env=replace(episode.env, kwargs={**episode.env.kwargs, "opponent": "random"}))
         return cls(episode, ClientSpec.from_config(cfg), cfg.validation.episodes, cfg.validation.every,
                    cfg.trainer.total_steps, cfg.trainer.groups_per_step * cfg.env.group_size)
 

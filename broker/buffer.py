@@ -189,14 +189,22 @@ class ReplayBuffer:
             return need == 0
         return min(self.engine_versions.values()) >= need  # an engine at -1 (weights unknown) waits for v0
 
-    def admit(self, owner: str = "") -> tuple[int, int, int]:
-        """Admit one group for actor `owner`: (group_id, seed, min_version its tokens may come from)."""
+    def admit(self, owner: str = "", groups: int = 1) -> tuple[int, int, int]:
+        """Admit one group for actor `owner`: (group_id, seed, min_version its tokens may come from).
+
+        `groups` > 1 (self-play: a group per seat, each seat's G trajectories compared among themselves) opens
+        groups group_id .. group_id + groups - 1 at once, all from the first one's seed, when the first is
+        admissible: admitting them one by one could deadlock, an actor holding the first while the learner waits
+        for it to complete. The others may fall in the next step, past the bound (a pair does when groups_per_step
+        is odd, or after one group of a pair was dropped alone); their tokens carry the first's min_version, which
+        every engine serves, and `try_form` checks the bound again (dropped as stale if trained too late)."""
         step = self.live_admitted // self.groups_per_step
         gid = self.next_group_id
-        self.next_group_id += 1
-        self.live_admitted += 1
-        self.open[gid] = Group(gid, self.seed_base + gid, owner)
-        self.counts["groups_admitted"] += 1
+        self.next_group_id += groups
+        self.live_admitted += groups
+        for g in range(gid, gid + groups):
+            self.open[g] = Group(g, self.seed_base + gid, owner)
+        self.counts["groups_admitted"] += groups
         return gid, self.seed_base + gid, max(0, step - self.max_staleness)
 
     def drop_owner(self, owner: str, reason: str = "actor_died") -> int:

@@ -69,6 +69,7 @@ from broker.wal import FOLDER as WAL_FOLDER
 from broker.wal import WriteAheadLog
 
 log = logging.getLogger("broker")
+MAX_GROUPS_PER_REQUEST = 8  # a GroupRequest opens one group per seat of a game (self-play: 2); more is garbage
 
 
 class Broker:
@@ -365,6 +366,11 @@ class Broker:
             await self._serve_batches()
 
     async def _on_group_request(self, ident: bytes, msg: GroupRequest, _frames: list | None) -> None:
+        if not 1 <= msg.groups <= MAX_GROUPS_PER_REQUEST:
+            self._count_malformed(ident, f"group request for {msg.groups} groups")
+            await self._send(ident, Reject(reason=f"a group request opens 1 to {MAX_GROUPS_PER_REQUEST} groups "
+                                                  f"(one per seat of a game), not {msg.groups}"))
+            return
         known = self.state.grants.get(ident.decode(errors="replace"))
         if msg.request >= 0 and known is not None and known[0] == msg.incarnation and msg.request in known[1]:
             gid, seed, min_version = known[1][msg.request]  # a resent request: the grant it already got
@@ -480,7 +486,7 @@ class Broker:
     async def _admit(self) -> None:
         while self._group_waiters and self.buffer.admissible():
             ident, req = self._group_waiters.popleft()
-            grant = self.state.admit(ident.decode(errors="replace"), req.incarnation, req.request)
+            grant = self.state.admit(ident.decode(errors="replace"), req.incarnation, req.request, req.groups)
             if grant is not None:  # None: the request of an actor incarnation that was replaced
                 await self._send(ident, grant)
 

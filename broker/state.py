@@ -163,17 +163,17 @@ class BrokerState:
             return "new"
         return "current"
 
-    def admit(self, owner: str, incarnation: int = 0, request: int = -1) -> GroupGrant | None:
-        """A group for `owner`; a resent request gets its earlier grant back (and changes nothing); a request
-        of a replaced incarnation gets None."""
+    def admit(self, owner: str, incarnation: int = 0, request: int = -1, groups: int = 1) -> GroupGrant | None:
+        """A group for `owner` (`groups`: that many at once, `ReplayBuffer.admit`); a resent request gets its earlier
+        grant back (and changes nothing); a request of a replaced incarnation gets None."""
         if self.observe(owner, incarnation) == "stale":
             return None
         grants = self.grants.get(owner)
         if request >= 0 and grants is not None and grants[0] == incarnation and request in grants[1]:
             gid, seed, min_version = grants[1][request]
             return GroupGrant(group_id=gid, seed=seed, min_version=min_version, request=request)
-        self._log("admit", [owner, incarnation, request])
-        gid, seed, min_version = self.buffer.admit(owner=owner)
+        self._log("admit", [owner, incarnation, request, groups])
+        gid, seed, min_version = self.buffer.admit(owner=owner, groups=groups)
         if request >= 0:
             kept = self.grants.setdefault(owner, [incarnation, {}])[1]
             kept[request] = [gid, seed, min_version]

@@ -1,11 +1,13 @@
-"""TextArena's two-player games, one seat played by the policy and the other by a fixed opponent.
+"""TextArena's two-player games, one seat played by the policy and the other by a fixed opponent, or both seats by
+the policy (self-play).
 
     env = envs.make("agentstream/TextArena-v0", game="TicTacToe-v0", max_steps=9)          # seat from the seed
     env = envs.make("agentstream/TextArena-v0", game="KuhnPoker-v0", seat=1, opponent="random")
+    env = envs.make("agentstream/TextArena-v0", game="KuhnPoker-v0", opponent="self")      # both seats: a match
     obs, info = env.reset(seed=3)
     obs, reward, terminated, truncated, info = env.step("<action>4</action>")
 
-In a run: `env.name=agentstream/TextArena-v0 +env.kwargs.game=KuhnPoker-v0`.
+In a run: `env.name=agentstream/TextArena-v0 +env.kwargs.game=KuhnPoker-v0` (`+env.kwargs.opponent=self`: self-play).
 
 The game is the `textarena` package's own (`textarena.make(game + "-raw")`: its rules, its texts, its zero-sum
 outcome). One episode is one seat's side of one game: after each of the policy's moves, the opponent seat moves
@@ -16,8 +18,17 @@ episodes of a group (one seed) play the same seat against the same deal and both
 
 Opponents (`opponent`): "random" (a uniformly random legal move, from the env's own RNG): the fixed opponent
 that validation measures a win rate against; "first" (the first legal move in the game's order): a fixed,
-exploitable opponent, deterministic, for scripted tests. True self-play (both seats by the policy, two
-trajectories from one game) and a frozen earlier policy in the other seat need the actor: docs/environments.md.
+exploitable opponent, deterministic, for scripted tests; "self": no opponent, the caller plays both seats.
+
+Self-play (`opponent="self"`): every observation is the turn of the seat to move (`info["seat"]`), what that seat
+saw since its own last move; a step's reward is the mover's; at the end `info["seat_rewards"]` and
+`info["seat_observations"]` give both seats' outcomes and last observations, and `seat_instructions` each seat's
+rules. `actors.episode.play_match` plays it: each seat's turns a trajectory of its own (docs/environments.md).
+An invalid answer costs `invalid_reward` and a random legal move is played in the seat's place (its next
+observation says so): a seat that stalled would leave the other seat, the policy too, waiting for a turn that might
+never come, and a trajectory without a step cannot end. So every step is a move: `max_steps` counts both seats' turns,
+and a game of Tic Tac Toe or Kuhn Poker (3 rounds) ends within 9. A frozen earlier policy in one seat needs a second
+model on the engines: docs/environments.md.
 
 The answer is `<action>MOVE</action>` with MOVE one of the legal moves the observation lists (`4`, `bet`; TextArena's
 bracketed form `[4]` is accepted as well). Anything else, an illegal move included, is an invalid answer: the game
@@ -45,7 +56,8 @@ from typing import Any
 
 from envs.base import TEXT_CHARSET, Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
-OPPONENTS = ("random", "first")
+SELF = "self"
+OPPONENTS = ("random", "first", SELF)
 _ALLOWED = frozenset(TEXT_CHARSET)
 _TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 
@@ -119,7 +131,7 @@ def clean(text: str) -> str:
 
 
 class TextArenaEnv(TextGame):
-    """One seat of a TextArena two-player game against a fixed opponent (see the module docstring)."""
+    """One seat of a TextArena two-player game against a fixed opponent, or both seats (see the module docstring)."""
 
     metadata = {"render_modes": []}
     invalid_reward = -0.2
@@ -132,6 +144,8 @@ class TextArenaEnv(TextGame):
             raise ValueError(f"seat={seat!r}: use 0, 1, or None (drawn from the reset seed)")
         if opponent not in OPPONENTS:
             raise ValueError(f"opponent={opponent!r}: use one of {', '.join(OPPONENTS)}")
+        if opponent == SELF and seat is not None:
+            raise ValueError(f"seat={seat!r} with opponent={SELF!r}: the policy plays both seats; leave seat out")
         self.game, self.seat_option, self.opponent = game, seat, opponent
         self.max_steps, self.invalid_reward = max_steps, invalid_reward
         self.game_kwargs = dict(game_kwargs or {})
@@ -146,11 +160,14 @@ class TextArenaEnv(TextGame):
                              f"supported: {', '.join(SUPPORTED)}")
         self._make = lambda: textarena.make(f"{game}-raw", **self.game_kwargs)
         self.instructions = HEADER.format(example=self.adapter.example)
+        self.seat_instructions = (self.instructions, self.instructions)
+        """Each seat's instructions (the game's rules for that seat), set by reset: self-play's memories take them."""
         self.observation_space = text_space()
         self.action_space = text_space()
         self._ta: Any = None
         self._rng_state: Any = None
-        self.seat = 0
+        self.seat = 0  # the policy's seat; in self-play the seat to move
+        self._notes = ["", ""]  # self-play: what each seat is told first at its next turn (a move made in its place)
         self._obs = ""
         self._steps = 0
 
@@ -169,14 +186,25 @@ class TextArenaEnv(TextGame):
         super().reset(seed=seed)
         self.seat = int(self.np_random.integers(2)) if self.seat_option is None else self.seat_option
         self._rng_state = random.Random(int(self.np_random.integers(2**63))).getstate()
-        self._steps = 0
+        self._steps, self._notes = 0, ["", ""]
         with self._own_random():
             self._ta = self._make()  # a fresh game: Kuhn Poker shuffles its deck in place, round after round
             self._ta.reset(num_players=2, seed=None)  # (a seed here would seed the global RNG)
-        prompt = self._messages(self.seat, keep_prompt=True)
-        self.instructions = f"{HEADER.format(example=self.adapter.example)}\n\n{prompt}".strip()
+        header = HEADER.format(example=self.adapter.example)
+        self.seat_instructions = tuple(f"{header}\n\n{self._messages(s, keep_prompt=True)}".strip() for s in (0, 1))
+        if self.opponent == SELF:
+            self.seat = self._state().current_player_id
+        self.instructions = self.seat_instructions[self.seat]
         self._opponent_moves()  # (a game cannot end before the policy's first move)
         return self._turn()
+
+    def step(self, action: str) -> StepResult:
+        """`TextGame.step`; in self-play an invalid answer moves the game too (`_move_in_place`)."""
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.opponent != SELF or info["valid"]:
+            return obs, reward, terminated, truncated, info
+        obs, reward, terminated, _, info = self._move_in_place(reward, info["parse_error"])
+        return obs, reward, terminated, truncated and not terminated, info  # (truncated: that was the last step)
 
     def _started(self) -> bool:
         return self._ta is not None
@@ -192,6 +220,16 @@ class TextArenaEnv(TextGame):
             return self._end()
         obs, info = self._turn()
         return obs, 0.0, False, False, info
+
+    def _move_in_place(self, penalty: float, reason: str) -> StepResult:
+        """Self-play, after an invalid answer (`penalty`): a random legal move in the seat's place (module docstring);
+        the step stays invalid, and its reward is the penalty plus the game's outcome if that move ended it."""
+        legal = self._legal()
+        move = legal[int(self.np_random.integers(len(legal)))]
+        self._notes[self.seat] = f"Your answer was invalid ({reason}); a random legal move was played for you: {move}."
+        obs, reward, terminated, truncated, info = self._step(move)
+        info.update(valid=False, parse_error=reason)
+        return obs, penalty + reward, terminated, truncated, info
 
     # -- the game ------------------------------------------------------------------------------------------
 
@@ -212,8 +250,13 @@ class TextArenaEnv(TextGame):
         return bool(done)
 
     def _opponent_moves(self) -> bool:
-        """The opponent moves until it is the policy's turn or the game is over; whether it is over."""
+        """The opponent moves until it is the policy's turn or the game is over; whether it is over. Self-play: the
+        seat to move is the policy's."""
         state = self._state()
+        if self.opponent == SELF:
+            if not state.done:
+                self.seat = state.current_player_id
+            return bool(state.done)
         while not state.done and state.current_player_id != self.seat:
             legal = self._legal()
             move = legal[0] if self.opponent == "first" else legal[int(self.np_random.integers(len(legal)))]
@@ -244,19 +287,27 @@ class TextArenaEnv(TextGame):
 
     def _turn(self) -> tuple[str, dict[str, Any]]:
         """The policy's turn: what it saw since its last move, and its legal moves."""
-        seen = self._messages(self.seat)
+        seen = self._seen(self.seat)
         self._obs = clean(f"You are player {self.seat}.\n{seen}\nYour legal moves: {', '.join(self._legal())}.")
         return self._obs, self._info(valid=True, success=False)
 
+    def _seen(self, seat: int) -> str:
+        """What `seat` learns at its turn: a move made in its place (self-play), then the game's messages."""
+        note, self._notes[seat] = self._notes[seat], ""
+        return f"{note}\n{self._messages(seat)}" if note else self._messages(seat)
+
     def _end(self) -> StepResult:
+        """The game is over: the mover's outcome; both seats' (self-play reads the other's) in `info`."""
         state = self._state()
-        reward = float((state.rewards or {}).get(self.seat, 0.0))
-        reason = state.game_info[self.seat].get("reason", "")
-        outcome = "You won." if reward > 0 else "You lost." if reward < 0 else "Draw."
-        self._obs = clean(f"You are player {self.seat}.\n{self._messages(self.seat)}\nGame over: {reason} {outcome}")
-        self._messages(1 - self.seat)  # (nobody reads them)
+        rewards = [float((state.rewards or {}).get(s, 0.0)) for s in (0, 1)]
+        finals = []
+        for s in (0, 1):  # (the fixed opponent's is read by nobody)
+            outcome = "You won." if rewards[s] > 0 else "You lost." if rewards[s] < 0 else "Draw."
+            reason = state.game_info[s].get("reason", "")
+            finals.append(clean(f"You are player {s}.\n{self._seen(s)}\nGame over: {reason} {outcome}"))
+        reward, self._obs = rewards[self.seat], finals[self.seat]
         info = self._info(valid=True, success=reward > 0)
-        info.update(admissible_actions=[], game_reward=reward)
+        info.update(admissible_actions=[], game_reward=reward, seat_rewards=rewards, seat_observations=finals)
         return self._obs, reward, True, False, info
 
     def _info(self, valid: bool, success: bool) -> dict[str, Any]:

@@ -7,9 +7,14 @@ seconds each. ALFWorld (a blocking env, stepped in a worker thread) also gets a 
 to its own initial weights (version 0) before any group is admitted. Other envs' runs: FrozenLake in
 tests/test_e2e.py, with the GiGPO preset in tests/test_ray.py, Sokoban with PPO (a critic) in tests/test_slurm.py.
 What a run adds beyond the episode does not depend on the env, and a run costs ~30 s here: the suite's time.
+TextArena self-play goes through the actor itself (a memory per seat, one grant opening a group per seat at a real
+broker in the test's loop) and its validation through the evaluator's episode against the random opponent.
 """
 
+import asyncio
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -117,6 +122,78 @@ def test_textarena_games_through_the_engine(server) -> None:
         assert 1 <= e.steps <= 4 and 0 <= e.invalid <= e.steps, e
         outcome = e.env_return + 0.2 * e.invalid
         assert min(abs(outcome - o) for o in (-1.0, 0.0, 1.0)) < 1e-9 and (outcome > 0) == e.success, e
+
+
+async def test_textarena_self_play_matches_through_the_actor(server) -> None:
+    """Kuhn Poker with the policy in both seats, through the actor's own path (`actors.actor.Actor`: the env, a memory
+    per seat, the chat template, the real engine, transitions over ZeroMQ to a real broker in this loop). One grant
+    opens a group per seat (groups_per_step 2 at bound 0, no learner: only that grant); its G = 2 matches fill both.
+    Every match ends by the game's rules (an invalid answer costs -0.2 and a random legal move is played for it), so
+    each trajectory ends done; its return is its invalid steps' penalties (-0.2 from the env, the actor's on top) plus
+    its seat's outcome, and the two seats' outcomes are opposite. Validation of the same run plays one seat against
+    the random opponent (`actors.evaluate.play_episode`)."""
+    import aiohttp
+    from e2e_testing import check_accounting
+    from transformers import AutoTokenizer
+
+    from actors.actor import Actor
+    from actors.evaluate import play_episode
+    from actors.spec import ActorSpec, EvaluatorSpec
+    from agentstream.wire.client import AsyncClient
+    from agentstream.wire.messages import Hello
+    from broker.server import Broker
+    from broker.spec import broker_spec
+    from engines.client import EngineClient
+
+    model, url = server
+    cfg = Config()
+    cfg.model.path, cfg.env.name, cfg.env.max_steps, cfg.sampling.max_tokens = model, "agentstream/TextArena-v0", 9, 12
+    cfg.env.kwargs = {"game": "KuhnPoker-v0", "opponent": "self"}
+    cfg.env.group_size, cfg.actors.episodes_per_actor = 2, 2
+    cfg.trainer.groups_per_step, cfg.trainer.max_staleness, cfg.learner.world_size = 2, 0, 1
+    cfg.broker.track_keys, cfg.broker.logger = True, []
+    tokenizer, port = AutoTokenizer.from_pretrained(model), free_port()
+    broker = Broker(broker_spec(cfg), port, free_port())
+    serving = asyncio.create_task(broker.serve())
+    while broker.status != "running":
+        await asyncio.sleep(0.01)
+    client = AsyncClient(f"tcp://127.0.0.1:{port}", name="actor-0")
+    await client.start(0, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
+    await client.send(Hello(role="actor", name="actor-0", incarnation=0, pid=os.getpid()))
+    async with aiohttp.ClientSession() as session:
+        engine = EngineClient(url, session, timeout_s=120)
+        actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], tokenizer)
+        playing = asyncio.create_task(actor.run())
+        try:
+            async with asyncio.timeout(120):
+                while len(broker.buffer.ready) < 2:
+                    assert not playing.done(), playing
+                    await asyncio.sleep(0.1)
+        finally:
+            playing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await playing
+            await client.drain(5)
+            await client.close()
+            broker.stop()
+            await serving
+        validation = await play_episode(EvaluatorSpec.from_config(cfg).episode, engine, tokenizer, 10**9)
+    b = broker.buffer
+    assert b.counts["groups_admitted"] == 2 and sorted(g.group_id for g in b.ready) == [0, 1]
+    trajectories = {traj: steps for g in b.ready for traj, steps in g.trajectories.items()}
+    per_invalid = -0.2 + cfg.trainer.invalid_action_penalty
+    for i in range(2):  # match i: seat 0 in group 0, seat 1 in group 1
+        outcomes = []
+        for seat in (0, 1):
+            steps = sorted(trajectories[f"actor-0.0.g{seat}.{i}"], key=lambda t: t.step)
+            assert [t.step for t in steps] == list(range(len(steps))) and 1 <= len(steps) <= 9
+            assert steps[-1].done and not any(t.done or t.truncated for t in steps[:-1]) and not steps[-1].truncated
+            assert all(t.anchor.startswith(f"seat {seat}:") for t in steps)
+            outcomes.append(sum(t.reward for t in steps) - per_invalid * sum(not t.valid for t in steps))
+        assert min(abs(outcomes[0] - o) for o in (-1.0, 0.0, 1.0)) < 1e-6 and abs(outcomes[0] + outcomes[1]) < 1e-6
+    check_accounting(broker.summary())
+    outcome = validation.env_return + 0.2 * validation.invalid  # (truncated with invalid answers only: 0)
+    assert 1 <= validation.steps <= 9 and min(abs(outcome - o) for o in (-1.0, 0.0, 1.0)) < 1e-9
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

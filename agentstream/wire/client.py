@@ -316,10 +316,11 @@ class AsyncClient:
     async def send(self, msg: Message) -> None:
         await self._sock.send_multipart(encode(msg), copy=False)
 
-    async def request_group(self) -> GroupGrant:
-        """Ask to start one group; returns when the broker admits it."""
+    async def request_group(self, groups: int = 1) -> GroupGrant:
+        """Ask to start one group (`groups`: that many at once, ids grant.group_id + 0 .. groups - 1); returns when
+        the broker admits it."""
         fut: asyncio.Future[GroupGrant] = asyncio.get_running_loop().create_future()
-        req = GroupRequest(actor=self.name, incarnation=self.incarnation, request=self._next_request)
+        req = GroupRequest(actor=self.name, incarnation=self.incarnation, request=self._next_request, groups=groups)
         self._next_request += 1
         self._requests[req.request] = (req, fut)
         fut.sent_at = time.monotonic()  # type: ignore[attr-defined]

@@ -88,13 +88,15 @@ class GroupRequest:
     actor: str
     incarnation: int = 0
     request: int = -1  # per-incarnation request number: a resent request gets the same grant back
+    groups: int = 1  # groups opened at once, one per seat of a self-play game (broker.buffer `admit`): 1 to 8
     kind: Literal["group_request"] = "group_request"
 
 
 @dataclass(frozen=True)
 class GroupGrant:
     """Permission to start a group: its id, the env seed its G episodes share, and the oldest policy
-    version its tokens may come from (the actor waits for its engine to reach it)."""
+    version its tokens may come from (the actor waits for its engine to reach it). A request for n groups opens
+    ids group_id .. group_id + n - 1, all played from `seed` (self-play: seat s's trajectories in group_id + s)."""
 
     group_id: int
     seed: int

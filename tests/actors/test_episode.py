@@ -272,7 +272,7 @@ class GroupBroker(Broker):
         super().__init__()
         self.left = groups
 
-    async def request_group(self) -> GroupGrant:
+    async def request_group(self, groups: int = 1) -> GroupGrant:
         if not self.left:
             raise asyncio.CancelledError
         self.left -= 1

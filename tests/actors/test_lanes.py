@@ -20,7 +20,7 @@ class Broker:
     def __init__(self, limit: int, delay: float = 0.0):
         self.limit, self.delay, self.granted = limit, delay, 0
 
-    async def request_group(self) -> GroupGrant:
+    async def request_group(self, groups: int = 1) -> GroupGrant:
         if self.granted >= self.limit:
             await asyncio.Event().wait()
         await asyncio.sleep(self.delay)

@@ -27,3 +27,22 @@ def test_an_explicit_prompt_budget_wins() -> None:
     cfg = Config()
     cfg.memory.max_prompt_tokens = 300
     assert ActorSpec.from_config(cfg).episode.max_prompt_tokens == 300
+
+
+def test_self_play_trains_both_seats_and_validates_one_against_the_random_opponent() -> None:
+    cfg = Config()
+    cfg.env.name, cfg.env.kwargs = "agentstream/TextArena-v0", {"game": "KuhnPoker-v0", "opponent": "self"}
+    actor, evaluator = ActorSpec.from_config(cfg), EvaluatorSpec.from_config(cfg)
+    assert (actor.episode.seats, evaluator.episode.seats, ActorSpec.from_config(Config()).episode.seats) == (2, 1, 1)
+    assert evaluator.episode.env.kwargs == {"game": "KuhnPoker-v0", "opponent": "random"}
+    assert cfg.env.kwargs["opponent"] == "self"  # (the run's config is left as it is)
+    env = evaluator.episode.make_env()  # what actors.evaluate.play_episode plays: one seat, the other random
+    obs, info = env.reset(seed=10**9)
+    seats = {info["seat"]}
+    while True:
+        move = "check" if "check" in info["admissible_actions"] else "call"
+        obs, reward, terminated, truncated, info = env.step(f"<action>{move}</action>")
+        seats.add(info["seat"])
+        if terminated or truncated:
+            break
+    assert len(seats) == 1 and terminated and reward in (-1.0, 0.0, 1.0)

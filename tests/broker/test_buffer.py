@@ -82,6 +82,31 @@ def test_bound_zero_is_synchronous() -> None:
     assert not b.admissible()  # step 1's groups wait for version 1
 
 
+def test_a_request_for_several_groups_opens_them_at_once_when_the_first_fits() -> None:
+    """Self-play's grant: a group per seat, all from the first one's seed. groups_per_step 2, bound 0: a pair is step
+    0. After one group of the next pair is dropped alone, one slot of step 1 is free: the next pair is admitted (its
+    first fits; waiting for two slots would wait forever, the step short of one group), its second group lies in step
+    2, and serving checks the bound again: that group, trained at step 2 on version-1 tokens, is dropped as stale."""
+    b = ReplayBuffer(group_size=1, groups_per_step=2, world_size=1, max_staleness=0, max_buffered_transitions=100)
+    b.engine_versions = {"e": 0}
+    assert b.admit("a", groups=2) == (0, 0, 0)
+    assert sorted(b.open) == [0, 1] and (b.open[1].seed, b.open[1].owner) == (0, "a")
+    assert b.counts["groups_admitted"] == 2 and not b.admissible()  # step 0 is full
+    for gid in (0, 1):
+        b.add(tr(gid, f"t{gid}", 0, done=True))
+    assert serve(b, 0, 0).group_index.tolist() == [0, 1]
+    b.learner_version, b.engine_versions = 1, {"e": 1}
+    assert b.admit("a", groups=2) == (2, 2, 1)  # step 1: groups 2 and 3
+    b.add(Transition.abandon_marker("u", 3, "a", 0, 1, "raised", whole_group=True))  # group 3 dropped alone
+    assert b.admissible() and b.admit("a", groups=2) == (4, 4, 1)  # groups 4 (step 1) and 5 (step 2)
+    for gid in (2, 4, 5):
+        b.add(tr(gid, f"t{gid}", 0, done=True, lo=1))
+    assert serve(b, 1, 0).group_index.tolist() == [0, 1]  # groups 2 and 4
+    b.learner_version = 2
+    assert serve(b, 2, 0) is None and b.counts["groups_dropped_stale"] == 1 and not b.ready  # group 5: lag 1 > 0
+    invariant(b)
+
+
 def test_shares_are_whole_groups_balanced_by_tokens_and_served_once() -> None:
     b = ReplayBuffer(group_size=2, groups_per_step=4, world_size=2, max_staleness=0, max_buffered_transitions=1000)
     sizes = [10, 1, 7, 4]  # prompt tokens per step: group tokens = 2 trajs * (p + 2)

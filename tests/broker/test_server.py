@@ -60,6 +60,24 @@ async def test_group_is_admitted_assembled_and_served() -> None:
         learner.close()
 
 
+async def test_a_group_request_opens_one_to_eight_groups() -> None:
+    broker, task, address = await start_broker(small_config())
+    actor = dealer(address, "actor-0")
+    try:
+        for groups in (0, 9):
+            await actor.send_multipart(P.encode(P.GroupRequest(actor="actor-0", request=groups, groups=groups)))
+            reply = await recv(actor)
+            assert isinstance(reply, P.Reject) and f"not {groups}" in reply.reason
+        await actor.send_multipart(P.encode(P.GroupRequest(actor="actor-0", request=1, groups=2)))
+        grant = await recv(actor)
+        assert isinstance(grant, P.GroupGrant) and grant.group_id == 0 and sorted(broker.buffer.open) == [0, 1]
+        assert broker.summary()["messages_rejected"]["malformed"] == 2
+    finally:
+        broker.stop()
+        await task
+        actor.close()
+
+
 async def test_malformed_and_oversized_messages_are_rejected_counted_and_survived() -> None:
     broker, task, address = await start_broker(small_config())
     client = dealer(address, "mallory")

@@ -73,6 +73,22 @@ def test_only_the_newest_grants_are_kept_for_resent_requests(monkeypatch) -> Non
     assert again.group_id == 8 and s.buffer.counts["groups_admitted"] == 9
     assert sorted(s.grants["a"][1]) == [1, 4, 5, 6, 7]
 
+def test_a_request_for_two_groups_is_granted_once_and_replays_from_the_log(tmp_path: Path) -> None:
+    s = make_state(tmp_path / "wal")
+    s.recover()
+    grant = s.admit("a", 0, request=0, groups=2)
+    assert s.admit("a", 0, request=0, groups=2) == grant  # a resent request: its grant again, nothing admitted
+    assert sorted(s.buffer.open) == [0, 1] and s.buffer.counts["groups_admitted"] == 2
+    for seq, (gid, traj) in enumerate([(0, "x0"), (1, "x1"), (0, "y0"), (1, "y1")]):
+        ingest(s, tr("a", 0, seq, gid, traj, 0, True))
+    assert [g.group_id for g in s.buffer.ready] == [0, 1]
+    s.wal.flush()
+    again = make_state(tmp_path / "wal")
+    again.recover()
+    assert again.snapshot() == s.snapshot()
+    accounting(again)
+
+
 def test_intake_is_in_order_once_and_acknowledged() -> None:
     s = make_state(None)
     g = s.admit("a", 0, request=0)

@@ -2,8 +2,10 @@
 
 Scripted games are played to the end against the "first legal move" opponent, whose replies are worked out by hand
 below; then invalid answers, a game that raises (inline and through the actors' episode loop), random-opponent games
-over many seeds, the global RNG left alone, and whole games through the actor (`Actor.play`: env -> memory ->
-engine -> transitions to the broker) with a scripted engine. ~2 s.
+over many seeds, the global RNG left alone, self-play (both seats by the caller: turns alternate, both outcomes at the
+end, an invalid answer's random move in the seat's place), and whole games through the actor (`Actor.play`: env ->
+memory -> engine -> transitions to the broker) with a scripted engine; self-play matches through the actor are in
+tests/actors/test_self_play.py. ~2 s.
 """
 
 from __future__ import annotations
@@ -159,7 +161,9 @@ def test_unknown_and_unsupported_games_say_what_is_supported() -> None:
     with pytest.raises(ValueError, match="no adapter.*KuhnPoker-v0"):
         make(game="ConnectFour-v0")
     with pytest.raises(ValueError, match="opponent"):
-        make(opponent="self")
+        make(opponent="itself")
+    with pytest.raises(ValueError, match="both seats; leave seat out"):
+        make(opponent="self", seat=0)
     assert all(make(game=g).game == g for g in SUPPORTED)
 
 
@@ -203,6 +207,90 @@ def test_kuhn_deals_come_from_the_seed_and_the_global_rng_is_left_alone() -> Non
     first = deals(41)
     assert deals(41) == first
     assert len({tuple(deals(s)) for s in range(6)}) > 1  # and the seed does decide the deals
+
+
+# ---- self-play: both seats by the caller -----------------------------------------------------------------------
+
+# Tic Tac Toe, seat 0 ('O') first, both seats scripted: O0 X1 O4 X2 O5 X3 O7 X6 gives O X X / X O O / X O . with no
+# line yet and cell 8 the only one left; O on 8 completes the diagonal 0-4-8: seat 0 wins (+1), seat 1 loses (-1).
+TO_LAST_CELL = ["0", "1", "4", "2", "5", "3", "7", "6"]
+
+
+def self_play(game: str = "TicTacToe-v0", max_steps: int = 9):
+    return make(game=game, opponent="self", max_steps=max_steps)
+
+
+def test_self_play_alternates_the_seats_and_ends_with_both_outcomes() -> None:
+    env = self_play()
+    obs, info = env.reset(seed=4)
+    assert "You are Player 0 in Tic Tac Toe" in env.seat_instructions[0]
+    assert "You are Player 1 in Tic Tac Toe" in env.seat_instructions[1]
+    movers = []
+    for move in TO_LAST_CELL:
+        movers.append(info["seat"])
+        assert obs.startswith(f"You are player {info['seat']}.") and move in info["admissible_actions"]
+        obs, reward, terminated, truncated, info = env.step(act(move))
+        assert (reward, terminated, truncated, info["valid"]) == (0.0, False, False, True)
+    assert movers == [0, 1] * 4 and info["seat"] == 0 and info["admissible_actions"] == ["8"]
+    assert info["anchor"] == "seat 0: OXX/XOO/XO."
+    assert "Opponent (player 1): [6]" in obs  # what seat 1 did since seat 0's last move
+    obs, reward, terminated, truncated, info = env.step(act("8"))
+    assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)  # the mover's outcome
+    assert info["seat_rewards"] == [1.0, -1.0] and info["seat_observations"][0] == obs
+    assert obs.endswith("You won.") and info["seat_observations"][1].endswith("You lost.")
+    assert info["seat_observations"][1].startswith("You are player 1.") and "Opponent (player 0): [8]" in \
+        info["seat_observations"][1]
+
+
+def test_self_play_plays_a_random_legal_move_for_an_invalid_answer() -> None:
+    env = self_play()
+    env.reset(seed=4)
+    obs, reward, terminated, truncated, info = env.step("no tags")  # seat 0's first answer
+    assert (reward, terminated, truncated, info["valid"], info["seat"]) == (-0.2, False, False, False, 1)
+    assert "no <action>" in info["parse_error"]
+    board = info["anchor"].removeprefix("seat 1: ").replace("/", "")
+    assert board.count("O") == 1 and board.count("X") == 0  # a move was made for seat 0; seat 1 is to move
+    played = str(board.index("O"))
+    obs, _, _, _, info = env.step(act(next(c for c in "012345678" if c != played)))  # seat 1
+    assert obs.startswith(f"You are player 0.\nYour answer was invalid (no <action>...</action> tag found); a random "
+                          f"legal move was played for you: {played}.")
+    # The random move that ends the game: seat 0's only cell wins, after the penalty: -0.2 + 1.
+    env.reset(seed=4)
+    for move in TO_LAST_CELL:
+        env.step(act(move))
+    obs, reward, terminated, truncated, info = env.step(act("9"))  # off the board
+    assert (round(reward, 9), terminated, truncated, info["valid"]) == (0.8, True, False, False)
+    assert info["seat_rewards"] == [1.0, -1.0] and "a random legal move was played for you: 8." in obs
+
+
+@pytest.mark.parametrize("game", ["TicTacToe-v0", "KuhnPoker-v0"])
+def test_self_play_games_always_end_zero_sum_whatever_is_answered(game: str) -> None:
+    """A policy that answers a random legal move, or junk one time in three: every game ends by the game's rules
+    within 9 steps (an invalid answer moves the game too), never truncated, with opposite outcomes (a draw: 0, 0)."""
+    env, rng = self_play(game), random.Random(1)
+    ends = set()
+    for seed in range(40):
+        obs, info = env.reset(seed=seed)
+        steps = 0
+        while True:
+            answer = "junk" if rng.random() < 1 / 3 else act(rng.choice(info["admissible_actions"]))
+            obs, reward, terminated, truncated, info = env.step(answer)
+            steps += 1
+            assert not truncated and steps <= 9
+            if terminated:
+                break
+        r0, r1 = info["seat_rewards"]
+        assert r0 == -r1 and r0 in (-1.0, 0.0, 1.0)
+        ends.add(r0)
+    assert {-1.0, 1.0} <= ends  # both seats win some
+
+
+def test_self_play_deals_come_from_the_seed_and_kuhn_is_opened_by_player_1() -> None:
+    """The G matches of a group start from one seed: the same deal, seen by each seat alone."""
+    first = [self_play("KuhnPoker-v0").reset(seed=s) for s in (7, 7, 8)]
+    assert first[0] == first[1] and first[0][1]["seat"] == 1 and first[0][0].startswith("You are player 1.")
+    deals = {self_play("KuhnPoker-v0").reset(seed=s)[1]["anchor"] for s in range(12)}
+    assert len(deals) > 1  # the seed decides the deal
 
 
 # ---- whole games through the actor ------------------------------------------------------------------------------
