@@ -66,6 +66,10 @@ def parser(env: str) -> Callable[[str], object]:
     from envs import frozenlake, sokoban
     from envs.reasoning import parse_answer
 
+    if "TextArena" in env:  # any move of the supported games: the sample check does not know each prompt's state
+        from envs.arena import parse_move
+
+        return lambda text: parse_move(text, [str(cell) for cell in range(9)] + ["check", "bet", "call", "fold"])
     return parse_answer if "Reasoning" in env else sokoban.parse_action if "Sokoban" in env else frozenlake.parse_action
 
 

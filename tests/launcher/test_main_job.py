@@ -45,3 +45,14 @@ def test_the_warm_start_fits_the_runs_lake_and_memory() -> None:
     assert brief[-2:] == ["--env-kwargs", '{"instructions": "Reach the goal."}']
     with pytest.raises(ValueError, match="launcher.warm_start --env agentstream/Sokoban-v0"):
         argv_for(EnvConfig(name="agentstream/Sokoban-v0"), MemoryConfig(), Path("w"))
+
+
+def test_the_warm_start_checks_answers_with_the_envs_own_parser() -> None:
+    from envs.base import Action
+    from launcher.warm_start import parser
+
+    arena = parser("agentstream/TextArena-v0")
+    assert isinstance(arena("<action>bet</action>"), Action) and isinstance(arena("<action>[4]</action>"), Action)
+    assert not isinstance(arena("<action>raise</action>"), Action) and not isinstance(arena("bet"), Action)
+    lake = parser("agentstream/FrozenLake-v0")
+    assert isinstance(lake("<action>down</action>"), Action) and not isinstance(lake("<action>bet</action>"), Action)
