@@ -3,9 +3,11 @@ trackers' files (TensorBoard, W&B, MLflow) read back."""
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -223,3 +225,58 @@ def tool_round_trips(calls: list[dict], model_dir: str) -> int:
             assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
             round_trips += 1
     return round_trips
+
+
+def agent_run_overrides(run_dir: Path, model: str, url: str, steps: int, dashboard_port: int) -> list[str]:
+    """The launcher overrides of an agent example's `--launch` run in the tests: one learner rank, the session's
+    vLLM server as the one engine, a group a step, `steps` steps."""
+    return [f"run.output_dir={run_dir}", f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
+            "learner.world_size=1", "trainer.groups_per_step=1", f"trainer.total_steps={steps}",
+            f"broker.dashboard_port={dashboard_port}", "run.shutdown_timeout_s=5"]
+
+
+def run_agent(argv: list[str], run_dir: Path, record: Path, timeout_s: float = 300) -> dict:
+    """Run an agent example with `--launch` to its end (SIGTERM after `timeout_s`: the agent stops its launch, which
+    stops its children) and assert it exited 0. Returns its run folder, output, wall time, summary, the calls and
+    episode ends it recorded (`--record`), every recorded row and the run's metrics text."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    return {"dir": run_dir, "out": out, "wall_s": wall, "summary": json.loads((run_dir / "summary.json").read_text()),
+            "calls": [r for r in rows if "turn" in r], "ends": {r["episode"]: r for r in rows if "reward" in r},
+            "rows": rows, "metrics": (run_dir / "metrics.txt").read_text()}
+
+
+@contextlib.asynccontextmanager
+async def broker_and_client(cfg, dashboard_port: int = 0, name: str = "actor-0"):
+    """A broker serving on this event loop and an actor's client to it (started, its Hello sent): (broker, client).
+    On exit the client drains and closes, then the broker stops. `dashboard_port` 0: any free port."""
+    from agentstream.wire.addresses import free_port
+    from agentstream.wire.client import AsyncClient
+    from agentstream.wire.messages import Hello
+    from broker.server import Broker
+    from broker.spec import broker_spec
+
+    port = free_port()
+    broker = Broker(broker_spec(cfg), port, dashboard_port or free_port())
+    serving = asyncio.create_task(broker.serve())
+    while broker.status != "running":
+        await asyncio.sleep(0.01)
+    client = AsyncClient(f"tcp://127.0.0.1:{port}", name=name)
+    await client.start(0, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
+    await client.send(Hello(role="actor", name=name, incarnation=0, pid=os.getpid()))
+    try:
+        yield broker, client
+    finally:
+        await client.drain(5)
+        await client.close()
+        broker.stop()
+        await serving

@@ -14,13 +14,13 @@ broker in the test's loop) and its validation through the evaluator's episode ag
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from e2e_testing import broker_and_client
 
 import envs
 from agentstream.config import Config
@@ -139,10 +139,6 @@ async def test_textarena_self_play_matches_through_the_actor(server) -> None:
     from actors.actor import Actor
     from actors.evaluate import play_episode
     from actors.spec import ActorSpec, EvaluatorSpec
-    from agentstream.wire.client import AsyncClient
-    from agentstream.wire.messages import Hello
-    from broker.server import Broker
-    from broker.spec import broker_spec
     from engines.client import EngineClient
 
     model, url = server
@@ -152,31 +148,21 @@ async def test_textarena_self_play_matches_through_the_actor(server) -> None:
     cfg.env.group_size, cfg.actors.episodes_per_actor = 2, 2
     cfg.trainer.groups_per_step, cfg.trainer.max_staleness, cfg.learner.world_size = 2, 0, 1
     cfg.broker.track_keys, cfg.broker.logger = True, []
-    tokenizer, port = AutoTokenizer.from_pretrained(model), free_port()
-    broker = Broker(broker_spec(cfg), port, free_port())
-    serving = asyncio.create_task(broker.serve())
-    while broker.status != "running":
-        await asyncio.sleep(0.01)
-    client = AsyncClient(f"tcp://127.0.0.1:{port}", name="actor-0")
-    await client.start(0, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
-    await client.send(Hello(role="actor", name="actor-0", incarnation=0, pid=os.getpid()))
+    tokenizer = AutoTokenizer.from_pretrained(model)
     async with aiohttp.ClientSession() as session:
         engine = EngineClient(url, session, timeout_s=120)
-        actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], tokenizer)
-        playing = asyncio.create_task(actor.run())
-        try:
-            async with asyncio.timeout(120):
-                while len(broker.buffer.ready) < 2:
-                    assert not playing.done(), playing
-                    await asyncio.sleep(0.1)
-        finally:
-            playing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await playing
-            await client.drain(5)
-            await client.close()
-            broker.stop()
-            await serving
+        async with broker_and_client(cfg) as (broker, client):
+            actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], tokenizer)
+            playing = asyncio.create_task(actor.run())
+            try:
+                async with asyncio.timeout(120):
+                    while len(broker.buffer.ready) < 2:
+                        assert not playing.done(), playing
+                        await asyncio.sleep(0.1)
+            finally:
+                playing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await playing
         validation = await play_episode(EvaluatorSpec.from_config(cfg).episode, engine, tokenizer, 10**9)
     b = broker.buffer
     assert b.counts["groups_admitted"] == 2 and sorted(g.group_id for g in b.ready) == [0, 1]

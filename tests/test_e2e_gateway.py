@@ -15,16 +15,12 @@ prompt + answer ids token-exactly; the gateway's counters in /metrics are the ag
 running.
 """
 
-import json
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from e2e_testing import check_logged_calls, processes_mentioning, tool_round_trips
+from e2e_testing import agent_run_overrides, check_logged_calls, processes_mentioning, run_agent, tool_round_trips
 
 from agentstream.wire.addresses import free_port
 
@@ -46,24 +42,8 @@ def run(tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
     run_dir, record = tmp / "run", tmp / "calls.jsonl"
     argv = [sys.executable, "examples/openai_agent.py", "--launch", "--episodes", str(G * GROUPS),
             "--group-size", str(G), "--concurrency", "4", "--max-tokens", "64", "--max-turns", "3",
-            "--record", str(record),
-            f"run.output_dir={run_dir}", f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
-            "learner.world_size=1", "trainer.groups_per_step=1", f"trainer.total_steps={STEPS}",
-            f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the agent stops its launch, which stops its children
-        out, err = proc.communicate(timeout=60)
-    wall = time.monotonic() - t0
-    assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
-    rows = [json.loads(line) for line in record.read_text().splitlines()]
-    return {"dir": run_dir, "out": out, "wall_s": wall, "summary": json.loads((run_dir / "summary.json").read_text()),
-            "calls": [r for r in rows if "turn" in r], "ends": {r["episode"]: r for r in rows if "reward" in r},
-            "metrics": (run_dir / "metrics.txt").read_text(), "model": model}
+            "--record", str(record), *agent_run_overrides(run_dir, model, url, STEPS, free_port())]
+    return run_agent(argv, run_dir, record) | {"model": model}
 
 
 def test_the_run_trains_its_steps_on_the_agents_groups_and_leaves_nothing(run: dict) -> None:

@@ -24,17 +24,13 @@ session's vLLM server (`tiny_engine`, through engines.external_urls), groups of 
 """
 
 import collections
-import json
 import re
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from e2e_testing import check_logged_calls, processes_mentioning, tool_round_trips
+from e2e_testing import agent_run_overrides, check_logged_calls, processes_mentioning, run_agent, tool_round_trips
 
 from agentstream.wire.addresses import free_port
 
@@ -168,26 +164,11 @@ def play(name: str, tiny_engine: tuple[str, str], tmp: Path) -> dict:
     argv = [str(VF_PYTHON), "examples/verifiers_env.py", "--env", name, "--env-dir", str(envs), "--launch",
             "--launcher-python", sys.executable, "--episodes", str(G * groups), "--group-size", str(G),
             "--concurrency", "2", "--max-tokens", "32", "--record", str(record), *options,
-            f"run.output_dir={run_dir}", f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
-            "learner.world_size=1", "trainer.groups_per_step=1", f"trainer.total_steps={STEPS}",
-            f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the runner stops its launch, which stops its children
-        out, err = proc.communicate(timeout=60)
-    wall = time.monotonic() - t0
-    assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
-    rows = [json.loads(line) for line in record.read_text().splitlines()]
-    print(f"{name} e2e wall time: {wall:.1f}s")
-    return {"env": name, "dir": run_dir, "out": out, "wall_s": wall, "groups": groups, "model": model,
-            "summary": json.loads((run_dir / "summary.json").read_text()),
-            "calls": [r for r in rows if "turn" in r], "ends": {r["episode"]: r for r in rows if "reward" in r},
-            "abandoned": {r["episode"]: r for r in rows if "abandoned" in r},
-            "metrics": (run_dir / "metrics.txt").read_text()}
+            *agent_run_overrides(run_dir, model, url, STEPS, free_port())]
+    run = run_agent(argv, run_dir, record)
+    print(f"{name} e2e wall time: {run['wall_s']:.1f}s")
+    return run | {"env": name, "groups": groups, "model": model,
+                  "abandoned": {r["episode"]: r for r in run["rows"] if "abandoned" in r}}
 
 
 @pytest.fixture(scope="module")

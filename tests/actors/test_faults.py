@@ -32,17 +32,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from e2e_testing import check_accounting
+from e2e_testing import broker_and_client, check_accounting
 
 from actors.actor import Actor
 from actors.episode import EnvCalls, TooManyHungSteps
 from actors.spec import ActorSpec, EpisodeSpec
 from agentstream.config import Config
 from agentstream.wire.addresses import free_port
-from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import Hello
 from broker.server import Broker
-from broker.spec import broker_spec
 from engines.client import EngineClient
 from envs.base import Action, ParseResult, StepResult, TextGame
 
@@ -147,16 +144,10 @@ async def actor_run(cfg: Config, spec: ActorSpec, engine_urls: list[str]) -> Asy
     final stats, as a stopping actor process does)."""
     from transformers import AutoTokenizer
 
-    port, dashboard = free_port(), free_port()
-    broker = Broker(broker_spec(cfg), port, dashboard)
-    serving = asyncio.create_task(broker.serve())
-    while broker.status != "running":
-        await asyncio.sleep(0.01)
-    client = AsyncClient(f"tcp://127.0.0.1:{port}", name="actor-0")
-    await client.start(0, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
-    await client.send(Hello(role="actor", name="actor-0", incarnation=0, pid=os.getpid()))
+    dashboard = free_port()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)) as session:
+    async with (broker_and_client(cfg, dashboard) as (broker, client),
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)) as session):
         engines = [EngineClient(url, session, cfg.engines.request_timeout_s) for url in engine_urls]
         actor = Actor(spec, "actor-0", 0, client, engines, tokenizer)
         task = asyncio.create_task(actor.run())
@@ -169,9 +160,6 @@ async def actor_run(cfg: Config, spec: ActorSpec, engine_urls: list[str]) -> Asy
             await client.drain(5)
             await client.send(actor.stats(final=True))
             await asyncio.sleep(0.3)  # (the broker takes the final stats: the actor's open groups are settled)
-            await client.close()
-            broker.stop()
-            await serving
 
 
 def metric(text: str, name: str) -> float:

@@ -10,24 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 from typing import Any
 
 import numpy as np
 import pytest
 import textarena
-from e2e_testing import check_accounting
+from e2e_testing import broker_and_client, check_accounting
 from textarena.envs.TicTacToe.env import TicTacToeEnv
 
 from actors.actor import Actor, EpisodeResult
 from actors.spec import ActorSpec
 from agentstream.config import Config
-from agentstream.wire.addresses import free_port
-from agentstream.wire.client import AsyncClient
-from agentstream.wire.messages import ABANDON, ABANDON_GROUP, GroupGrant, Hello, Transition
-from broker.server import Broker
-from broker.spec import broker_spec
+from agentstream.wire.messages import ABANDON, ABANDON_GROUP, GroupGrant, Transition
 from engines.client import Generation
 
 ENV = "agentstream/TextArena-v0"
@@ -182,26 +177,15 @@ def lowest(legal: list[str]) -> str:
 @contextlib.asynccontextmanager
 async def broker_and_actor(cfg: Config, engine: Any):
     """A broker (this loop) and one actor's lanes (this loop) playing on `engine`; both stopped on exit."""
-    port = free_port()
-    broker = Broker(broker_spec(cfg), port, free_port())
-    serving = asyncio.create_task(broker.serve())
-    while broker.status != "running":
-        await asyncio.sleep(0.01)
-    client = AsyncClient(f"tcp://127.0.0.1:{port}", name="actor-0")
-    await client.start(0, cfg.actors.max_unacked, cfg.actors.ack_timeout_s)
-    await client.send(Hello(role="actor", name="actor-0", incarnation=0, pid=os.getpid()))
-    actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], ByteTokenizer())
-    task = asyncio.create_task(actor.run())
-    try:
-        yield broker, actor
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await client.drain(5)
-        await client.close()
-        broker.stop()
-        await serving
+    async with broker_and_client(cfg) as (broker, client):
+        actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], ByteTokenizer())
+        task = asyncio.create_task(actor.run())
+        try:
+            yield broker, actor
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 # Both seats take the lowest free cell: O0 X1 O2 X3 O4 X5 O6, and O has the diagonal 2-4-6 (no line before). Seat 0:
