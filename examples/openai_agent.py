@@ -234,6 +234,20 @@ def launch(overrides: list[str], group_size: int, run_dir: Path, python: str = s
     return subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
 
 
+def end_launch(proc: subprocess.Popen, stopped: bool, tag: str) -> int:
+    """Wait for the run this agent launched to end (its learner's last step) and return its exit code; `stopped`
+    (the agent was told to stop): ask the launcher to stop first, which stops its processes and writes summary.json.
+    Ctrl-C while waiting stops it too."""
+    if stopped:
+        proc.send_signal(signal.SIGINT)
+    print(f"[{tag}] waiting for the run to end (the learner's last step)", flush=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
+
+
 def wait_for_url(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 600) -> str:
     """The gateway's URL, once the launch wrote RUN/gateway_url (it does when the gateway answers)."""
     deadline = time.monotonic() + timeout_s
@@ -292,16 +306,7 @@ def main(play_episode: Play = play, name: str = "openai-agent", doc: str | None 
     except KeyboardInterrupt:
         stop.set()
         results = []
-    code = 0
-    if proc is not None:
-        if stop.is_set():
-            proc.send_signal(signal.SIGINT)  # the launcher stops its processes and writes summary.json
-        print("[agent] waiting for the run to end (the learner's last step)", flush=True)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait()
+    code = 0 if proc is None else end_launch(proc, stop.is_set(), "agent")
     n = len(results)
     mean = sum(r["reward"] for r in results) / n if n else 0.0
     calls = sum(r["tool_calls"] for r in results)

@@ -67,7 +67,7 @@ except ImportError as exc:  # run with the project's python, or the verifiers ve
     raise SystemExit(f"[verifiers] {exc}: run this with the verifiers venv's python, "
                      f".cache/verifiers-venv/bin/python (bash scripts/setup.sh makes it)") from None
 
-from openai_agent import Recorder, launch, wait_for_url  # a sibling: examples/ is on sys.path
+from openai_agent import Recorder, end_launch, launch, wait_for_url  # a sibling: examples/ is on sys.path
 
 from gateway.episode_client import Episode, GatewayError, open_episode
 
@@ -415,16 +415,7 @@ def main() -> int:
     tally, stopped = asyncio.run(play(env, args.env, rows, gateway, episodes // args.group_size, args.group_size,
                                       args.concurrency, s))
     wall = time.monotonic() - t0
-    code = 0
-    if proc is not None:
-        if stopped:
-            proc.send_signal(signal.SIGINT)  # the launcher stops its processes and writes summary.json
-        print("[verifiers] waiting for the run to end (the learner's last step)", flush=True)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait()
+    code = 0 if proc is None else end_launch(proc, stopped, "verifiers")
     n = len(tally.rewards)
     mean = sum(tally.rewards) / n if n else 0.0
     given_up = sum(tally.abandoned.values())
