@@ -159,9 +159,20 @@ def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
+def resharded(model: nn.Module) -> nn.Module:
+    """`model` with every FSDP2 module back on its shards. The root keeps its weights gathered after a forward, and
+    its registered parameters are then the gathered copies: an optimizer built on those, or a copy or read of them,
+    would miss the sharded weights that training updates (the embeddings, the final norm, a tied head). Local: no
+    collective."""
+    for sub in model.modules():
+        if isinstance(sub, FSDPModule):
+            sub.reshard()
+    return model
+
+
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """What the optimizer steps: the adapter with LoRA, every weight without."""
-    return [p for p in model.parameters() if p.requires_grad]
+    """What the optimizer steps: the adapter with LoRA, every weight without (the sharded ones, `resharded`)."""
+    return [p for p in resharded(model).parameters() if p.requires_grad]
 
 
 @contextlib.contextmanager
@@ -310,7 +321,7 @@ def full_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     the end, in step, so that no rank ever holds more than one gathered parameter (the streamed weight sync)."""
     if is_lora(model):
         raise ValueError("full_parameters of a LoRA policy: publish adapter_state_dict instead (engines load a LoRA)")
-    for name, p in model.named_parameters():
+    for name, p in resharded(model).named_parameters():
         t = p.detach()
         yield name, t.full_tensor() if isinstance(t, DTensor) else t
 

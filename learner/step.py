@@ -35,7 +35,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.fsdp import FSDPModule
 
 from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from agentstream.models import is_vision_language
@@ -51,6 +50,7 @@ from learner.model import (
     disabled_adapter,
     is_lora,
     load_policy,
+    resharded,
     response_logprobs,
     takes_attention_masks,
     token_logprobs,
@@ -160,12 +160,9 @@ def load_frozen_reference(path: str, dtype: str, device: torch.device, world_siz
 def refresh_reference(model: nn.Module, reference: nn.Module) -> None:
     """Copy the policy's weights into the frozen reference (SPIN: the opponent becomes the current model). Both are
     sharded alike (`load_policy` on the same ranks), so each rank copies its own shards; nothing is gathered."""
-    for m in (model, reference):  # the root keeps its weights gathered after a forward: back to the shards
-        for sub in m.modules():
-            if isinstance(sub, FSDPModule):
-                sub.reshard()
     with torch.no_grad():
-        for (name, ref), (other, new) in zip(reference.named_parameters(), model.named_parameters(), strict=True):
+        for (name, ref), (other, new) in zip(resharded(reference).named_parameters(), resharded(model).named_parameters(),
+                                             strict=True):
             if name != other:
                 raise RuntimeError(f"the reference's {name} faces the policy's {other}: not the same architecture")
             ref.copy_(new)

@@ -66,3 +66,23 @@ def test_mismatch_is_zero_on_the_same_weights_and_the_gap_otherwise(one_rank, ti
     # at learner version 2 nothing in the batch was sampled on its weights: a count of 0 and no mean to report
     later = step(own, version=2)
     assert later["mismatch_tokens"] == 0 and "mismatch_logp_abs_mean" not in later
+
+
+def test_an_optimizer_built_after_a_forward_still_steps_every_weight(one_rank, tiny_model_dir: Path) -> None:
+    # FSDP2's root keeps its weights gathered after a forward and registers the gathered copies: an optimizer built
+    # on those would never step the root's own weights (the embeddings, the final norm, the tied head), and a read
+    # of the weights would see the copies. trainable_parameters and full_parameters take the shards.
+    from learner.model import full_parameters, trainable_parameters
+
+    torch.manual_seed(0)
+    model = load_policy(str(tiny_model_dir), "float32", torch.device("cpu"), 1)
+    ids = torch.randint(3, 200, (2, 12))
+    with torch.no_grad():
+        model(input_ids=ids)  # e.g. the behaviour log-probs of a first batch
+    before = {n: t.clone() for n, t in full_parameters(model)}
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-3)
+    model(input_ids=ids).logits.float().pow(2).mean().backward()
+    optimizer.step()
+    moved = {n: float((t - before[n]).abs().max()) for n, t in full_parameters(model)}
+    assert {"model.embed_tokens.weight", "model.norm.weight"} <= set(moved)
+    assert min(moved.values()) == pytest.approx(1e-3, rel=1e-3)  # Adam's first step moves every weight by ~lr
