@@ -16,6 +16,12 @@ Printed, one JSON object a line: {"event": "ready", "t"} once the trainer is bui
 {"event": "step", "step", "t_begin", "t_generated", "t"}: the wall clock at the step's start, when its
 completions reached the reward function (generation done) and at its end; then {"event": "log", "step",
 "reward_mean"} (TRL's mean reward of the step).
+
+`bench.peer_step` uses two more options: `--completions FILE` (one JSON line per prompt: `prompt_ids` and its G
+completions' token ids, `completions`) makes TRL train on those completions instead of generating (its
+`_generate_single_turn` replaced; everything after it is TRL's own), and `--dump FILE` saves, with `torch.save`,
+each parameter's gradient as the optimizer step gets it (after clipping), the weights after the last step and
+TRL's logged grad norm and loss.
 """
 
 from __future__ import annotations
@@ -83,6 +89,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--invalid-penalty", type=float, default=-0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--completions", type=Path, help="train on these completions instead of generating")
+    parser.add_argument("--dump", type=Path, help="save the clipped gradients, the weights after the last step and "
+                        "TRL's logged grad norm and loss here")
     args = parser.parse_args()
 
     import torch
@@ -99,6 +108,7 @@ def main() -> None:
     dataset = Dataset.from_list([{"prompt": r["prompt"], "task": r["dataset"], "seed": r["seed"],
                                   "kwargs": json.dumps(r.get("kwargs") or {}, sort_keys=True)} for r in rows])
     marks: dict[str, float] = {}
+    dumped: dict[str, Any] = {}
 
     def reward(completions: list[str], task: list[str], seed: list[int], kwargs: list[str], **_: Any) -> list[float]:
         marks["generated"] = time.time()
@@ -117,6 +127,12 @@ def main() -> None:
                    **__: Any) -> None:
             if logs and "reward" in logs:  # TRL's mean reward of the step's completions
                 emit(event="log", step=state.global_step, reward_mean=logs["reward"])
+            if logs and args.dump and "grad_norm" in logs:  # a step's log, not the run's summary
+                dumped["logs"] = dict(logs)
+
+        def on_pre_optimizer_step(self, *_: Any, model: Any = None, **__: Any) -> None:  # after clipping
+            if args.dump:
+                dumped["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
     config = GRPOConfig(
         output_dir=str(args.out), use_cpu=True, bf16=False, fp16=False, seed=args.seed,
@@ -130,9 +146,24 @@ def main() -> None:
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Timings()])
+    if args.completions:
+        trainer._generate_single_turn = replay(args.completions)
     emit(event="ready", t=time.time())
     trainer.train()
     emit(event="done", t=time.time())
+    if args.dump:
+        torch.save({**dumped, "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}, args.dump)
+
+
+def replay(path: Path) -> Any:
+    """A stand-in for `GRPOTrainer._generate_single_turn`: each prompt's next recorded completion (ids up to and with
+    the first EOS, as TRL keeps them), in the order TRL asks (each prompt G times in a row)."""
+    recorded = {tuple(r["prompt_ids"]): list(r["completions"]) for r in map(json.loads, path.read_text().splitlines())}
+
+    def generate(prompt_ids: list[list[int]], *_: Any, **__: Any) -> tuple[list[list[int]], None]:
+        return [recorded[tuple(ids)].pop(0) for ids in prompt_ids], None
+
+    return generate
 
 
 if __name__ == "__main__":
