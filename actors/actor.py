@@ -20,6 +20,9 @@ what the actor needs of the run config is an `ActorSpec` (actors/spec.py), taken
 Self-play (TextArena with `opponent=self`, `EpisodeSpec.seats` = 2): an episode is a match (`actors.episode.play_match`)
 with the policy in both seats; each grant opens one group per seat (ids grant.group_id + seat), and seat s's turns
 of the group's G matches are the G trajectories of group grant.group_id + s: each seat gets its own baseline.
+A frozen seat (`opponent=frozen`, LoRA runs): the same match, but only the env's `trained_seat` (drawn from the seed)
+is the policy's: one trajectory per match, one group per grant; the other seat's turns are sampled from the engine's
+frozen copy (`agentstream.models.FROZEN_ADAPTER_NAME`, the base model until the engine has loaded it) and never sent.
 SIGTERM: stop starting steps, send the final stats, exit.
 """
 
@@ -46,6 +49,7 @@ from actors.judge import EpisodeRecord, Judge, JudgedStep, Verdict, combine, ver
 from actors.spec import ActorSpec
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
+from agentstream.models import FROZEN_ADAPTER_NAME
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import GroupGrant, Stats, Transition
 from engines.client import EngineClient, EngineError, EngineStalled, Generation, clamp_to_grant, text_decoder
@@ -122,6 +126,7 @@ class Actor:
         self._pending: collections.deque[tuple[GroupGrant, int, EngineClient]] = collections.deque()
         self._open: dict[int, int] = {}  # group id -> its episodes not yet finished
         self._first_turns: dict[int, _SharedTurn] = {}  # group id -> its shared first turn, while in play
+        self._frozen_clients: dict[str, EngineClient] = {}  # engine url -> its client of the frozen copy (`_frozen`)
         self._deal = asyncio.Condition()
         # At most K/G + 1 groups in play: one group ahead of the K/G that K lanes fill, so a lane whose group's
         # other episodes still run starts the next group instead of idling, while what a paused learner lets
@@ -159,9 +164,9 @@ class Actor:
         and unbiased: the retry replaces the failed attempt, whose sent steps the broker drops (an abandon marker).
         After the last attempt fails, the group is dropped whole and its other episodes stop at their next step.
         A match (self-play) is one episode whose seats' trajectories belong to groups grant.group_id + seat: it is
-        retried, or dropped, in all of them at once."""
-        seats = self.spec.episode.seats
-        bases = [f"{self.name}.{self.incarnation}.g{grant.group_id + seat}.{i}" for seat in range(seats)]
+        retried, or dropped, in all of them at once (a match with a frozen seat has one trajectory, in group_id)."""
+        bases = [f"{self.name}.{self.incarnation}.g{grant.group_id + seat}.{i}"
+                 for seat in range(self.spec.episode.trained_seats)]
         for attempt in range(self.spec.episode_retries + 1):
             if grant.group_id in self._failed_groups:
                 return
@@ -169,7 +174,7 @@ class Actor:
             self._steps_sent.update(dict.fromkeys(traj_ids, 0))
             share = attempt == 0 and self.spec.share_first_turn
             try:
-                if seats == 1:
+                if self.spec.episode.seats == 1:
                     await self.play(grant, traj_ids[0], engine, share_first_turn=share)
                 else:
                     await self.play_match(grant, traj_ids, engine, share_first_turn=share)
@@ -209,7 +214,7 @@ class Actor:
             await self._deal.wait_for(lambda: bool(self._pending) or len(self._open) < self.max_open_groups)
             if not self._pending:
                 # (others wait on the lock: this grant may serve them); self-play: one group per seat
-                grant = await self.broker.request_group(self.spec.episode.seats)
+                grant = await self.broker.request_group(self.spec.episode.trained_seats)
                 engine = self._pick_engine()
                 self._open[grant.group_id] = self.spec.group_size
                 self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
@@ -228,39 +233,57 @@ class Actor:
         """Self-play: one game from the group's seed with the policy in every seat (`actors.episode.play_match`).
         Seat s's steps are trajectory traj_ids[s] of group grant.group_id + s, each sent once what followed it is
         known (the other seat's reply, or the game's end). `share_first_turn`: the match's first turn is one of the
-        group's shared answers. Returns each seat's result."""
+        group's shared answers. Returns each seat's result. With a frozen seat: traj_ids[0] is the trained seat's
+        (`env.trained_seat`), the other seat's turns come from the frozen copy and are counted (frozen_steps), never
+        sent; returns the trained seat's result."""
         return await self._play(grant, traj_ids, engine, share_first_turn)
 
     async def _play(self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient, share_first_turn: bool
                     ) -> list[EpisodeResult]:
-        """`play` (one trajectory) or `play_match` (one per seat): one env, a memory and a trajectory per seat."""
+        """`play` (one trajectory) or `play_match` (one per trained seat): one env, a memory per seat, a trajectory per
+        trained seat. With a frozen seat (`EpisodeSpec.frozen`), traj_ids[0] is the env's `trained_seat` (known once it
+        is reset) and the other seat's turns are sampled from the engine's frozen copy; its steps are never sent."""
         env = self.spec.episode.make_env()
-        mems = [self.spec.episode.make_memory(self.tokenizer) for _ in traj_ids]
+        mems = [self.spec.episode.make_memory(self.tokenizer) for _ in range(self.spec.episode.seats)]
+        frozen = self.spec.episode.frozen
 
-        def instructions(seat: int) -> str:  # the task, as the judge reads it: in a match, the seat's own rules
-            return env.instructions if len(traj_ids) == 1 else env.seat_instructions[seat]  # type: ignore[attr-defined]
+        def plays_frozen(seat: int) -> bool:
+            return frozen and seat != env.trained_seat  # type: ignore[attr-defined]
 
-        trajs = [_Trajectory(traj_id, grant.group_id + seat, functools.partial(instructions, seat))
-                 for seat, traj_id in enumerate(traj_ids)]
+        def instructions(i: int) -> str:  # the task, as the judge reads it: in a match, the seat's own rules
+            if len(mems) == 1 or frozen:  # (a frozen match's env instructions are its trained seat's)
+                return env.instructions
+            return env.seat_instructions[i]  # type: ignore[attr-defined]
+
+        trajs = [_Trajectory(traj_id, grant.group_id + i, functools.partial(instructions, i))
+                 for i, traj_id in enumerate(traj_ids)]
         first_turn = share_first_turn
 
         async def generate(turn: Turn) -> Generation:
             nonlocal engine, first_turn  # the episode stays with the engine that last answered it
+            frozen_turn = plays_frozen(int(turn.info.get("seat", 0)))
             self.requests_in_flight += 1
-            try:
-                share, first_turn = first_turn and not turn.images and self.spec.group_size > 1, False
+            try:  # (the group's shared first answers are the policy's: never a frozen turn's)
+                share, first_turn = (first_turn and not frozen_turn and not turn.images and self.spec.group_size > 1,
+                                     False)
                 gen, engine = await self._generate(turn.prompt_ids, engine, turn.images,
-                                                   grant.group_id if share else None)
+                                                   grant.group_id if share else None, frozen=frozen_turn)
             finally:
                 self.requests_in_flight -= 1
             self.policy_version = max(self.policy_version, gen.version_hi)
             return gen
 
-        senders = [functools.partial(self._send_step, grant, traj) for traj in trajs]
+        async def on_step(seat: int, step: StepRecord[Generation]) -> None:
+            if plays_frozen(seat):  # the frozen copy's step: counted, never sent
+                self.counters.update(frozen_steps=1, frozen_invalid_actions=int(not step.valid))
+            else:
+                await self._send_step(grant, trajs[0 if frozen else seat], step)
+
+        senders = [functools.partial(on_step, seat) for seat in range(len(mems))]
         self.in_flight += 1
         timed_out = False
         try:
-            if len(trajs) == 1:
+            if len(mems) == 1:
                 outcomes = [await episode.play(env, mems[0], generate, senders[0], seed=grant.seed,
                                                calls=self.env_calls)]
             else:
@@ -275,6 +298,12 @@ class Actor:
                 self.counters.update(memory_dropped_steps=mem.dropped_steps,
                                      memory_truncated_steps=mem.truncated_steps)
             self.env_calls.close(env, abandoned=timed_out)
+        if frozen:  # the trained seat's outcome only
+            outcomes = [outcomes[env.trained_seat]]  # type: ignore[attr-defined]
+        return self._results(outcomes, trajs)
+
+    def _results(self, outcomes: Sequence[episode.EpisodeOutcome], trajs: Sequence[_Trajectory]) -> list[EpisodeResult]:
+        """Each trajectory's result, counted (episodes, successes, returns, the judge's verdicts)."""
         results = []
         for outcome, traj in zip(outcomes, trajs, strict=True):
             self.counters.update(episodes=1, successes=int(outcome.success))
@@ -339,18 +368,20 @@ class Actor:
         )
 
     async def _generate(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
-                        group_id: int | None = None) -> tuple[Generation, EngineClient]:
+                        group_id: int | None = None, frozen: bool = False) -> tuple[Generation, EngineClient]:
         """Generate on `engine`; if it fails (dead, unreachable, timed out) or stalls (`_answer`), move to another
         engine and retry (counted as engine_failovers; stalls also as engine_stalls) until engines.request_timeout_s
         has passed without any answer. A retry is a new sample of the same prompt, never a continuation of what the
         failed request may have produced. `group_id`: a first turn, answered from the group's shared request
-        (`_shared_answer`) unless that fails (then each of its episodes retries on its own). Returns the generation
-        and the engine that answered (the episode stays with it)."""
+        (`_shared_answer`) unless that fails (then each of its episodes retries on its own). `frozen`: a frozen seat's
+        turn, sampled from the engine's frozen copy (`_frozen`). Returns the generation and the engine that answered
+        (the episode stays with it)."""
         deadline = time.monotonic() + self.spec.client.request_timeout_s
         while True:
             try:
-                gen = None if group_id is None else await self._shared_answer(group_id, prompt_ids, engine)
-                return gen or (await self._answer(prompt_ids, engine, images))[0], engine
+                client = self._frozen(engine) if frozen else engine
+                gen = None if group_id is None else await self._shared_answer(group_id, prompt_ids, client)
+                return gen or (await self._answer(prompt_ids, client, images))[0], engine
             except EngineError as exc:
                 group_id = None
                 self.counters["engine_failovers"] += 1
@@ -374,6 +405,14 @@ class Actor:
             return None
         i, shared.taken = shared.taken, shared.taken + 1
         return (await asyncio.shield(shared.answers))[i]  # (an episode cancelled leaves the others' request be)
+
+    def _frozen(self, engine: EngineClient) -> EngineClient:
+        """`engine`'s client of the frozen copy (FROZEN_ADAPTER_NAME), made once per engine; until the engine has loaded
+        that adapter (its first engines.frozen_every versions) it asks for the base model: version 0."""
+        client = self._frozen_clients.get(engine.url)
+        if client is None:
+            client = self._frozen_clients[engine.url] = engine.with_model(FROZEN_ADAPTER_NAME, base_while_absent=True)
+        return client
 
     def _close_first_turn(self, group_id: int) -> None:
         """The group is over: its shared request, if still running, is cancelled (no episode waits for it)."""

@@ -18,7 +18,8 @@ worker thread, so the other episodes on the same event loop keep going meanwhile
 episode with `EnvFailure` (its cause: "raised" or "timeout"), which the actor retries.
 
 `play_match` is the same loop over a game whose every seat the caller plays (self-play, a `MatchEnv`): a memory
-per seat, `generate` asked for the seat to move, each seat's steps reported as a trajectory of its own.
+per seat, `generate` asked for the seat to move, each seat's steps reported as a trajectory of its own. Which seats
+are trained, and which policy answers each, is the caller's choice (a frozen seat: actors/actor.py).
 """
 
 from __future__ import annotations
@@ -250,12 +251,15 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
 
 
 class MatchEnv(TextEnv, Protocol):
-    """A game whose every seat the caller plays (envs/arena.py with `opponent="self"`): reset's and every step's
-    `info["seat"]` is the seat to move, whose turn the observation is; a step's reward is the mover's; a game that
-    ends puts each seat's outcome and last observation in `info["seat_rewards"]` and `info["seat_observations"]`."""
+    """A game whose every seat the caller plays (envs/arena.py with `opponent="self"` or `"frozen"`): reset's and
+    every step's `info["seat"]` is the seat to move, whose turn the observation is; a step's reward is the mover's; a
+    game that ends puts each seat's outcome and last observation in `info["seat_rewards"]` and
+    `info["seat_observations"]`."""
 
     seat_instructions: tuple[str, ...]
     """Each seat's instructions (set by reset)."""
+    trained_seat: int | None
+    """The one seat whose turns are trained, the others played by a frozen policy (set by reset); None: every seat's."""
 
 
 async def play_match(env: MatchEnv, mems: Sequence[Memory], generate: Callable[[Turn], R | Awaitable[R]],

@@ -21,7 +21,7 @@ import envs
 import memory
 from agentstream.config import Config, EnvConfig, MemoryConfig, SamplingConfig
 from agentstream.models import base_model_name, served_model_name
-from envs.arena import SELF
+from envs.arena import FROZEN, MATCHES
 from envs.base import TextEnv
 
 
@@ -46,9 +46,21 @@ class EpisodeSpec:
 
     @property
     def seats(self) -> int:
-        """Seats of one game the policy plays: 2 in TextArena self-play (`env.kwargs.opponent=self`: an episode is a
-        match, `actors.episode.play_match`, each seat's trajectory in a group of its own), else 1."""
-        return 2 if self.env.kwargs.get("opponent") == SELF else 1
+        """Seats of one game whose turns the actor answers: 2 in a TextArena match (`env.kwargs.opponent` self or
+        frozen: an episode is a match, `actors.episode.play_match`, with a memory per seat), else 1."""
+        return 2 if self.env.kwargs.get("opponent") in MATCHES else 1
+
+    @property
+    def frozen(self) -> bool:
+        """A match with a frozen seat (`env.kwargs.opponent=frozen`): its turns are sampled from a frozen copy of an
+        earlier policy (`agentstream.models.FROZEN_ADAPTER_NAME`) and never sent; the env's `trained_seat` trains."""
+        return self.env.kwargs.get("opponent") == FROZEN
+
+    @property
+    def trained_seats(self) -> int:
+        """Seats whose turns are trained, each seat's trajectories in a group of its own (the groups one grant opens):
+        2 in self-play, else 1."""
+        return self.seats - self.frozen
 
     def make_memory(self, tokenizer: Any) -> memory.Memory:
         """A new memory that tokenizes with the model's `tokenizer` (prompt ids, the budget)."""
@@ -185,8 +197,8 @@ class EvaluatorSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> EvaluatorSpec:
-        """Validation plays one seat against the fixed random opponent, also when training is self-play: a win rate
-        against a fixed opponent measures progress, one against itself does not."""
+        """Validation plays one seat against the fixed random opponent, also when training is a match (self-play, a
+        frozen seat): a win rate against a fixed opponent measures progress, one against itself does not."""
         episode = EpisodeSpec.from_config(cfg)
         episode = replace(episode, sampling=replace(episode.sampling, temperature=cfg.validation.temperature))
         if episode.seats > 1:

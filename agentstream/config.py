@@ -198,6 +198,10 @@ class EnginesConfig:
     weight_sync_timeout_s: float = 120.0
     """`stream`: forming the group and each broadcast give up after this long (an engine that never joins or stops
     receiving); its engines get the weights again at the next update."""
+    frozen_every: int = 10
+    """A frozen seat (TextArena's env.kwargs.opponent=frozen, LoRA only): the engines serve a frozen copy of the policy
+    beside it, refreshed to the current version at the first update of every block of this many versions (the base
+    model, version 0, until then)."""
 
 
 @dataclass

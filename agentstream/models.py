@@ -19,6 +19,10 @@ SERVED_MODEL_NAME = "policy"
 LORA_ADAPTER_NAME = "policy-lora"
 """Name of the trained LoRA adapter (model.lora_rank > 0): the weight sidecar loads each new adapter under it
 (in place), and actors request it once the engine serves version >= 1."""
+FROZEN_ADAPTER_NAME = "policy-frozen"
+"""Name of the frozen copy of an earlier policy (a TextArena seat played by it, `env.kwargs.opponent=frozen`; LoRA
+only): the weight sidecar loads the current adapter under it too every `engines.frozen_every` versions; a frozen seat's
+turns request it, and the base model (version 0) while the engine has not loaded it yet."""
 ADAPTER_CONFIG_KEY = "adapter_config"
 """safetensors metadata key holding a peft adapter's adapter_config.json text in a "peft_adapter" update."""
 

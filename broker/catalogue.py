@@ -117,6 +117,8 @@ HELP: dict[str, str] = {
     "infra_failures_raised": "Episode attempts failed because an env step raised.",
     "infra_failures_engine": "Episode attempts failed because no engine answered within engines.request_timeout_s.",
     "episodes_cut": "Episodes stopped early because another episode of their group gave up (the group is dropped).",
+    "frozen_steps": "Steps of a frozen seat (env.kwargs.opponent=frozen), sampled from the frozen copy, never sent.",
+    "frozen_invalid_actions": "Steps of a frozen seat whose response did not parse as an action.",
     "malformed_messages": "Messages the broker could not decode.",
     "buffered_transitions": "Transitions held by the broker, not yet trained on.",
     "groups_ready": "Complete groups waiting to be served.",

@@ -105,6 +105,7 @@ class EngineClient:
         base_model: str | None = None,
         versioned: bool = True,
         decode: Callable[[list[int]], str] | None = None,
+        base_while_absent: bool = False,
     ):
         """`extra_body`: more vLLM sampling fields sent with every request (e.g. {"stop": ["</action>"]},
         {"ignore_eos": True}); it cannot override the fields the log-probs depend on.
@@ -114,13 +115,19 @@ class EngineClient:
         `versioned=False`: a server whose weights never change (an LLM judge, actors/judge.py): no `/weight_info`
         reads, every generation is version 0.
         `decode`: token ids -> the response's text, special tokens skipped (the policy tokenizer's); with it GENERATE
-        answers token ids only and the text is decoded here (the module docstring)."""
+        answers token ids only and the text is decoded here (the module docstring).
+        `base_while_absent`: `model` is an adapter the engine loads at some later version only (the frozen copy,
+        `agentstream.models.FROZEN_ADAPTER_NAME`): while the engine answers 404 for it, whatever its version, requests
+        go to `base_model` (one 404 per engine version at most)."""
         self.url = url.rstrip("/")
         self._decode = decode
         self.versioned = versioned
         self.model = model
         self.base_model = base_model
+        self.base_while_absent = base_while_absent
+        self._absent_at: int | None = None  # base_while_absent: the engine version at which `model` was absent
         self._session = session
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._extra = dict(extra_body or {})
         # The newest version this client has read from the engine. Versions only grow, so a cached
@@ -132,6 +139,20 @@ class EngineClient:
         self.version_reads = 0
         self.token_route: bool | None = None  # whether the server has GENERATE (None: not asked yet)
         self._probe: asyncio.Task[bool] | None = None  # the liveness probe under way (`alive`), shared
+
+    def with_model(self, model: str, base_while_absent: bool = False) -> EngineClient:
+        """A client of the same engine, session, timeout, fields and decode that requests `model` (`base_while_absent`:
+        as the constructor's), with the same `base_model`."""
+        return EngineClient(self.url, self._session, self._timeout_s, self._extra, model, self.base_model,
+                            self.versioned, self._decode, base_while_absent)
+
+    def _name(self, version: int | None) -> str:
+        """The name to request of an engine known to serve `version`: with a `base_model`, that one at version 0 (no
+        adapter loaded yet) and, `base_while_absent`, at the version it was last found absent at; else `model`."""
+        absent = self.base_while_absent and self._absent_at is not None and version == self._absent_at
+        if self.base_model is not None and (version == 0 or absent):
+            return self.base_model
+        return self.model
 
     def alive(self, timeout_s: float) -> asyncio.Task[bool]:
         """A liveness probe: True once the server answers a 1-token generation (with any HTTP status), False if
@@ -199,7 +220,7 @@ class EngineClient:
         # read after the answer (>= the version of the last token, since an update is labelled before
         # the engine resumes generating).
         lo = self._known_version if self._known_version is not None else await self.version()
-        name = self.base_model if self.base_model is not None and lo == 0 else self.model
+        name = self._name(lo)
         body, to_base = await self._post(
             "/v1/completions", name, lambda model: self._completion_body(prompt_ids, sampling, seed, model, extra, n))
         lo = 0 if to_base else lo
@@ -232,7 +253,7 @@ class EngineClient:
         `content_parts`: the images of the prompt's placeholders, as vLLM's image_url parts."""
         if self.base_model is not None and self._known_version is None:
             await self.version()  # (once: with LoRA, which name to ask for)
-        name = self.base_model if self.base_model is not None and self._known_version == 0 else self.model
+        name = self._name(self._known_version)
 
         def body_for(model: str) -> dict[str, Any]:
             body = self._generate_body(prompt_ids, sampling, seed, model, extra, n)
@@ -258,13 +279,18 @@ class EngineClient:
 
     async def _post(self, path: str, name: str, body: Callable[[str], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """The answer to `body(name)` at `path`, and whether it came from the base model instead: with LoRA, an
-        engine that restarted (back at version 0) has no adapter yet and answers 404 for it."""
+        engine that restarted (back at version 0) has no adapter yet and answers 404 for it; so does an engine that
+        has not loaded a `base_while_absent` adapter yet, at any version."""
         try:
             return await self._request("POST", path, body(name)), False
         except RouteMissing:
             raise
         except EngineError as exc:
-            if self.base_model is None or name == self.base_model or "HTTP 404" not in str(exc) or await self.version():
+            if self.base_model is None or name == self.base_model or "HTTP 404" not in str(exc):
+                raise
+            if self.base_while_absent:
+                self._absent_at = self._known_version  # (asked for again once the engine serves another version)
+            elif await self.version():
                 raise
             return await self._request("POST", path, body(self.base_model)), True
 

@@ -91,8 +91,10 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
         # vLLM's weight-transfer routes with our backend (engines.worker_ext, registered when vLLM imports it).
         argv += ["--weight-transfer-config", json.dumps({"backend": STREAM_BACKEND})]
     if model.lora_rank > 0:
-        # One adapter, replaced in place by the weight sidecar at every version (POST /v1/load_lora_adapter).
-        argv += ["--enable-lora", "--max-lora-rank", str(model.lora_rank), "--max-loras", "1"]
+        # The trained adapter, replaced in place by the weight sidecar at every version (POST /v1/load_lora_adapter),
+        # and room for a second one in the same batches: a frozen copy of an earlier version (FROZEN_ADAPTER_NAME,
+        # TextArena's opponent=frozen), loaded only in runs that play one. An empty slot costs one adapter's memory.
+        argv += ["--enable-lora", "--max-lora-rank", str(model.lora_rank), "--max-loras", "2"]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if _on_gpu() if on_gpu is None else on_gpu:
         argv += ["--gpu-memory-utilization", str(engines.gpu_memory_utilization)]

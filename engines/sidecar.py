@@ -3,6 +3,7 @@
     python -m engines.sidecar --name engine-0 --url http://127.0.0.1:8000 \\
         --learner tcp://127.0.0.1:5600 --broker tcp://127.0.0.1:5555 [--workdir DIR] [--stats-interval 1.0]
         [--curve-keys KEYS]    # CURVE to learner and broker with KEYS/client.* (agentstream.wire.curve)
+        [--frozen-every N]     # LoRA: also serve a frozen copy, refreshed every N versions (a frozen seat)
 
 What it does:
   1. waits for the server's /health, labels the server's weights version "0";
@@ -15,6 +16,9 @@ What it does:
      -> reset the prefix cache (and the encoder and multimodal caches) -> resume; reports the new
      version to learner and broker and deletes older weight folders. Updates that queue up behind a
      running one are skipped in favour of the newest (each holds full weights);
+     with --frozen-every N (a frozen seat, engines.frozen_every), the first adapter applied in each block of N
+     versions is also loaded, in the same pause, under `agentstream.models.FROZEN_ADAPTER_NAME` from a folder of
+     its own (WORKDIR/frozen, kept until the next refresh: vLLM may read it again while it serves that name);
      with --stream-workers (engines.weight_sync=stream) the weights come over the learner's weight group
      instead: "stream_join" has the server's workers join it (/init_weight_transfer_engine), "stream" takes a
      version from its broadcast (pause keep -> /start_weight_update -> /update_weights ->
@@ -49,7 +53,7 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-from agentstream.models import ADAPTER_CONFIG_KEY, LORA_ADAPTER_NAME
+from agentstream.models import ADAPTER_CONFIG_KEY, FROZEN_ADAPTER_NAME, LORA_ADAPTER_NAME
 from agentstream.wire.client import AsyncClient, RecordLink, follow_record
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
@@ -65,6 +69,7 @@ RELOAD_METHOD = "agentstream_reload_weights"  # engines.worker_ext.WeightReloadE
 # engine core) are reset together with it, so they stay in step. A server without the route (404) has no such cache.
 MM_CACHE_RESETS = ("/reset_encoder_cache", "/reset_mm_cache")
 STREAM_FORMATS = ("stream_join", "stream")  # WeightUpdate formats of the streamed weight sync
+ADAPTER_FOLDER, FROZEN_FOLDER = "adapter", "frozen"  # WORKDIR/<folder>: the trained adapter's, the frozen copy's
 
 
 class ApplyError(RuntimeError):
@@ -96,6 +101,7 @@ class SidecarSpec:
     curve_keys_dir: str = ""  # broker.curve_keys_dir (CURVE to learner and broker); "": none
     max_weight_bytes: int = 32 << 30  # a bigger frame from the learner drops the connection
     stream_workers: int = 0  # the server's workers that join the learner's weight group (0: files only)
+    frozen_every: int = 0  # adapters: refresh the frozen copy (FROZEN_ADAPTER_NAME) every this many versions; 0: none
 
 
 # ---------------------------------------------------------------------------------- the server
@@ -136,24 +142,31 @@ class ServerControl:
     async def set_version(self, version: int) -> None:
         await self.call("/update_weight_version", json={"new_version": str(version)})
 
-    async def apply(self, weights_dir: Path, version: int, lora: bool = False) -> list[Any]:
+    async def apply(self, weights_dir: Path, version: int, lora: bool = False, frozen_dir: Path | None = None
+                    ) -> list[Any]:
         """Swap in the weights of `weights_dir` (an adapter directory if `lora`) as `version`; returns the
-        workers' reload reports (the server's answer for an adapter)."""
+        workers' reload reports (the server's answer for an adapter). `frozen_dir`: an adapter directory to load
+        under FROZEN_ADAPTER_NAME too (a refresh of the frozen copy), in the same pause."""
         # keep: running requests are frozen and new ones queue; none is dropped (the prefix-cache reset before
         # resuming preempts the frozen ones, so they recompute their KV on the new weights).
         await self.pause()
         if lora:
-            # In place: the adapter keeps its name and id, so requests naming it take the new weights.
-            answer = await self.call("/v1/load_lora_adapter", json={
-                "lora_name": LORA_ADAPTER_NAME, "lora_path": str(weights_dir), "load_inplace": True,
-            })
-            answer = {"results": [answer]}
+            answer = {"results": [await self._load_adapter(LORA_ADAPTER_NAME, weights_dir)]}
+            if frozen_dir is not None:
+                answer["results"].append(await self._load_adapter(FROZEN_ADAPTER_NAME, frozen_dir))
         else:
             answer = await self.call(
                 "/collective_rpc", json={"method": RELOAD_METHOD, "kwargs": {"weights_path": str(weights_dir)}}
             )
         await self._label_and_resume(version)
         return list((answer or {}).get("results", []))
+
+    async def _load_adapter(self, name: str, folder: Path) -> Any:
+        # In place: the adapter keeps its name and id, so requests naming it take the new weights (the first load of
+        # a name adds it).
+        return await self.call("/v1/load_lora_adapter", json={
+            "lora_name": name, "lora_path": str(folder), "load_inplace": True,
+        })
 
     async def join(self, init_info: dict[str, Any]) -> None:
         """Have the server's workers join the learner's weight group (blocks until every member has)."""
@@ -212,17 +225,17 @@ def write_weights(workdir: Path, version: int, payload: bytes) -> Path:
     return folder
 
 
-def write_adapter(workdir: Path, version: int, payload: bytes) -> Path:
-    """WORKDIR/adapter/ as a peft adapter directory: adapter_model.safetensors (the payload as it came)
+def write_adapter(workdir: Path, version: int, payload: bytes, folder_name: str = ADAPTER_FOLDER) -> Path:
+    """WORKDIR/`folder_name`/ as a peft adapter directory: adapter_model.safetensors (the payload as it came)
     and adapter_config.json (from the payload's metadata, see `learner.publish.serialize_adapter`).
 
     One folder for every version, each file replaced atomically: vLLM may read an adapter's folder again
     whenever it re-activates it for a request (seen: a request admitted under v1 re-read v1's folder after
     v2 had arrived and v1's folder was gone, and the worker died), so the path must stay valid, and it
-    always holds the newest adapter. `version` only names the update in errors.
-    Raises ApplyError if the payload carries no adapter config."""
+    always holds the newest adapter served under its name (the frozen copy's: FROZEN_FOLDER). `version` only
+    names the update in errors. Raises ApplyError if the payload carries no adapter config."""
     config = _adapter_config_text(payload)
-    folder = workdir / "adapter"
+    folder = workdir / folder_name
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in (("adapter_config.json", config.encode()), ("adapter_model.safetensors", payload)):
         tmp = folder / f"{name}.partial"
@@ -243,6 +256,15 @@ def _adapter_config_text(payload: bytes) -> str:
     return text
 
 
+def frozen_due(version: int, frozen_version: int, every: int) -> bool:
+    """Whether applying `version` refreshes the frozen copy, which holds `frozen_version` (-1: unknown): when `version`
+    lies in another block of `every` versions (0..every-1, every..2*every-1, ...) than it. So the first version applied
+    in each block refreshes it, also when the block's first versions were skipped (a newer update arrived first), and
+    engines stay on one schedule; a learner that went back (restarted from a checkpoint) refreshes it too.
+    `every` 0: never."""
+    return every > 0 and version // every != frozen_version // every
+
+
 def prune_weight_dirs(workdir: Path, keep: Path) -> None:
     """Delete every v* folder but `keep` (vLLM has already read its weights into memory)."""
     for folder in workdir.glob("v*"):
@@ -261,6 +283,9 @@ class WeightSidecar:
         self.updates = 0  # updates applied
         self.skipped = 0  # updates superseded by a newer one before they were applied
         self.last_sync_s = 0.0  # seconds the last update took, file write to resume
+        # The frozen copy's version (spec.frozen_every > 0): the server's initial weights (the base model; no adapter
+        # under FROZEN_ADAPTER_NAME yet) until the first refresh.
+        self.frozen_version = spec.initial_version
         self._own_workdir = spec.workdir is None
         self.workdir = Path(spec.workdir or tempfile.mkdtemp(prefix=f"agentstream-{spec.name}-"))
         self._pending: WeightUpdate | None = None  # newest file update not applied yet
@@ -440,14 +465,21 @@ class WeightSidecar:
             raise ApplyError(f"update to version {update.version} has format {update.format!r}; this sidecar "
                              f"knows {sorted(writers)} (are learner and sidecar the same agentstream version?)")
         folder = await asyncio.to_thread(writers[update.format], self.workdir, update.version, update.payload)
+        lora = update.format == "peft_adapter"
+        frozen = None
+        if lora and frozen_due(update.version, self.frozen_version, self.spec.frozen_every):
+            frozen = await asyncio.to_thread(write_adapter, self.workdir, update.version, update.payload, FROZEN_FOLDER)
         try:
-            reports = await self._server.apply(folder, update.version, lora=update.format == "peft_adapter")
+            reports = await self._server.apply(folder, update.version, lora=lora, frozen_dir=frozen)
         except ApplyError as exc:
             raise ApplyError(
                 f"update to version {update.version} failed: {exc}. The server is left as it is (paused if the "
                 f"pause went through), so that no token comes from half-loaded weights"
             ) from None
         self.version, self.epoch = update.version, update.epoch
+        if frozen is not None:
+            self.frozen_version = update.version
+            log.info("the frozen copy (%s) is now version %d", FROZEN_ADAPTER_NAME, update.version)
         self.updates += 1
         self.last_sync_s = time.perf_counter() - t0
         await self._send_status()
@@ -498,7 +530,8 @@ class WeightSidecar:
         await self._broker.send(Stats(
             source=self.spec.name, role="engine", final=final,
             counters={"weight_updates": self.updates, "weight_updates_skipped": self.skipped},
-            gauges={"version": self.version, "weight_sync_s": self.last_sync_s, "requests_in_flight": requests},
+            gauges={"version": self.version, "weight_sync_s": self.last_sync_s, "requests_in_flight": requests,
+                    **({"frozen_version": self.frozen_version} if self.spec.frozen_every else {})},
         ))
 
     async def _close(self) -> None:
@@ -542,10 +575,14 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
     p.add_argument("--stream-workers", type=int, default=0,
                    help="the server's workers (its tensor-parallel size) that take streamed weights: the server "
                         "runs with --weight-transfer-config for engines.worker_ext's backend; 0: files only")
+    p.add_argument("--frozen-every", type=int, default=0,
+                   help="LoRA adapters: also load the first adapter of every block of this many versions under "
+                        "the frozen copy's name (engines.frozen_every, for a frozen seat); 0: no frozen copy")
     a = p.parse_args(argv)
     return SidecarSpec(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
                      a.apply_timeout, a.dead_after, a.initial_version, curve_keys_dir=a.curve_keys,
-                     max_weight_bytes=a.max_weight_bytes, stream_workers=a.stream_workers)
+                     max_weight_bytes=a.max_weight_bytes, stream_workers=a.stream_workers,
+                     frozen_every=a.frozen_every)
 
 
 def main(argv: list[str] | None = None) -> int:

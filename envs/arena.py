@@ -1,13 +1,15 @@
 """TextArena's two-player games, one seat played by the policy and the other by a fixed opponent, or both seats by
-the policy (self-play).
+the policy (self-play), or one by the policy and the other by a frozen copy of an earlier version of it.
 
     env = envs.make("agentstream/TextArena-v0", game="TicTacToe-v0", max_steps=9)          # seat from the seed
     env = envs.make("agentstream/TextArena-v0", game="KuhnPoker-v0", seat=1, opponent="random")
     env = envs.make("agentstream/TextArena-v0", game="KuhnPoker-v0", opponent="self")      # both seats: a match
+    env = envs.make("agentstream/TextArena-v0", game="KuhnPoker-v0", opponent="frozen")    # a match, one seat trained
     obs, info = env.reset(seed=3)
     obs, reward, terminated, truncated, info = env.step("<action>4</action>")
 
-In a run: `env.name=agentstream/TextArena-v0 +env.kwargs.game=KuhnPoker-v0` (`+env.kwargs.opponent=self`: self-play).
+In a run: `env.name=agentstream/TextArena-v0 +env.kwargs.game=KuhnPoker-v0` (`+env.kwargs.opponent=self`: self-play;
+`+env.kwargs.opponent=frozen`: against a frozen copy, with `model.lora_rank > 0`).
 
 The game is the `textarena` package's own (`textarena.make(game + "-raw")`: its rules, its texts, its zero-sum
 outcome). One episode is one seat's side of one game: after each of the policy's moves, the opponent seat moves
@@ -18,7 +20,9 @@ episodes of a group (one seed) play the same seat against the same deal and both
 
 Opponents (`opponent`): "random" (a uniformly random legal move, from the env's own RNG): the fixed opponent
 that validation measures a win rate against; "first" (the first legal move in the game's order): a fixed,
-exploitable opponent, deterministic, for scripted tests; "self": no opponent, the caller plays both seats.
+exploitable opponent, deterministic, for scripted tests; "self": no opponent, the caller plays both seats; "frozen":
+the same match, in which the caller trains one seat only (`trained_seat`: `seat`, or drawn from the reset seed) and
+answers the other's turns with a frozen copy of an earlier policy (actors/actor.py).
 
 Self-play (`opponent="self"`): every observation is the turn of the seat to move (`info["seat"]`), what that seat
 saw since its own last move; a step's reward is the mover's; at the end `info["seat_rewards"]` and
@@ -27,8 +31,8 @@ rules. `actors.episode.play_match` plays it: each seat's turns a trajectory of i
 An invalid answer costs `invalid_reward` and a random legal move is played in the seat's place (its next
 observation says so): a seat that stalled would leave the other seat, the policy too, waiting for a turn that might
 never come, and a trajectory without a step cannot end. So every step is a move: `max_steps` counts both seats' turns,
-and a game of Tic Tac Toe or Kuhn Poker (3 rounds) ends within 9. A frozen earlier policy in one seat needs a second
-model on the engines: docs/environments.md.
+and a game of Tic Tac Toe or Kuhn Poker (3 rounds) ends within 9. With `opponent="frozen"` all of this holds alike;
+only `trained_seat` (and `instructions`, that seat's rules) differ.
 
 The answer is `<action>MOVE</action>` with MOVE one of the legal moves the observation lists (`4`, `bet`; TextArena's
 bracketed form `[4]` is accepted as well). Anything else, an illegal move included, is an invalid answer: the game
@@ -56,8 +60,10 @@ from typing import Any
 
 from envs.base import TEXT_CHARSET, Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
-SELF = "self"
-OPPONENTS = ("random", "first", SELF)
+SELF, FROZEN = "self", "frozen"
+MATCHES = (SELF, FROZEN)
+"""Opponents with which the caller plays every seat: the episode is a match (`actors.episode.play_match`)."""
+OPPONENTS = ("random", "first", *MATCHES)
 _ALLOWED = frozenset(TEXT_CHARSET)
 _TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 
@@ -166,7 +172,10 @@ class TextArenaEnv(TextGame):
         self.action_space = text_space()
         self._ta: Any = None
         self._rng_state: Any = None
-        self.seat = 0  # the policy's seat; in self-play the seat to move
+        self.seat = 0  # the policy's seat; in a match the seat to move
+        self.match = opponent in MATCHES
+        self.trained_seat: int | None = None
+        """opponent="frozen": the seat the trained policy plays (set by reset); the other is the frozen copy's."""
         self._notes = ["", ""]  # self-play: what each seat is told first at its next turn (a move made in its place)
         self._obs = ""
         self._steps = 0
@@ -185,6 +194,7 @@ class TextArenaEnv(TextGame):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.seat = int(self.np_random.integers(2)) if self.seat_option is None else self.seat_option
+        self.trained_seat = self.seat if self.opponent == FROZEN else None
         self._rng_state = random.Random(int(self.np_random.integers(2**63))).getstate()
         self._steps, self._notes = 0, ["", ""]
         with self._own_random():
@@ -192,16 +202,16 @@ class TextArenaEnv(TextGame):
             self._ta.reset(num_players=2, seed=None)  # (a seed here would seed the global RNG)
         header = HEADER.format(example=self.adapter.example)
         self.seat_instructions = tuple(f"{header}\n\n{self._messages(s, keep_prompt=True)}".strip() for s in (0, 1))
-        if self.opponent == SELF:
+        if self.match:
             self.seat = self._state().current_player_id
-        self.instructions = self.seat_instructions[self.seat]
+        self.instructions = self.seat_instructions[self.seat if self.trained_seat is None else self.trained_seat]
         self._opponent_moves()  # (a game cannot end before the policy's first move)
         return self._turn()
 
     def step(self, action: str) -> StepResult:
         """`TextGame.step`; in self-play an invalid answer moves the game too (`_move_in_place`)."""
         obs, reward, terminated, truncated, info = super().step(action)
-        if self.opponent != SELF or info["valid"]:
+        if not self.match or info["valid"]:
             return obs, reward, terminated, truncated, info
         obs, reward, terminated, _, info = self._move_in_place(reward, info["parse_error"])
         return obs, reward, terminated, truncated and not terminated, info  # (truncated: that was the last step)
@@ -253,7 +263,7 @@ class TextArenaEnv(TextGame):
         """The opponent moves until it is the policy's turn or the game is over; whether it is over. Self-play: the
         seat to move is the policy's."""
         state = self._state()
-        if self.opponent == SELF:
+        if self.match:
             if not state.done:
                 self.seat = state.current_player_id
             return bool(state.done)

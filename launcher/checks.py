@@ -26,6 +26,7 @@ from agentstream.wire.addresses import read_record
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.sinks import logger_errors
 from broker.wal import FOLDER as WAL_FOLDER
+from envs.arena import FROZEN
 from envs.registry import known_envs
 from gateway.spec import read_key
 from envs.toolcalls import TOOL_PARSERS
@@ -111,6 +112,7 @@ def _episode_errors(cfg: Config) -> list[str]:
         errors.append(f"env.name={cfg.env.name!r} is not registered; known: {', '.join(known_envs())}.")
     else:
         errors += _env_kwargs_errors(cfg.env.name, cfg.env.kwargs)
+    errors += frozen_seat_errors(cfg)
     if cfg.env.step_latency_mean_s < 0 or cfg.env.step_latency_sigma < 0:
         errors.append(f"env.step_latency_mean_s={cfg.env.step_latency_mean_s} and env.step_latency_sigma="
                       f"{cfg.env.step_latency_sigma}: both must be >= 0 (0 = no simulated latency).")
@@ -131,6 +133,21 @@ def _episode_errors(cfg: Config) -> list[str]:
                       f"{', '.join(IMAGE_MODES)}, and image_tokens >= 0 (0: measured with the model's processor).")
     elif mem.images != "none":
         errors += _image_errors(cfg)
+    return errors
+
+
+def frozen_seat_errors(cfg: Config) -> list[str]:
+    """A seat played by a frozen copy of the policy (env.kwargs.opponent=frozen): LoRA, and a refresh period."""
+    if cfg.env.kwargs.get("opponent") != FROZEN:
+        return []
+    errors = []
+    if cfg.model.lora_rank < 1:
+        errors.append(f"env.kwargs.opponent=frozen needs model.lora_rank > 0 (e.g. model.lora_rank=8): the frozen copy "
+                      f"is a second LoRA adapter on the same engines, and without LoRA a vLLM server serves one "
+                      f"model only. Set model.lora_rank, or use opponent=self (both seats trained).")
+    if cfg.engines.frozen_every < 1:
+        errors.append(f"engines.frozen_every={cfg.engines.frozen_every}: must be at least 1 (the frozen copy is "
+                      f"refreshed every this many policy versions).")
     return errors
 
 

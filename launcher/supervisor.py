@@ -215,8 +215,10 @@ class Launcher:
 
     def sidecar_child(self, i: int) -> Child:
         from engines.server import takes_stream
+        from envs.arena import FROZEN
 
         w = self.wiring
+        frozen_every = self.cfg.engines.frozen_every if self.cfg.env.kwargs.get("opponent") == FROZEN else 0
         return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
             PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
             "--learner", self.learner_where, "--broker", self.broker_where,
@@ -224,7 +226,9 @@ class Launcher:
             "--stats-interval", str(self.cfg.run.log_interval_s),
             "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
             "--stream-workers", str(self.cfg.engines.gpus_per_engine if takes_stream(self.cfg.model, self.cfg.engines)
-                                    else 0), *self.curve_args()])
+                                    else 0),
+            "--frozen-every", str(frozen_every),  # a frozen seat's copy of the policy (0: none)
+            *self.curve_args()])
 
     def curve_args(self) -> list[str]:
         """The CURVE key folder for a child that takes no config (broker, actors, learner read

@@ -2,8 +2,9 @@
 `opponent=self`, both seats answered by a scripted engine through the real actor path (the env, one memory per seat,
 the chat template, transitions to the broker), the outcomes worked out by hand below; then the actor's lanes against
 the real broker (broker.server.Broker on ZeroMQ, in this loop), which opens one group per seat with one grant; then a
-match whose env raises, retried or dropped in both seats' groups. The real vLLM engine plays self-play in
-tests/test_e2e_envs.py. ~2 s.
+match whose env raises, retried or dropped in both seats' groups; then a frozen seat (`opponent=frozen`): one seat's
+steps sent, the other's turns answered by the engine's frozen copy, one group per grant. The real vLLM engine plays
+self-play in tests/test_e2e_envs.py, a frozen seat in tests/engines/test_engines_lora.py. ~3 s.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from textarena.envs.TicTacToe.env import TicTacToeEnv
 from actors.actor import Actor, EpisodeResult
 from actors.spec import ActorSpec
 from agentstream.config import Config
+from agentstream.models import FROZEN_ADAPTER_NAME
 from agentstream.wire.messages import ABANDON, ABANDON_GROUP, GroupGrant, Transition
 from engines.client import Generation
 
@@ -252,3 +254,100 @@ async def test_a_failed_match_is_played_again_or_dropped_in_both_seats_groups(re
     else:  # given up: both seats' groups are dropped whole
         assert markers == [("actor-0.0.g10.0", 10, 1, True), ("actor-0.0.g11.0", 11, 0, True)]
         assert len(broker.sent) == 3 and 10 in actor._failed_groups
+
+
+# ---- a frozen seat: one seat trained, the other answered by the engine's frozen copy --------------------------------
+
+class WithFrozenCopy:
+    """An engine (`answers`: ScriptedSeats or Policy) whose frozen copy (`with_model`) answers from the same script and
+    notes the seat of every turn it answers."""
+
+    url = "http://e:1"
+
+    def __init__(self, answers: Any) -> None:
+        self.answers, self.copies, self.frozen_seats = answers, [], []
+        self.policy_seats: list[int] = []
+
+    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
+                     images: Any = None) -> list[Generation]:
+        self.policy_seats += [seat_and_legal(prompt_ids)[0]] * n
+        return await self.answers.sample(prompt_ids, sampling, n, seed, images)
+
+    def with_model(self, model: str, base_while_absent: bool = False) -> Any:
+        self.copies.append((model, base_while_absent))
+        outer = self
+
+        class FrozenCopy:
+            url = outer.url
+
+            async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
+                             images: Any = None) -> list[Generation]:
+                outer.frozen_seats += [seat_and_legal(prompt_ids)[0]] * n
+                return await outer.answers.sample(prompt_ids, sampling, n, seed, images)
+
+        return FrozenCopy()
+
+
+def frozen_config(seat: int | None = None, **over: Any) -> Config:
+    cfg = config(**over)
+    cfg.env.kwargs = {**cfg.env.kwargs, "opponent": "frozen", **({"seat": seat} if seat is not None else {})}
+    return cfg
+
+
+# FORCED_WIN again, one seat trained. Seat 0 trained: its 5 steps are sent, rewards 0 0 0 0 0.55 (its junk answer: the
+# env's -0.2 and the actor's -0.25, the random move 8 wins +1); seat 1's 4 turns go to the frozen copy, nothing of them
+# is sent. Seat 1 trained: its 4 steps, rewards 0 0 0 -1 (it loses after seat 0's random move), and seat 0's 5 turns
+# (one invalid) are the frozen copy's.
+@pytest.mark.parametrize("seat, rewards, frozen_turns", [(0, [0, 0, 0, 0, 0.55], 4), (1, [0, 0, 0, -1], 5)])
+async def test_a_frozen_match_sends_only_the_trained_seats_steps(seat: int, rewards: list[float],
+                                                                 frozen_turns: int) -> None:
+    cfg = frozen_config(seat, trainer__invalid_action_penalty=PENALTY)
+    spec = ActorSpec.from_config(cfg)
+    assert (spec.episode.seats, spec.episode.trained_seats, spec.episode.frozen) == (2, 1, True)
+    broker = Broker_()
+    engine = WithFrozenCopy(ScriptedSeats(FORCED_WIN))
+    actor = actor_for(cfg, broker, engine)
+    results = await actor.play_match(GroupGrant(group_id=10, seed=3, min_version=0), ["a"], engine)  # type: ignore
+    assert [t.traj_id for t in broker.sent] == ["a"] * len(rewards) and {t.group_id for t in broker.sent} == {10}
+    assert [t.step for t in broker.sent] == list(range(len(rewards)))
+    assert [t.reward for t in broker.sent] == pytest.approx(rewards) and broker.sent[-1].done
+    assert all(t.anchor.startswith(f"seat {seat}:") for t in broker.sent)
+    for t in broker.sent:  # the trained seat's own prompts: its rules, its observations
+        assert f"You are Player {seat} in Tic Tac Toe" in bytes(t.prompt_ids.astype(np.uint8)).decode()
+    # Every turn of the other seat went to the frozen copy (FROZEN_ADAPTER_NAME, the base model until it is loaded).
+    assert engine.copies == [(FROZEN_ADAPTER_NAME, True)]
+    assert engine.frozen_seats == [1 - seat] * frozen_turns and engine.policy_seats == [seat] * len(rewards)
+    assert results == [EpisodeResult(len(rewards), pytest.approx(sum(rewards)), seat == 0)]
+    assert actor.counters["episodes"] == 1 and actor.counters["frozen_steps"] == frozen_turns
+    assert actor.counters["frozen_invalid_actions"] == (1 if seat == 1 else 0)
+    assert actor.counters["invalid_actions"] == (1 if seat == 0 else 0)  # (counted for sent steps only)
+
+
+# Both seats take the lowest free cell (the frozen copy too): O has the diagonal 2-4-6 after 4 moves, X lost after 3.
+async def test_a_frozen_seat_grant_opens_one_group_of_the_trained_seat() -> None:
+    """With a frozen seat the actor asks for 1 group per grant: group 0, G = 2 matches from one seed, each a trajectory
+    of the trained seat (drawn from the seed) that the broker completes; groups_per_step 1 at bound 0, no learner: only
+    that group is admitted. The accounting is exact and counts the trained seat's steps only."""
+    cfg = frozen_config(env__group_size=2, actors__episodes_per_actor=2, trainer__groups_per_step=1,
+                        trainer__max_staleness=0, learner__world_size=1, broker__track_keys=True, broker__logger=[],
+                        engines__max_model_len=8192)
+    engine = WithFrozenCopy(Policy(lowest))
+    async with broker_and_actor(cfg, engine) as (broker, actor):
+        async with asyncio.timeout(20):
+            while len(broker.buffer.ready) < 1:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # (time for a wrongly admitted second group to show)
+        buffer = broker.buffer
+        assert buffer.counts["groups_admitted"] == 1 and not buffer.open
+        (group,) = buffer.ready
+        assert group.group_id == 0 and sorted(group.trajectories) == [f"actor-0.0.g0.{i}" for i in range(2)]
+        anchors = {t.anchor[:6] for steps in group.trajectories.values() for t in steps}
+        assert len(anchors) == 1  # one seat trained in the whole group
+        seat = int(anchors.pop()[-1])
+        assert group.returns() == ([1.0, 1.0] if seat == 0 else [-1.0, -1.0])
+        assert [len(steps) for steps in group.trajectories.values()] == [4 - seat] * 2
+        assert set(engine.frozen_seats) == {1 - seat} and set(engine.policy_seats) == {seat}
+        assert actor.counters["episodes"] == 2 and actor.counters["frozen_steps"] == 2 * (3 + seat)
+    summary = broker.summary()
+    check_accounting(summary)
+    assert summary["transitions_ingested"] == 2 * (4 - seat)

@@ -31,6 +31,8 @@ class FakeVLLM:
     spans: list[dict[str, Any]] | None = None
     choice_spans: list[list[dict[str, Any]]] | None = None  # choice i's weight_versions (for n > 1), else `spans`
     choices: int | None = None  # answer this many choices (None: the `n` asked for, 1 if none)
+    models: set[str] | None = None  # the names it serves (None: any), as vLLM answers 404 for another; a LoRA adapter
+    # loaded (/v1/load_lora_adapter) adds its name
 
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
@@ -44,6 +46,12 @@ class FakeVLLM:
             return web.Response(status=self.fail[path], text=f"injected failure of {path}")
         body = await request.json() if request.can_read_body else None
         self.bodies.append(body)
+        if self.models is not None and path in ("/v1/completions", "/inference/v1/generate", "/v1/load_lora_adapter"):
+            if path == "/v1/load_lora_adapter":
+                self.models.add(body["lora_name"])
+            elif body["model"] not in self.models:
+                return web.json_response({"error": {"message": f"The model `{body['model']}` does not exist.",
+                                                    "type": "NotFoundError", "code": 404}}, status=404)
         if path == "/weight_info":
             return web.json_response({"weight_version": self.version})
         if path == "/update_weight_version":

@@ -1,5 +1,6 @@
 """LoRA on the engine side without vLLM: server flags, the adapter payload, the agent's handling of it, and
-which served name the client requests (a fake vLLM server answers HTTP)."""
+which served name the client requests (a fake vLLM server answers HTTP); the frozen copy of a frozen seat: when the
+sidecar refreshes it, and the base model its client asks for until then."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import torch
 from safetensors.torch import load
 
 from agentstream.config import EnginesConfig, ModelConfig, SamplingConfig
-from agentstream.models import LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name, served_model_name
+from agentstream.models import (FROZEN_ADAPTER_NAME, LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name,
+                                served_model_name)
 from agentstream.wire.messages import WeightUpdate
 from engines import EngineClient
 from engines import server as server_mod
-from engines.sidecar import MM_CACHE_RESETS, ApplyError, ServerControl, SidecarSpec, WeightSidecar, write_adapter
+from engines.sidecar import (FROZEN_FOLDER, MM_CACHE_RESETS, ApplyError, ServerControl, SidecarSpec, WeightSidecar,
+                             frozen_due, write_adapter)
 from learner.publish import serialize_adapter
 
 ADAPTER = {
@@ -28,7 +31,7 @@ CONFIG = {"peft_type": "LORA", "r": 8, "lora_alpha": 16.0, "target_modules": ["q
 def test_server_command_enables_runtime_lora(monkeypatch):
     monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
     argv, env = server_mod.server_command(ModelConfig(path="/m", lora_rank=16), EnginesConfig(), port=1)
-    assert " --enable-lora --max-lora-rank 16 --max-loras 1" in " ".join(argv)
+    assert " --enable-lora --max-lora-rank 16 --max-loras 2" in " ".join(argv)  # the policy, a frozen copy
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
@@ -85,3 +88,84 @@ async def test_client_asks_for_the_base_model_at_version_0_then_the_adapter(fake
         await plain.generate([1, 2], sampling)
     models = [b["model"] for b in fake_vllm.bodies if b and "prompt" in b]
     assert models == [SERVED_MODEL_NAME, SERVED_MODEL_NAME, LORA_ADAPTER_NAME, SERVED_MODEL_NAME]
+
+
+# ---- the frozen copy (a frozen seat, engines.frozen_every) ----------------------------------------------------------
+
+def test_the_frozen_copy_is_due_at_the_first_version_applied_in_each_block() -> None:
+    # Every 3: blocks 0-2, 3-5, 6-8. From 0 (the base model): 1 and 2 stay in block 0, 3 opens block 1. From 3: 4 and 5
+    # stay, 7 opens block 2 (6 was skipped: a newer update arrived before it was applied).
+    assert [frozen_due(v, 0, 3) for v in (1, 2, 3)] == [False, False, True]
+    assert [frozen_due(v, 3, 3) for v in (4, 5, 7)] == [False, False, True]
+    assert frozen_due(0, -1, 3)  # unknown (a server started elsewhere): the first update refreshes it
+    assert frozen_due(5, 7, 3)  # a learner restarted from an older checkpoint: back from block 2 to block 1
+    assert not any(frozen_due(v, 0, 0) for v in range(1, 20))  # 0: no frozen copy
+
+
+def adapter_of(version: int) -> bytes:
+    """An adapter payload whose every weight is `version` (which version a folder holds can be read back)."""
+    return serialize_adapter({k: torch.full_like(t, float(version)) for k, t in ADAPTER.items()}, CONFIG)
+
+
+def folder_version(folder) -> float | None:
+    path = folder / "adapter_model.safetensors"
+    return float(next(iter(load(path.read_bytes()).values())).flatten()[0]) if path.exists() else None
+
+
+async def test_the_sidecar_refreshes_the_frozen_copy_every_n_versions_and_keeps_its_folder(fake_vllm, tmp_path):
+    fake_vllm.models = {SERVED_MODEL_NAME}
+    agent = WeightSidecar(SidecarSpec(name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2",
+                                      workdir=str(tmp_path), frozen_every=3))
+
+    async def no_status() -> None:  # (no learner or broker here)
+        pass
+
+    agent._send_status = no_status  # type: ignore[method-assign]
+    seen = {}
+    async with aiohttp.ClientSession() as session:
+        agent._server = ServerControl(fake_vllm.url, session, 5)
+        for version in (1, 2, 4, 5, 7):  # 3 and 6 skipped (superseded before they were applied)
+            first = len(fake_vllm.calls)
+            await agent._apply(WeightUpdate(version=version, payload=adapter_of(version), format="peft_adapter"))
+            calls = fake_vllm.calls[first:]
+            bodies = [fake_vllm.bodies[first + i] for i, c in enumerate(calls) if c == "/v1/load_lora_adapter"]
+            assert calls[0] == "/sleep" and calls[-1] == "/wake_up" and calls[1:1 + len(bodies)] == [
+                "/v1/load_lora_adapter"] * len(bodies)  # both loads in one pause, before the label and resets
+            folders = {LORA_ADAPTER_NAME: tmp_path / "adapter", FROZEN_ADAPTER_NAME: tmp_path / FROZEN_FOLDER}
+            assert all(b["lora_path"] == str(folders[b["lora_name"]]) and b["load_inplace"] for b in bodies)
+            loads = [b["lora_name"] for b in bodies]
+            seen[version] = (loads, agent.frozen_version, folder_version(tmp_path / FROZEN_FOLDER))
+            assert folder_version(tmp_path / "adapter") == version
+    # Blocks of 3 from version 0 (the base model: no frozen adapter, no folder): 1 and 2 load the policy only; 4 is the
+    # first applied in block 1: the frozen copy becomes version 4 and its folder keeps 4's weights through 5; 7 opens
+    # block 2.
+    lora, frozen = LORA_ADAPTER_NAME, FROZEN_ADAPTER_NAME
+    assert seen == {1: ([lora], 0, None), 2: ([lora], 0, None), 4: ([lora, frozen], 4, 4.0), 5: ([lora], 4, 4.0),
+                    7: ([lora, frozen], 7, 7.0)}
+    assert fake_vllm.models == {SERVED_MODEL_NAME, lora, frozen}
+
+
+async def test_a_frozen_copy_client_asks_for_the_base_model_until_the_engine_has_loaded_it(fake_vllm):
+    """`base_while_absent`: at version 0 the base model; past it, the frozen name, and on its 404 the base model, which
+    it asks for directly until the engine serves another version (one 404 per version at most)."""
+    fake_vllm.token_route, fake_vllm.models = True, {SERVED_MODEL_NAME, LORA_ADAPTER_NAME}
+    sampling = SamplingConfig(max_tokens=3)
+    async with aiohttp.ClientSession() as session:
+        policy = EngineClient(fake_vllm.url, session, timeout_s=5, model=LORA_ADAPTER_NAME,
+                              base_model=SERVED_MODEL_NAME)
+        client = policy.with_model(FROZEN_ADAPTER_NAME, base_while_absent=True)
+        assert (client.url, client.base_model, policy.base_while_absent) == (policy.url, SERVED_MODEL_NAME, False)
+        await client.generate([1, 2], sampling)  # version 0: the base model
+        for version in ("1", "2", "3"):
+            fake_vllm.version = version
+            if version == "3":  # the sidecar's refresh: the frozen adapter is loaded
+                async with session.post(f"{fake_vllm.url}/v1/load_lora_adapter",
+                                        json={"lora_name": FROZEN_ADAPTER_NAME}) as resp:
+                    assert resp.status == 200
+            for _ in range(3):
+                await client.generate([1, 2], sampling)
+    asked = [b["model"] for b in fake_vllm.bodies if b and "token_ids" in b]
+    base, frozen = SERVED_MODEL_NAME, FROZEN_ADAPTER_NAME
+    # v0: base. v1: the first still knows 0 (base, labelled 1), the second asks for the copy (404) then base, the third
+    # goes to base directly. v2: the same. v3: the first knows 2, where the copy was absent (base), then the copy.
+    assert asked == [base, base, frozen, base, base, base, frozen, base, base, base, frozen, frozen]

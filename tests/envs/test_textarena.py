@@ -293,6 +293,33 @@ def test_self_play_deals_come_from_the_seed_and_kuhn_is_opened_by_player_1() -> 
     assert len(deals) > 1  # the seed decides the deal
 
 
+def test_a_frozen_match_is_self_play_with_one_trained_seat_from_the_seed_or_seat() -> None:
+    """opponent="frozen": the same match as self-play (the same turns, an invalid answer's random move in the seat's
+    place), plus the trained seat: drawn from the seed as a one-seat game's seat is (a group's G matches train one
+    seat, groups cover both), or `seat`; the env's instructions are that seat's rules."""
+    trained = []
+    for seed in range(8):
+        env = make(opponent="frozen")
+        env.reset(seed=seed)
+        trained.append(env.trained_seat)
+    assert trained == [make().reset(seed=s)[1]["seat"] for s in range(8)] and set(trained) == {0, 1}
+    seed = trained.index(1)
+    frozen, mirror = make(opponent="frozen"), self_play()
+    assert frozen.reset(seed=seed) == mirror.reset(seed=seed) and frozen.trained_seat == 1
+    assert mirror.trained_seat is None
+    assert "You are Player 1 in Tic Tac Toe" in frozen.instructions  # seat 0 opens, but seat 1 is the trained one
+    for answer in ["junk", *(act(m) for m in "012345678")]:  # seat 0's junk: a random move for it, as in self-play
+        got, want = frozen.step(answer), mirror.step(answer)
+        assert got == want
+        if got[2]:
+            break
+    assert got[2] and got[4]["seat_rewards"][0] == -got[4]["seat_rewards"][1]
+    fixed = make(opponent="frozen", seat=0)
+    assert [(fixed.reset(seed=s), fixed.trained_seat)[1] for s in range(4)] == [0] * 4
+    with pytest.raises(ValueError, match="both seats; leave seat out"):
+        make(opponent="self", seat=1)  # (a fixed seat is for the frozen opponent only)
+
+
 # ---- whole games through the actor ------------------------------------------------------------------------------
 
 class ByteTokenizer:

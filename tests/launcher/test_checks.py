@@ -99,3 +99,23 @@ def test_a_fresh_launch_into_an_earlier_runs_folder_is_refused(tmp_path: Path) -
     check_config(cfg)
     cfg.checkpoint.resume_from, cfg.broker.wal = "", False  # no log: nothing is recovered
     check_config(cfg)
+
+
+def test_a_frozen_seat_needs_lora_and_its_sidecars_refresh_the_copy(tmp_path: Path) -> None:
+    """env.kwargs.opponent=frozen: refused without LoRA (vLLM serves one full model per server), saying what to set;
+    with LoRA, every weight sidecar refreshes the frozen copy every engines.frozen_every versions (0 without one)."""
+    from launcher.supervisor import Launcher
+    from launcher.wiring import wire
+
+    frozen = ["env.name=agentstream/TextArena-v0", "+env.kwargs.game=KuhnPoker-v0", "+env.kwargs.opponent=frozen"]
+    with pytest.raises(C.ConfigError, match=re.escape("env.kwargs.opponent=frozen needs model.lora_rank > 0 (e.g. "
+                                                      "model.lora_rank=8)")):
+        check_config(compose_cfg(overrides=frozen))
+    with pytest.raises(C.ConfigError, match=re.escape("engines.frozen_every=0: must be at least 1")):
+        check_config(compose_cfg(overrides=[*frozen, "model.lora_rank=8", "engines.frozen_every=0"]))
+    for opponent, every in (("frozen", "5"), ("self", "0")):
+        cfg = compose_cfg(overrides=[*frozen[:2], f"+env.kwargs.opponent={opponent}", "model.lora_rank=8",
+                                     "engines.frozen_every=5"])
+        check_config(cfg)
+        argv = Launcher(cfg, tmp_path, wire(cfg)).sidecar_child(0).argv
+        assert argv[argv.index("--frozen-every") + 1] == every
