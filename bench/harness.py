@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import psutil
+
 from agentstream.config import REPO_ROOT, TINY_MODEL_DIR, Config
 from agentstream.wire.addresses import free_port
 
@@ -250,6 +252,44 @@ def role(cmdline: Sequence[str], roles: Sequence[tuple[str, str]] = ROLES) -> st
     the multiprocessing resource tracker vLLM starts)."""
     text = " ".join(cmdline)
     return next((name for word, name in roles if word in text), "other")
+
+
+class CpuSampler(Periodic):
+    """CPU seconds of a process tree (`pid` and its descendants) by role (`roles`, as `role` names them), read every
+    `every_s` seconds in a thread of this process while the block runs; a process that exits keeps its last
+    reading. `cores(t0, t1)`: the cores each role used on average between two times."""
+
+    def __init__(self, pid: int, every_s: float = 0.5, roles: Sequence[tuple[str, str]] = ROLES):
+        super().__init__(every_s)
+        self.root, self.roles = psutil.Process(pid), roles
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (time, CPU s of each role so far)
+        self._seen: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU s)
+
+    def tick(self) -> bool:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:  # the root exited: its tree's last readings stay
+            return True
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                self._seen[p.pid] = (role(p.cmdline(), self.roles), t.user + t.system)
+            except psutil.Error:
+                pass
+        totals: dict[str, float] = {}
+        for name, used in self._seen.values():
+            totals[name] = totals.get(name, 0.0) + used
+        self.samples.append((time.time(), totals))
+        return True
+
+    def cores(self, t0: float, t1: float) -> dict[str, float]:
+        """Cores each role used on average between the first reading at or after `t0` and the last at or before
+        `t1`, most first; empty when fewer than two readings fall between."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {}
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        return dict(sorted(((r, (b[r] - a.get(r, 0.0)) / (tb - ta)) for r in b), key=lambda x: -x[1]))
 
 
 def cpu_s(pid: int) -> float:

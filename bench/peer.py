@@ -44,13 +44,10 @@ import os
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, stdev
 from typing import IO, Any
-
-import psutil
 
 from agentstream.config import REPO_ROOT, SMALL_MODEL_DIR, Config, TrainerConfig
 from agentstream.wire.addresses import free_port
@@ -95,41 +92,11 @@ class Workload:
         return self.batch // self.group_size
 
 
-class CpuSampler(harness.Periodic):
-    """CPU seconds of a process tree by role (`ROLES`), read every `every_s` seconds in a thread of this process
-    while the block runs; a process that exits keeps its last reading."""
+class CpuSampler(harness.CpuSampler):
+    """`harness.CpuSampler` with TRL's process named (`ROLES`)."""
 
     def __init__(self, pid: int, every_s: float = 0.5):
-        super().__init__(every_s)
-        self.root = psutil.Process(pid)
-        self.samples: list[tuple[float, dict[str, float]]] = []  # (time, CPU s of each role so far)
-        self._seen: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU s)
-
-    def tick(self) -> bool:
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:  # the root exited: its tree's last readings stay
-            return True
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                self._seen[p.pid] = (harness.role(p.cmdline(), ROLES), t.user + t.system)
-            except psutil.Error:
-                pass
-        totals: dict[str, float] = defaultdict(float)
-        for name, cpu_s in self._seen.values():
-            totals[name] += cpu_s
-        self.samples.append((time.time(), dict(totals)))
-        return True
-
-    def cores(self, t0: float, t1: float) -> dict[str, float]:
-        """Cores each role used on average between the first reading at or after `t0` and the last at or before
-        `t1`, most first; empty when fewer than two readings fall between."""
-        inside = [s for s in self.samples if t0 <= s[0] <= t1]
-        if len(inside) < 2:
-            return {}
-        (ta, a), (tb, b) = inside[0], inside[-1]
-        return dict(sorted(((r, (b[r] - a.get(r, 0.0)) / (tb - ta)) for r in b), key=lambda x: -x[1]))
+        super().__init__(pid, every_s, ROLES)
 
 
 def cpu_line(cores: dict[str, float], rate: float) -> tuple[str, float]:
@@ -422,7 +389,8 @@ def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], fo
         for seed in range(args.seeds):
             w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed, lr=args.lr,
                          peer_seed_offset=args.peer_seed_offset)
-            runs = [run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
+            runs = [] if args.agentstream_only else [
+                run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
             runs += [run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s,
                                      args.override) for mode in modes]
             for r in runs:
