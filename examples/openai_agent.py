@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import itertools
+import functools
 import json
 import operator
 import re
@@ -155,10 +156,17 @@ class Recorder:
         self.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "reward": reward, "steps": steps})
 
 
+@functools.cache
+def shared_client() -> OpenAI:
+    """One `OpenAI` client for the process's episodes: each episode takes a copy with its own base URL and key
+    (`with_options`, ~0.1 ms) that shares its HTTP connection pool. A new client per episode costs ~20 ms of CPU."""
+    return OpenAI(base_url="http://127.0.0.1/unused", api_key="unused", max_retries=2)
+
+
 def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> dict:
     """One episode: think, act (tool calls), observe, until an answer without tool calls or max_turns."""
     with open_episode(gateway, task_id, key=s.key) as ep:
-        client = OpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=2)
+        client = shared_client().with_options(base_url=ep.base_url, api_key=ep.api_key)
         messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.question}]
         answer, calls, answered = "", 0, False
         for turn in range(s.max_turns):
