@@ -4,7 +4,8 @@
 
 Actors send Hello, GroupRequest (answered by GroupGrant when admission allows), Transition and Stats;
 learner ranks send BatchRequest (answered by their share of that step's global batch, when it exists) and
-rank 0 sends VersionUpdate; weight sidecars send EngineStatus and Stats. A malformed or oversized message is
+rank 0 sends VersionUpdate (with where it publishes weights: the Welcome passes it on to joiners and to
+weight sidecars that ask again); weight sidecars send EngineStatus and Stats. A malformed or oversized message is
 answered with Reject, counted under `malformed_messages`, and the broker keeps serving. SIGTERM stops it.
 
 When its write-ahead log cannot be written (a full disk), the broker stalls instead of dying: it reads no
@@ -99,6 +100,10 @@ class Broker:
         self.status, self.reason = "starting", ""
         self._status_before_stall, self._stall_logged_at = "", time.monotonic()
         self.learner_metrics: dict[str, float] = {}
+        # Where the learner publishes weights, for the Welcome: as the run started, until the learner says otherwise
+        # (VersionUpdate.weights: a learner placed again on another node). A broker restarted from its log starts from
+        # the run's config again and learns it with the learner's next report (each step's, or the one it resends).
+        self.weights = spec.weights
         self.engines: dict[str, EngineStatus] = {}
         self.malformed: deque[str] = deque(maxlen=20)  # the latest reasons, for the dashboard and logs
         self.rejected: dict[str, int] = {}
@@ -407,6 +412,10 @@ class Broker:
         await self._serve_batches()
 
     async def _on_version(self, _ident: bytes, msg: VersionUpdate, _frames: list | None) -> None:
+        if msg.weights and msg.weights != self.weights:
+            log.warning("the learner publishes weights at %s now (was %s): joining launches and the sidecars that "
+                        "ask are told so", msg.weights, self.weights or "unknown")
+            self.weights = msg.weights
         if self.state.version(msg.version, msg.resumed, msg.checkpointed):
             self.state.maybe_compact(force=True)  # the learner checkpointed: what it consumed is safe
         if msg.resumed:
@@ -452,7 +461,7 @@ class Broker:
         """What a joining process needs: usable engines, the learner's weight address, the run config."""
         return Welcome(
             engines=[e.url for name, e in sorted(self.engines.items()) if name in self.buffer.engine_versions],
-            weights=self.spec.weights,
+            weights=self.weights,
             dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}/",
             learner_version=self.buffer.learner_version, config=self.spec.run_config,
         )

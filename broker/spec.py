@@ -30,7 +30,8 @@ class BrokerSpec:
     limits: Limits
     """What every message's content is checked against."""
     weights: str
-    """The learner's weight address, for processes that join the run ("" before it is known)."""
+    """The learner's weight address as the run starts, for processes that join it ("" before it is known); a learner
+    placed again elsewhere tells the broker its new one (`VersionUpdate.weights`)."""
     run_config: str
     """The whole run's config as YAML, for processes that join the run."""
 

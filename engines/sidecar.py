@@ -24,7 +24,12 @@ What it does:
      version from its broadcast (pause keep -> /start_weight_update -> /update_weights ->
      /finish_weight_update -> label -> reset prefix cache -> resume); nothing is written, nothing skipped;
   4. every --stats-interval: `Stats` to the broker, an `EngineStatus` heartbeat to the learner (so a
-     restarted learner finds its engines again), and a /health check of the server.
+     restarted learner finds its engines again), and a /health check of the server;
+  5. follows the learner when it is placed again elsewhere: given its record (--learner RUN/learner.json, the main
+     launch's sidecars), to the address the record names, read every interval; given a plain address (a launch that
+     joined the run), to the one the broker's Welcome names (the learner tells the broker where it publishes), which
+     it asks for (Hello) once the connection has been down --learner-lost-s or silent --learner-silent-s, and again as
+     often while that lasts. A new connection gets the newest weights; `learner_moves_followed` counts the moves.
 
 Exit status: 0 after SIGTERM/SIGINT (a running update is finished first; the last Stats carry
 final=True); 1 if the server died or an update failed (the error says which step). After a failed
@@ -52,9 +57,10 @@ from typing import Any
 import aiohttp
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from agentstream.models import ADAPTER_CONFIG_KEY, FROZEN_ADAPTER_NAME, LORA_ADAPTER_NAME
-from agentstream.wire.client import AsyncClient, RecordLink, follow_record
+from agentstream.wire.client import AsyncClient, RecordLink, follow_address, follow_record
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
 from agentstream.wire.messages import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
@@ -102,6 +108,9 @@ class SidecarSpec:
     max_weight_bytes: int = 32 << 30  # a bigger frame from the learner drops the connection
     stream_workers: int = 0  # the server's workers that join the learner's weight group (0: files only)
     frozen_every: int = 0  # adapters: refresh the frozen copy (FROZEN_ADAPTER_NAME) every this many versions; 0: none
+    learner_lost_s: float = 5.0  # a plain `learner` address: ask the broker where the learner is after this long
+    # without a connection to it (and again every as long while that lasts)
+    learner_silent_s: float = 60.0  # ... or after this long connected without a message from it
 
 
 # ---------------------------------------------------------------------------------- the server
@@ -272,6 +281,14 @@ def prune_weight_dirs(workdir: Path, keep: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def learner_lost(now: float, up: bool, since: float, asked_at: float, lost_s: float, silent_s: float) -> bool:
+    """Whether a sidecar given the learner's address (no record to read) asks the broker where the learner is: once
+    the connection has been down for `lost_s` (`since`: when it went down, or was made to a new address), or up without
+    a message from the learner for `silent_s` (`since`: its last message); then again every as long while that lasts
+    (`asked_at`: when it last asked). Monotonic seconds."""
+    return now - max(since, asked_at) >= (silent_s if up else lost_s)
+
+
 # ---------------------------------------------------------------------------------- the sidecar
 class WeightSidecar:
     """One sidecar for one server; `await WeightSidecar(spec).run()` returns the exit status."""
@@ -295,8 +312,12 @@ class WeightSidecar:
         self._apply_lock = asyncio.Lock()  # held while an update is applied; shutdown waits for it
         self._learner: zmq.asyncio.Socket | None = None
         self._learner_link: RecordLink | None = None
-        self._learner_events: zmq.asyncio.Socket | None = None  # its monitor: each time the connection is made
+        self._learner_events: zmq.asyncio.Socket | None = None  # its monitor: each time the connection is made or lost
         self.link = 0  # times the connection to the learner was made (EngineStatus.link)
+        self.learner_moves = 0  # times the learner was followed to another address (its record, or the broker's word)
+        self._learner_up = False  # connected to the learner now (its socket's monitor says)
+        self._learner_since = time.monotonic()  # when the connection went down (or was started); up: the last message
+        self._asked_at = -float("inf")  # when the broker was last asked where the learner is
         self._broker: AsyncClient | None = None
         self._server: ServerControl | None = None
 
@@ -340,11 +361,12 @@ class WeightSidecar:
         self._learner.setsockopt(zmq.LINGER, 1000)
         self._learner.setsockopt(zmq.MAXMSGSIZE, self.spec.max_weight_bytes)
         keep_alive(self._learner)
-        self._learner_events = self._learner.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._learner_events = self._learner.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         if self.spec.curve_keys_dir:
             secure_client(self._learner, load_client_keys(self.spec.curve_keys_dir))
-        self._learner_link = RecordLink(self.spec.learner, key="weights")  # followed in _report_loop
+        self._learner_link = RecordLink(self.spec.learner, key="weights")  # followed in _follow_learner
         self._learner.connect(self._learner_link.address)
+        self._learner_since = time.monotonic()  # (not connected yet: `_follow_learner` counts from here)
         self._broker = AsyncClient(self.spec.broker, name=self.spec.name, curve_keys_dir=self.spec.curve_keys_dir)
         await self._broker.start()
         await self._broker.send(Hello(role="engine", name=self.spec.name, address=self.spec.url, pid=os.getpid()))
@@ -361,6 +383,7 @@ class WeightSidecar:
         assert self._learner is not None
         while True:
             frames = await self._learner.recv_multipart(copy=False)
+            self._learner_since = time.monotonic()  # the learner is there (`_follow_learner`)
             try:
                 msg = check_limits(decode(frames, max_bytes=self.spec.max_weight_bytes), Limits())
             except ProtocolError as exc:
@@ -379,10 +402,19 @@ class WeightSidecar:
     async def _watch_link(self) -> None:
         """Count the connections made to the learner and say so at once: after a partition (or a learner that
         came back), the updates queued on the old connection are lost, and the new `link` number asks for the
-        newest weights again (learner.publish.WeightPublisher)."""
-        assert self._learner_events is not None
+        newest weights again (learner.publish.WeightPublisher). Whether the learner's current address is connected
+        now is kept for `_follow_learner`."""
+        assert self._learner_events is not None and self._learner_link is not None
         while True:
-            await self._learner_events.recv_multipart()
+            event = parse_monitor_message(await self._learner_events.recv_multipart())
+            current = event["endpoint"].decode(errors="replace") == self._learner_link.address  # not one left behind
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                if current and self._learner_up:
+                    self._learner_up, self._learner_since = False, time.monotonic()
+                    log.info("lost the connection to the learner at %s", self._learner_link.address)
+                continue
+            if current:
+                self._learner_up, self._learner_since = True, time.monotonic()
             self.link += 1
             if self.link > 1:
                 log.info("connected to the learner again (connection %d)", self.link)
@@ -494,7 +526,7 @@ class WeightSidecar:
         last_ok = time.monotonic()
         while True:
             await asyncio.sleep(self.spec.stats_interval)
-            follow_record(self._learner, self._learner_link, self.spec.name)  # a learner placed on another node
+            await self._follow_learner()  # a learner placed on another node
             await self._send_stats(final=False)
             await self._send_status()  # also the broker's heartbeat: a restarted broker learns the version again
             if await self._server.healthy():
@@ -504,6 +536,30 @@ class WeightSidecar:
                     f"the vLLM server at {self.spec.url} has not answered /health for {self.spec.dead_after_s:.0f} s; "
                     f"see its log for why it died"
                 )
+
+    async def _follow_learner(self) -> None:
+        """Reconnect to the learner where it is now. Given its record: where the record names (the launch that runs
+        the learner rewrites it). Given a plain address: where the broker's Welcome names (the learner tells the
+        broker), asked for once the connection has been down, or silent, for long enough (`learner_lost`)."""
+        assert self._learner is not None and self._learner_link is not None and self._broker is not None
+        link = self._learner_link
+        if link.record:
+            moved = follow_record(self._learner, link, self.spec.name)
+        else:
+            welcome = None
+            while not self._broker.welcomes.empty():  # the newest answer says it all
+                welcome = self._broker.welcomes.get_nowait()
+            moved = welcome is not None and follow_address(self._learner, link, welcome.weights, self.spec.name,
+                                                           "by the broker")
+            now = time.monotonic()
+            if not moved and learner_lost(now, self._learner_up, self._learner_since, self._asked_at,
+                                          self.spec.learner_lost_s, self.spec.learner_silent_s):
+                self._asked_at = now
+                await self._broker.send(Hello(role="engine", name=self.spec.name, address=self.spec.url,
+                                              pid=os.getpid(), want_welcome=True))
+        if moved:  # the new connection, once made, asks for the newest weights (`_watch_link`)
+            self.learner_moves += 1
+            self._learner_up, self._learner_since = False, time.monotonic()
 
     def _status(self) -> EngineStatus:
         return EngineStatus(engine=self.spec.name, url=self.spec.url, version=self.version, epoch=self.epoch,
@@ -529,7 +585,8 @@ class WeightSidecar:
         requests = await self._server.requests_in_flight() if self._server is not None and not final else 0
         await self._broker.send(Stats(
             source=self.spec.name, role="engine", final=final,
-            counters={"weight_updates": self.updates, "weight_updates_skipped": self.skipped},
+            counters={"weight_updates": self.updates, "weight_updates_skipped": self.skipped,
+                      "learner_moves_followed": self.learner_moves},
             gauges={"version": self.version, "weight_sync_s": self.last_sync_s, "requests_in_flight": requests,
                     **({"frozen_version": self.frozen_version} if self.spec.frozen_every else {})},
         ))
@@ -578,11 +635,17 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
     p.add_argument("--frozen-every", type=int, default=0,
                    help="LoRA adapters: also load the first adapter of every block of this many versions under "
                         "the frozen copy's name (engines.frozen_every, for a frozen seat); 0: no frozen copy")
+    p.add_argument("--learner-lost-s", type=float, default=5.0,
+                   help="a plain --learner address: ask the broker where the learner is after this many seconds "
+                        "without a connection to it (a learner placed again elsewhere), and again as often")
+    p.add_argument("--learner-silent-s", type=float, default=60.0,
+                   help="... or after this many seconds connected to it without a message from it")
     a = p.parse_args(argv)
     return SidecarSpec(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
                      a.apply_timeout, a.dead_after, a.initial_version, curve_keys_dir=a.curve_keys,
                      max_weight_bytes=a.max_weight_bytes, stream_workers=a.stream_workers,
-                     frozen_every=a.frozen_every)
+                     frozen_every=a.frozen_every, learner_lost_s=a.learner_lost_s,
+                     learner_silent_s=a.learner_silent_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,8 @@
 Each rank asks the broker for its share of global batch k (`BatchRequest`), trains one optimizer step on
 it (`learner.step`), and after the step all ranks gather the full weights, one parameter at a time; rank 0
 streams them in buckets to the engines' workers as version k+1 (engines.weight_sync=stream; `file`: one
-safetensors file through each sidecar) and sends the broker a `VersionUpdate` with the step's metrics; every
+safetensors file through each sidecar) and sends the broker a `VersionUpdate` with the step's metrics and where
+it publishes (the broker tells launches that join, and their sidecars, where a learner placed again is); every
 rank sends `Stats`.
 Without `--weights-bind` nothing is published (and no engine is waited for). At the end rank 0 waits
 until `--engines` engines (default: engines.count) acknowledged the final version; `--engines 0` skips
@@ -39,6 +40,7 @@ from agentstream.config import (
     AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, learner_threads, load,
 )
 from agentstream.weights import StreamLayout, StreamSource
+from agentstream.wire.addresses import advertised_address
 from agentstream.wire.client import SyncClient
 from agentstream.wire.messages import Batch, BatchRequest, Hello, Message, Reject, Stats, VersionUpdate
 from learner.checkpoint import (
@@ -264,6 +266,9 @@ class TrainSpec:
     """The broker's ROUTER address."""
     weights_bind: str
     """What rank 0 binds to publish weights ("" : nothing is published)."""
+    weights: str
+    """Where the engines' sidecars reach what rank 0 binds, told to the broker with every VersionUpdate: a learner
+    placed again elsewhere is found there by the sidecars of launches that joined the run ("": not said)."""
     out: Path | None
     """Run folder: rank 0 appends learner_metrics.jsonl there (None: no file)."""
     run_dir: str
@@ -285,7 +290,7 @@ def train_spec(cfg: Config, args: argparse.Namespace) -> TrainSpec:
     return TrainSpec(
         model=cfg.model, learner=cfg.learner, algorithm=cfg.algorithm, checkpoint=checkpoint,
         total_steps=cfg.trainer.total_steps, seed=cfg.run.seed, curve_keys_dir=cfg.broker.curve_keys_dir,
-        broker=args.broker, weights_bind=args.weights_bind or "",
+        broker=args.broker, weights_bind=args.weights_bind or "", weights=advertised_address(args.weights_bind or ""),
         out=Path(args.out) if args.out is not None else None, run_dir=cfg.run.output_dir,
         engines=cfg.engines.count if args.engines is None else args.engines,
         publish_initial=args.publish_initial, restarted=args.resume == "latest",
@@ -371,7 +376,8 @@ def resume(r: Rank, root: Path, extras: Extras) -> int:
         publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
     if (version > 0 or r.spec.restarted) and r.rank == 0:
         # The broker serves batch `version` again (it kept what this checkpoint had not consumed).
-        r.state.last_update = VersionUpdate(version=version, resumed=True, checkpointed=version)
+        r.state.last_update = VersionUpdate(version=version, resumed=True, checkpointed=version,
+                                            weights=r.spec.weights)
         r.client.send(r.state.last_update)
         if r.spec.out is not None:  # versions after this line replace any later ones written before it
             with open(r.spec.out / "learner_metrics.jsonl", "a") as f:
@@ -408,7 +414,7 @@ def run_one_step(r: Rank, k: int) -> None:
         report.update(step_time_s=step_s, batch_wait_s=wait_s, publish_s=publish_s,
                       learner_idle_fraction=state.counters["batch_wait_s"] / max(state.counters["step_time_s"], 1e-9),
                       learner_busy_s_total=state.counters["step_time_s"] - state.counters["batch_wait_s"])
-        state.last_update = VersionUpdate(version=version, metrics=report)
+        state.last_update = VersionUpdate(version=version, metrics=report, weights=r.spec.weights)
         r.client.send(state.last_update)
         if r.spec.out is not None:
             with open(r.spec.out / "learner_metrics.jsonl", "a") as f:

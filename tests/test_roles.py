@@ -138,6 +138,31 @@ async def test_hello_with_want_welcome_gets_the_runs_engines_weights_and_config(
     assert C.to_object(OmegaConf.create(welcome.config)).trainer.max_staleness == 1  # the run's config, loadable
 
 
+async def test_the_welcome_names_where_the_learner_last_said_it_publishes() -> None:
+    """A learner placed again on another node tells the broker its new weight address with its reports
+    (VersionUpdate.weights); launches that join after that, and sidecars that ask again, are told the new one."""
+    from agentstream.wire.messages import Hello, VersionUpdate
+
+    broker, sent = make_broker()
+
+    async def welcome() -> Welcome:
+        sent.clear()
+        await broker.handle(b"launcher-x", Hello(role="launcher", name="launcher-x", want_welcome=True))
+        (answer,) = [m for _, m in sent if m.kind == "welcome"]
+        return answer
+
+    assert (await welcome()).weights == "tcp://127.0.0.1:5556"  # as the run started (learner.weight_port)
+    await broker.handle(b"learner-0", VersionUpdate(version=1, weights="tcp://127.0.0.1:5556"))  # where it was
+    assert (await welcome()).weights == "tcp://127.0.0.1:5556"
+    # Its node died: restarted from its version-1 checkpoint on another node, it reports from there.
+    await broker.handle(b"learner-0", VersionUpdate(version=1, resumed=True, checkpointed=1,
+                                                    weights="tcp://10.0.0.9:41000"))
+    assert (await welcome()).weights == "tcp://10.0.0.9:41000"
+    await broker.handle(b"learner-0", VersionUpdate(version=2, metrics={"loss": 0.5}))  # "": not said, kept
+    moved = await welcome()
+    assert moved.weights == "tcp://10.0.0.9:41000" and moved.learner_version == 2
+
+
 async def test_a_late_engine_is_used_only_once_it_serves_recent_weights() -> None:
     from agentstream.wire.messages import EngineStatus, Hello
 

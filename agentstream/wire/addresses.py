@@ -23,6 +23,18 @@ def advertised_host(host: str) -> str:
     return socket.getfqdn() if host in ("0.0.0.0", "::", "*", "") else host
 
 
+def advertised_address(bind: str) -> str:
+    """The address other processes connect to for a ZeroMQ socket bound at `bind` (tcp://HOST:PORT, as the launcher
+    hands the learner its `weights_bind`): the host as `advertised_host` names it; "" when `bind` is no TCP address
+    with a fixed port (a port the OS picks, "*" or 0, is known only to the socket)."""
+    scheme, _, rest = bind.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not host or not port.isdigit() or int(port) == 0:
+        return ""
+    host = advertised_host(host.strip("[]"))
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
 BROKER_RECORD = "broker.json"
 """The broker's record in its run folder: the addresses it listens on now (`address`, `dashboard`). A broker started
 again (on another port, or on another node from the run folder on shared storage) writes it anew; its clients read it

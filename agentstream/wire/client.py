@@ -96,11 +96,27 @@ def follow_record(sock: zmq.Socket, link: RecordLink, name: str) -> bool:
     new = link.moved()
     if new is None:
         return False
+    _reconnect(sock, old, new)
+    log.warning("%s: %s moved to %s (its record %s); following it", name, old, new, link.record)
+    return True
+
+
+def follow_address(sock: zmq.Socket, link: RecordLink, address: str, name: str, told_by: str) -> bool:
+    """Reconnect `sock` to `address`, where `told_by` says the server is now (a client with no record to read:
+    the broker's Welcome names the learner's weight address), unless `link` points there already or `address` is
+    empty; True if it did. `link.address` becomes `address`."""
+    if not address or address == link.address:
+        return False
+    old, link.address = link.address, address
+    _reconnect(sock, old, address)
+    log.warning("%s: %s moved to %s (said %s); following it", name, old, address, told_by)
+    return True
+
+
+def _reconnect(sock: zmq.Socket, old: str, new: str) -> None:
     with contextlib.suppress(zmq.ZMQError):  # already gone
         sock.disconnect(old)
     sock.connect(new)  # what was queued for the old one is lost: every client sends again until answered
-    log.warning("%s: %s moved to %s (its record %s); following it", name, old, new, link.record)
-    return True
 
 
 BUNDLE_BYTES = 8 * 1024 * 1024

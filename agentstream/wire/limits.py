@@ -4,7 +4,8 @@
 of the right dtype). This module checks what needs the run's facts or relates fields to each other: token
 ids within the model's vocabulary, prompt + response within the engines' context, as many log-probs as
 response tokens, log-probs that are finite and <= 0, versions in order, a batch's lengths that add up,
-images of 1, 3 or 4 channels within the image bytes a transition may carry, whose shapes add up to their bytes.
+images of 1, 3 or 4 channels within the image bytes a transition may carry, whose shapes add up to their bytes,
+addresses that are addresses (the learner's weight address, which the broker hands on).
 
     limits = limits_for(cfg.model, cfg.engines, cfg.broker)        # the broker, once
     msg = check_limits(decode(frames, max_bytes), limits)    # raises ProtocolError(code=...) on a bad message
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import numpy as np
 
 from agentstream.config import BrokerConfig, EnginesConfig, ModelConfig
 from agentstream.wire.messages import (
+    MAX_NAME_CHARS,
     Batch,
     BatchRequest,
     Hello,
@@ -235,6 +238,20 @@ def _hello(msg: Hello, limits: Limits) -> None:
 def _version_update(msg: VersionUpdate, limits: Limits) -> None:
     if msg.version < 0:
         _fail(msg, f"version={msg.version} must be >= 0", "out_of_range")
+    if msg.weights:  # handed on to every process that joins: an address, or nothing
+        _check_tcp_address(msg, "weights", msg.weights)
+
+
+TCP_ADDRESS = re.compile(r"tcp://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+"""A ZeroMQ TCP address one process hands another: tcp://HOST:PORT (a host name, IPv4, or [IPv6])."""
+
+
+def _check_tcp_address(msg: Message, name: str, value: str) -> None:
+    if len(value) > MAX_NAME_CHARS:
+        _fail(msg, f"{name} is {len(value)} characters long; an address has at most {MAX_NAME_CHARS}", "too_long")
+    match = TCP_ADDRESS.fullmatch(value)
+    if match is None or not 1 <= int(match.group(1)) <= 65535:
+        _fail(msg, f"{name}={value[:80]!r} is not a ZeroMQ address tcp://HOST:PORT (port 1..65535)", "out_of_range")
 
 
 def _weight_update(msg: WeightUpdate, limits: Limits) -> None:
@@ -248,5 +265,5 @@ _CHECKS: dict[type, Callable[..., None]] = {
     VersionUpdate: _version_update, WeightUpdate: _weight_update,
 }
 
-__all__ = ["IMAGE_CHANNELS", "LOGPROB_SLACK", "WEIGHT_FORMATS", "Limits", "limits_for", "model_vocab_size",
-           "check_limits"]
+__all__ = ["IMAGE_CHANNELS", "LOGPROB_SLACK", "TCP_ADDRESS", "WEIGHT_FORMATS", "Limits", "limits_for",
+           "model_vocab_size", "check_limits"]

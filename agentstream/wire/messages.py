@@ -74,7 +74,8 @@ class Welcome:
     used now; `config` is the run's resolved config (YAML), so joiners play the same env with the same model."""
 
     engines: list = field(default_factory=list)  # [str] base URLs of the vLLM servers
-    weights: str = ""  # the learner's weight publisher (ZeroMQ address weight sidecars connect to); "": unknown
+    weights: str = ""  # the learner's weight publisher (ZeroMQ address weight sidecars connect to) as the learner
+    # last said (VersionUpdate.weights), else as the run started; "": unknown
     dashboard: str = ""  # the dashboard's URL
     learner_version: int = 0
     config: str = ""  # the run's config as YAML (agentstream.config.save)
@@ -343,12 +344,15 @@ class Batch:
 
 @dataclass(frozen=True)
 class VersionUpdate:
-    """Learner rank 0 -> broker: the policy version after an optimizer step, with the step's metrics."""
+    """Learner rank 0 -> broker: the policy version after an optimizer step, with the step's metrics (and where the
+    learner's weights are published, which the broker's Welcome passes on)."""
 
     version: int
     metrics: dict = field(default_factory=dict)
     checkpointed: int = -1  # newest version durably checkpointed: the broker may forget batches before it
     resumed: bool = False  # the learner restarted from a checkpoint at `version` (it may be lower than before)
+    weights: str = ""  # where rank 0 publishes weights now (tcp://HOST:PORT, as Welcome.weights); "": not said. A
+    # learner placed again elsewhere tells the broker so, which tells processes that join (and sidecars that ask)
     kind: Literal["version_update"] = "version_update"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -18,8 +19,8 @@ from agentstream.wire.addresses import free_port
 from agentstream.wire.messages import Stats, WeightUpdate, decode
 from engines import EngineClient, EngineError, ServerNotReady
 from engines import server as server_mod
-from engines.sidecar import (MM_CACHE_RESETS, ServerControl, SidecarSpec, WeightSidecar, prune_weight_dirs,
-                             write_weights)
+from engines.sidecar import (MM_CACHE_RESETS, ServerControl, SidecarSpec, WeightSidecar, learner_lost,
+                             prune_weight_dirs, write_weights)
 from launcher import procs
 from learner.publish import WeightPublisher
 
@@ -241,10 +242,84 @@ def test_agent_keeps_only_the_newest_update(tmp_path):
     assert [p.name for p in b.iterdir()] == ["model.safetensors"]
 
 
-def _start_agent(url: str, learner: str, broker: str, log: Path) -> subprocess.Popen:
+def _start_agent(url: str, learner: str, broker: str, log: Path, *extra: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-t", "--url", url, "--learner", learner,
-            "--broker", broker, "--stats-interval", "0.2", "--dead-after", "0.5"]
+            "--broker", broker, "--stats-interval", "0.2", "--dead-after", "0.5", *extra]
     return procs.start(argv, log, env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+
+
+async def _until(done, what: str, timeout_s: float = 20.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("up, since, asked_at, expected", [
+    # lost_s = 5, silent_s = 60, now = 100 throughout; the wait runs from the later of `since` and `asked_at`.
+    (False, 96.0, -1e9, False),  # down for 4 s < 5
+    (False, 95.0, -1e9, True),  # down for 5 s: ask
+    (False, 50.0, 97.0, False),  # down long, but asked 3 s ago: the next ask at 102
+    (False, 50.0, 95.0, True),  # ... asked 5 s ago: ask again
+    (True, 41.0, -1e9, False),  # connected, the learner's last word 59 s ago < 60
+    (True, 40.0, -1e9, True),  # ... 60 s ago: ask
+    (True, 10.0, 45.0, False),  # silent long, asked 55 s ago
+])
+def test_a_sidecar_asks_where_the_learner_is_once_lost_or_silent_long_enough(up, since, asked_at, expected):
+    assert learner_lost(100.0, up, since, asked_at, lost_s=5.0, silent_s=60.0) is expected
+
+
+async def test_a_sidecar_given_the_learners_address_follows_it_where_the_broker_says(fake_vllm, tmp_path):
+    """A launch that joined the run gave its sidecar the learner's address, not its record. The learner's node dies
+    and the learner starts again elsewhere: the sidecar, cut off, asks the broker (a real one, in this process) again
+    and again; the broker names the old address until the new learner reports from its new one (VersionUpdate with
+    `weights`, as rank 0 sends it); then the sidecar connects there, takes the new learner's weights, and counts it."""
+    from broker_testing import start_broker
+
+    from agentstream.config import Config
+    from agentstream.wire.messages import VersionUpdate, encode
+
+    old_port = free_port()
+    cfg = Config()
+    cfg.run.output_dir, cfg.learner.weight_port = str(tmp_path), old_port  # the Welcome's address at the start
+    broker, serving, broker_address = await start_broker(cfg)
+    welcomes = []
+    welcome = broker.welcome
+    broker.welcome = lambda: welcomes.append(welcome()) or welcomes[-1]  # type: ignore[method-assign]
+    learner = zmq.Context.instance().socket(zmq.DEALER)  # learner rank 0's link to the broker
+    learner.setsockopt(zmq.IDENTITY, b"learner-0")
+    learner.connect(broker_address)
+    old, new = WeightPublisher(f"tcp://127.0.0.1:{old_port}"), None
+    agent = _start_agent(fake_vllm.url, old.address, broker_address, tmp_path / "sidecar.log",
+                         "--learner-lost-s", "0.5")
+
+    def moves() -> float:
+        return broker.stats.by_source("learner_moves_followed", "engine").get("engine-t", 0.0)
+
+    try:
+        assert (await asyncio.to_thread(old.wait_for, 0, 1, 30)) == {"engine-t": 0}
+        old.publish(1, {"w": torch.ones(2)})
+        await _until(lambda: fake_vllm.version == "1", "version 1 from the first learner")
+        old.close()  # its node died
+        new = WeightPublisher("tcp://127.0.0.1:*")  # started again elsewhere (here: another port)
+        await _until(lambda: len(welcomes) >= 2, "second question to the broker")
+        assert {w.weights for w in welcomes} == {old.address} and moves() == 0  # told the old one: stays
+        learner.send_multipart(encode(VersionUpdate(version=1, resumed=True, checkpointed=1, weights=new.address)))
+        assert (await asyncio.to_thread(new.wait_for, 1, 1, 30)) == {"engine-t": 1}  # connected, at version 1
+        new.publish(2, {"w": torch.zeros(2)})
+        await _until(lambda: fake_vllm.version == "2", "version 2 from the learner at its new address")
+        await _until(lambda: moves() == 1, "learner_moves_followed in the sidecar's stats")
+        assert welcomes[-1].weights == new.address
+    finally:
+        procs.stop(agent, 5)
+        for sock in (old, new):
+            if sock is not None:
+                sock.close()
+        learner.close(0)
+        broker.stop()
+        await serving
+    log = (tmp_path / "sidecar.log").read_text()
+    assert f"{old.address} moved to {new.address} (said by the broker)" in log, log
 
 
 async def test_agent_exits_nonzero_when_an_update_fails(fake_vllm, tmp_path):

@@ -155,6 +155,22 @@ def test_two_ranks_train_publish_and_report(tiny_model_dir: Path, tmp_path: Path
         assert moved > 1e-4, f"version {v} did not change the weights"
 
 
+def test_rank_0_tells_the_broker_where_it_publishes() -> None:
+    """What goes in VersionUpdate.weights: the address sidecars reach rank 0's publisher at, from the launcher's
+    --weights-bind (a wildcard interface by this host's name); "" when there is no TCP address to tell."""
+    import socket
+
+    from learner.train import parse_args, train_spec
+
+    def told(*bind: str) -> str:
+        args = parse_args(["--config", "config.yaml", "--broker", "tcp://127.0.0.1:5555", *bind])
+        return train_spec(Config(), args).weights
+
+    assert told("--weights-bind", "tcp://10.0.0.9:41000") == "tcp://10.0.0.9:41000"
+    assert told("--weights-bind", "tcp://0.0.0.0:5556") == f"tcp://{socket.getfqdn()}:5556"
+    assert told("--weights-bind", "/tmp/published") == "" and told() == ""  # a folder (FilePublisher), or none
+
+
 def test_a_bad_batch_fails_the_rank_with_a_clear_message(tiny_model_dir: Path, tmp_path: Path, capfd):
     """One rank in this process: a token id outside the vocabulary must end the learner with status 1."""
     from learner.train import main

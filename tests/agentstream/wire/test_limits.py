@@ -134,6 +134,21 @@ def test_other_kinds_are_checked() -> None:
     assert code_of(P.encode(P.VersionUpdate(version=3, metrics={"loss": float("nan")}))) == ""
 
 
+@pytest.mark.parametrize("weights, code", [
+    ("", ""),  # not said: the broker keeps the address it has
+    ("tcp://10.0.0.9:41000", ""), ("tcp://host-b.example.org:5556", ""), ("tcp://[fe80::1]:5556", ""),
+    ("tcp://10.0.0.9:65535", ""),  # the highest port; one more is none
+    ("tcp://10.0.0.9:65536", "out_of_range"), ("tcp://10.0.0.9:0", "out_of_range"),
+    ("http://10.0.0.9:5556", "out_of_range"), ("tcp://10.0.0.9", "out_of_range"), ("tcp://a b:1", "out_of_range"),
+    ("tcp://10.0.0.9:5556/x", "out_of_range"),
+    # 6 + 250 + 5 = 261 characters > MAX_NAME_CHARS (256): an address that long is no address
+    ("tcp://" + "a" * 250 + ":5556", "too_long"),
+])
+def test_the_learners_weight_address_must_be_one(weights: str, code: str) -> None:
+    """The broker hands a VersionUpdate's `weights` to every process that joins: only tcp://HOST:PORT gets through."""
+    assert code_of(P.encode(P.VersionUpdate(version=3, resumed=True, weights=weights))) == code
+
+
 def test_batches_must_add_up() -> None:
     def batch(**kw) -> P.Batch:
         n2 = lambda dt: np.zeros(2, dt)

@@ -83,6 +83,7 @@ def test_every_kind_round_trips() -> None:
         P.GroupRequest(actor="a"), P.GroupGrant(group_id=3, seed=4, min_version=1),
         P.Stats(source="a", role="actor", counters={"x": 1}, gauges={"y": 2.5}, final=True),
         P.BatchRequest(step=1, rank=0, world_size=2), P.VersionUpdate(version=3, metrics={"loss": 0.5}),
+        P.VersionUpdate(version=3, resumed=True, checkpointed=3, weights="tcp://10.0.0.9:41000"),
         P.EngineStatus(engine="e", url="http://h:1", version=2), P.WeightUpdate(version=1, payload=b"\x00\x01abc"),
         P.Reject(reason="no"),
     ]
