@@ -280,3 +280,18 @@ async def broker_and_client(cfg, dashboard_port: int = 0, name: str = "actor-0")
         await client.close()
         broker.stop()
         await serving
+
+
+async def play_until_ready(actor, broker, groups: int, timeout_s: float = 120) -> None:
+    """Run `actor` (an actors.actor.Actor) until `broker`'s buffer holds `groups` formed groups, then stop it; fails
+    if the actor ends first or the groups take longer than `timeout_s`."""
+    playing = asyncio.create_task(actor.run())
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len(broker.buffer.ready) < groups:
+                assert not playing.done(), playing
+                await asyncio.sleep(0.1)
+    finally:
+        playing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await playing

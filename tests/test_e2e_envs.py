@@ -12,7 +12,6 @@ broker in the test's loop) and its validation through the evaluator's episode ag
 """
 
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_testing import broker_and_client
+from e2e_testing import broker_and_client, play_until_ready
 
 import envs
 from agentstream.config import Config
@@ -153,16 +152,7 @@ async def test_textarena_self_play_matches_through_the_actor(server) -> None:
         engine = EngineClient(url, session, timeout_s=120)
         async with broker_and_client(cfg) as (broker, client):
             actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], tokenizer)
-            playing = asyncio.create_task(actor.run())
-            try:
-                async with asyncio.timeout(120):
-                    while len(broker.buffer.ready) < 2:
-                        assert not playing.done(), playing
-                        await asyncio.sleep(0.1)
-            finally:
-                playing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await playing
+            await play_until_ready(actor, broker, 2)
         validation = await play_episode(EvaluatorSpec.from_config(cfg).episode, engine, tokenizer, 10**9)
     b = broker.buffer
     assert b.counts["groups_admitted"] == 2 and sorted(g.group_id for g in b.ready) == [0, 1]

@@ -17,7 +17,6 @@ this process. The tests run in order:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,7 +211,7 @@ async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_vers
     matches, groups_per_step 1 at bound 0, no learner); each match sends the trained seat's steps only, whose
     log-probs are version 3's (the learner's), while every turn of the other seat asks for the frozen copy, which
     still is version 2."""
-    from e2e_testing import broker_and_client, check_accounting
+    from e2e_testing import broker_and_client, check_accounting, play_until_ready
     from transformers import AutoTokenizer
 
     from actors.actor import Actor
@@ -250,16 +249,7 @@ async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_vers
                               decode=text_decoder(tokenizer))
         async with broker_and_client(cfg) as (broker, client):
             actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], tokenizer)
-            playing = asyncio.create_task(actor.run())
-            try:
-                async with asyncio.timeout(120):
-                    while not broker.buffer.ready:
-                        assert not playing.done(), playing
-                        await asyncio.sleep(0.1)
-            finally:
-                playing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await playing
+            await play_until_ready(actor, broker, 1)
     b = broker.buffer
     assert b.counts["groups_admitted"] == 1 and [g.group_id for g in b.ready] == [0]
     (group,) = b.ready
