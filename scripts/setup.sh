@@ -53,6 +53,12 @@ if ! command -v java >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || ! co
   echo "[setup] installing Java 17 and a C++ toolchain from Debian"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless g++ cmake >/dev/null
 fi
+# vLLM on CPU runs with tcmalloc (engines/server.py preloads it, as vLLM's CPU install guide says): on glibc's malloc
+# its engine core's memory grows with every weight update.
+if [ "$EXTRA" = "cpu" ] && ! ldconfig -p | grep -q libtcmalloc_minimal; then
+  echo "[setup] installing libtcmalloc-minimal4 from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null
+fi
 # The dashboard's browser test drives headless Chromium through chromedriver (tests/test_dashboard_browser.py).
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   echo "[setup] installing chromium and chromium-driver from Debian"

@@ -43,6 +43,20 @@ def test_server_command_cpu(monkeypatch):
     assert str(REPO_ROOT) in env["PYTHONPATH"].split(":")
 
 
+def test_a_cpu_server_preloads_tcmalloc_when_installed(monkeypatch):
+    monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
+    monkeypatch.setenv("LD_PRELOAD", "libmine.so")
+    monkeypatch.setattr(server_mod.ctypes.util, "find_library",
+                        lambda name: "libtcmalloc_minimal.so.4" if name == "tcmalloc_minimal" else None)
+    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
+    assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:libmine.so"  # first, the caller's own kept
+    monkeypatch.setattr(server_mod.ctypes.util, "find_library", lambda name: None)
+    assert "LD_PRELOAD" not in server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)[1]
+    monkeypatch.setattr(server_mod, "_on_gpu", lambda: True)  # GPU servers: vLLM's own allocator setup
+    monkeypatch.setattr(server_mod.ctypes.util, "find_library", lambda name: "libtcmalloc_minimal.so.4")
+    assert "LD_PRELOAD" not in server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)[1]
+
+
 def test_server_command_gpu(monkeypatch):
     monkeypatch.setattr(server_mod, "_on_gpu", lambda: True)
     argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(gpu_memory_utilization=0.3), 1)
