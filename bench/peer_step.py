@@ -22,12 +22,10 @@ difference of the gradients last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np

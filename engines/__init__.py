@@ -4,6 +4,8 @@
     worker_ext.py  the vLLM worker extension that reloads weights in a running server (tied heads fixed)
     sidecar.py       python -m engines.sidecar --name engine-0 --url http://127.0.0.1:8000 \\
                        --learner tcp://127.0.0.1:5600 --broker tcp://127.0.0.1:5555
+    control.py     how the sidecar drives its server (ServerControl: pause, load, label, reset, resume) and the
+                   weight folders it writes (write_weights, write_adapter)
     client.py      EngineClient.generate: token ids in; token ids, log-probs, version interval out
     user.py        what the processes that generate on the engines share (an actor, the gateway): start-up and
                    end, EnginePool.pick (which engine next), the engines the broker lists and those joining later

@@ -86,7 +86,7 @@ def serialize_adapter(
 ) -> bytes:
     """A LoRA adapter -> one safetensors file: the tensors as peft's adapter_model.safetensors holds them
     (keys `base_model.model.<module>.lora_A.weight`), and adapter_config.json's text in the metadata, so
-    that one payload is the whole adapter directory (`engines.sidecar.write_adapter` unfolds it)."""
+    that one payload is the whole adapter directory (`engines.control.write_adapter` unfolds it)."""
     if not state_dict or not all("lora_" in k for k in state_dict):
         raise ValueError(f"an adapter holds only lora_ tensors; got {sorted(state_dict)[:5]}")
     out = {k: (v.detach() if dtype is None else v.detach().to(dtype)).cpu().contiguous() for k, v in state_dict.items()}

@@ -11,7 +11,6 @@ TextArena self-play goes through the actor itself (a memory per seat, one grant 
 broker in the test's loop) and its validation through the evaluator's episode against the random opponent.
 """
 
-import asyncio
 import json
 import signal
 import subprocess

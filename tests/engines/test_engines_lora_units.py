@@ -17,8 +17,8 @@ from agentstream.models import (FROZEN_ADAPTER_NAME, LORA_ADAPTER_NAME, SERVED_M
 from agentstream.wire.messages import WeightUpdate
 from engines import EngineClient
 from engines import server as server_mod
-from engines.sidecar import (FROZEN_FOLDER, MM_CACHE_RESETS, ApplyError, ServerControl, SidecarSpec, WeightSidecar,
-                             frozen_due, write_adapter)
+from engines.control import FROZEN_FOLDER, MM_CACHE_RESETS, ApplyError, ServerControl, frozen_due, write_adapter
+from engines.sidecar import SidecarSpec, WeightSidecar
 from learner.publish import serialize_adapter
 
 ADAPTER = {

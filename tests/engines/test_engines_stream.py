@@ -27,7 +27,7 @@ from agentstream.weights import StreamLayout, StreamSource
 from agentstream.wire.messages import Batch
 from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient
-from engines.sidecar import ServerControl
+from engines.control import ServerControl
 from launcher import procs
 from learner.model import load_policy
 from learner.publish import WeightPublisher

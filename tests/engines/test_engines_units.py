@@ -19,8 +19,8 @@ from agentstream.wire.addresses import free_port
 from agentstream.wire.messages import Stats, WeightUpdate, decode
 from engines import EngineClient, EngineError, ServerNotReady
 from engines import server as server_mod
-from engines.sidecar import (MM_CACHE_RESETS, ServerControl, SidecarSpec, WeightSidecar, learner_lost,
-                             prune_weight_dirs, write_weights)
+from engines.control import MM_CACHE_RESETS, ServerControl, prune_weight_dirs, write_weights
+from engines.sidecar import SidecarSpec, WeightSidecar, learner_lost
 from launcher import procs
 from learner.publish import WeightPublisher
 

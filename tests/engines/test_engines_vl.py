@@ -24,7 +24,7 @@ from agentstream.config import Config, SamplingConfig
 from agentstream.models import SERVED_MODEL_NAME
 from engines.client import GENERATE, EngineClient, EngineError, png_data_uri
 from engines.server import server_command
-from engines.sidecar import ServerControl, write_weights
+from engines.control import ServerControl, write_weights
 from launcher.tiny_vl_model import image_tokens, make_tiny_vl_model
 from learner.publish import serialize_state_dict
 from learner.vision import expand_images, vl_response_logprobs
@@ -236,7 +236,7 @@ async def test_a_lora_adapter_of_the_language_model_reaches_the_engine(vl: VL, t
     from peft.utils import get_peft_model_state_dict
 
     from agentstream.models import LORA_ADAPTER_NAME
-    from engines.sidecar import write_adapter
+    from engines.control import write_adapter
     from learner.model import LoraSpec, adapter_config, language_modules
     from learner.publish import serialize_adapter
 

@@ -32,7 +32,7 @@ from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decod
 from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient
 from engines.client import text_decoder
-from engines.sidecar import ServerControl
+from engines.control import ServerControl
 from launcher import procs
 from learner.publish import WeightPublisher
 

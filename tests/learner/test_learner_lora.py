@@ -86,7 +86,7 @@ def test_published_adapter_loads_in_peft_and_matches(one_rank, tiny_model_dir: P
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    from engines.sidecar import write_adapter
+    from engines.control import write_adapter
     from learner.publish import serialize_adapter
 
     model = load_policy(str(tiny_model_dir), "float32", torch.device("cpu"), 1, lora=LoraSpec(8, 16.0, TARGETS))
