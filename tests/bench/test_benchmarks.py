@@ -143,8 +143,10 @@ def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> N
     replayed = next(line for line in lines if line.startswith("engine driven directly"))
     assert numbers(replayed)[1] == 4 * 2  # the ceiling replayed every call the gateway logged: 4 episodes x 2 turns
     assert lines[-1].startswith("gateway/ceiling:")
+    # (the rates are printed rounded to whole tokens/s: a ratio of them is within 1% of the printed one, e.g. 3.15
+    # printed against 572 / 181 = 3.16 on a loaded machine where the ceiling ran at 181 tokens/s)
     assert numbers(lines[-1])[0] == pytest.approx(rates["gateway (openai client)"] / rates["engine driven directly"],
-                                                  abs=0.01)
+                                                  rel=0.01, abs=0.01)
 
 
 @pytest.mark.e2e
