@@ -37,13 +37,10 @@ from bench.peer import LEARN_KWARGS, Workload, invalid_penalty, peer_python, war
 from bench.peer_trl import score
 
 
-def sample(model_dir: str, prompts: list[dict[str, Any]], w: Workload, seed: int) -> list[list[list[int]]]:
-    """`w.group_size` completions per prompt from HF `generate` (as TRL samples: temperature, no top-k), each cut
-    after its first EOS."""
-    from transformers import AutoModelForCausalLM
-
+def sample(model: Any, prompts: list[dict[str, Any]], w: Workload, seed: int) -> list[list[list[int]]]:
+    """`w.group_size` completions per prompt from HF `generate` on `model` (as TRL samples: temperature, no top-k),
+    each cut after its first EOS."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
     out = []
@@ -92,13 +89,12 @@ def agentstream_step(model_dir: str, batch: Any, cfg: Config) -> dict[str, Any]:
 
     from agentstream.wire.addresses import free_port
     from learner.batching import Sequences, make_micro_batches
-    from learner.model import load_policy, token_logprobs, trainable_parameters
+    from learner.model import init_distributed, load_policy, token_logprobs, trainable_parameters
     from learner.step import StepOptions, train_step
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo")
+    device = init_distributed("gloo")[2]
     try:
-        device = torch.device("cpu")
         model = load_policy(model_dir, "float32", device, 1)
         seqs = Sequences.from_batch(batch)
         behav = np.zeros(seqs.num_response_tokens, np.float32)
@@ -155,9 +151,11 @@ def main() -> None:
     w = Workload(model, args.batch, 1, dataset_kwargs=LEARN_KWARGS, seed=args.seed, lr=args.lr)
     write_prompts(w, folder / "prompts.jsonl")
     prompts = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()][:w.groups]
-    completions = sample(model, prompts, w, args.seed)
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    before = {n: p.detach().clone() for n, p in hf.named_parameters()}  # the weights both steps start from
+    completions = sample(hf, prompts, w, args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model)
     kwargs = json.dumps(LEARN_KWARGS, sort_keys=True)
     rewards = [[score(tokenizer.decode(c, skip_special_tokens=True), row["dataset"], row["seed"], kwargs,
@@ -167,9 +165,9 @@ def main() -> None:
             f.write(json.dumps({"prompt_ids": row["prompt_ids"], "completions": group}) + "\n")
     flat = [r for rs in rewards for r in rs]
     lengths = [len(c) for group in completions for c in group]
-    flat_std = [float(np.std(rs)) for rs in rewards]
+    group_std = [float(np.std(rs)) for rs in rewards]
     print(f"# seed {args.seed}: {w.groups} prompts x {w.group_size} completions from {model}; mean reward "
-          f"{np.mean(flat):+.4f}, {np.mean(lengths):.1f} tokens, {sum(s == 0 for s in flat_std)} groups with equal "
+          f"{np.mean(flat):+.4f}, {np.mean(lengths):.1f} tokens, {sum(s == 0 for s in group_std)} groups with equal "
           f"rewards; lr {args.lr:g}; files in {folder}", flush=True)
 
     with (folder / "peer-venv.log").open("w") as log:
@@ -192,7 +190,6 @@ def main() -> None:
     ours = agentstream_step(model, make_batch(prompts, completions, rewards), cfg)
     torch.save(ours, folder / "agentstream.pt")
     m = ours["metrics"]
-    before = {n: p.detach().clone() for n, p in load_weights(model).items()}
     print(f"# mean reward of the step: TRL {trl_reward:+.4f}, agentstream {m.get('reward_mean', np.mean(flat)):+.4f}")
     print(f"# loss: TRL {trl['logs'].get('loss', float('nan')):+.6f}, agentstream {m['loss']:+.6f}")
     print(f"# gradient norm before clipping: TRL {trl['logs'].get('grad_norm', float('nan')):.6f}, agentstream "
@@ -204,13 +201,6 @@ def main() -> None:
     print(f"# the step's weight updates: cosine {ucos:.6f}, relative L2 difference {urel:.2e}; most: {uworst} "
           f"({uworst_rel:.2e})")
     print(f"relative L2 difference of the clipped gradients, agentstream vs TRL: {rel:.2e}")
-
-
-def load_weights(model_dir: str) -> dict[str, torch.Tensor]:
-    """The starting weights by parameter name (as both sides name them)."""
-    from transformers import AutoModelForCausalLM
-
-    return dict(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).named_parameters())
 
 
 if __name__ == "__main__":
