@@ -14,12 +14,12 @@ config's staleness bound. What plays:
 - `agents-sdk`: `examples/openai_agents_sdk.py --launch` (the OpenAI Agents SDK's Runner);
 - `langgraph`: `examples/langgraph_agent.py --launch` (LangGraph's prebuilt ReAct graph);
 - `verifiers`: `.cache/verifiers-venv/bin/python examples/verifiers_env.py --launch` on a verifiers `ToolEnv` written
-  here (`VERIFIERS_ENV`) from the same shop: examples/openai_agent.py's questions, system prompt, tools and
+  here (`VERIFIERS_ENV`) from the same shop: gateway/shop_task.py's questions, system prompt, tools and
   checker; each rollout verifiers' own `env.rollout`, each group scored by its rubric. Skipped, with the reason,
   when the verifiers venv is missing (`bash scripts/setup.sh` makes it); the SDK paths likewise when their
   packages are not installed (setup.sh's `agents` extra).
 
-The task. The four gateway paths play the shop question of examples/openai_agent.py with `--max-turns 1
+The task. The four gateway paths play the shop question of gateway/shop_task.py with `--max-turns 1
 --first-tool-choice auto`, and the gateway renders with the model's own chat template (`gateway.chat_template=`;
 the examples' launch sets one that writes the tools' schemas into the prompt, ~700 tokens of the tiny model's). The
 tools still go with every request, the tiny model answers in text, and every rollout is one call on a prompt of the
@@ -68,7 +68,7 @@ VF_ENV_NAME = "agentstream_shop"
 ROLES = (("openai_agents_sdk.py", "agent (Agents SDK)"), ("langgraph_agent.py", "agent (LangGraph)"),
          ("openai_agent.py", "agent (openai)"), ("verifiers_env.py", "agent (verifiers)"), *harness.ROLES)
 """The agent's own process by its script, then the run's processes (`harness.ROLES`)."""
-SHOP = "the shop question of examples/openai_agent.py (system prompt + question; tools sent, not rendered)"
+SHOP = "the shop question of gateway/shop_task.py (system prompt + question; tools sent, not rendered)"
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,15 @@ WAYS = (
 )
 BY_NAME = {w.name: w for w in WAYS}
 
-VERIFIERS_ENV = '''"""examples/openai_agent.py's shop as a verifiers ToolEnv: its questions, system prompt, tools and checker
-(written by bench/ecosystem.py; the runner, examples/verifiers_env.py, has examples/ on its path)."""
+VERIFIERS_ENV = '''"""The examples' shop (gateway/shop_task.py) as a verifiers ToolEnv: its questions, system prompt,
+tools and checker (written by bench/ecosystem.py; its runner, examples/verifiers_env.py, imports the gateway/)."""
 import json
 from typing import Literal
 
 import verifiers as vf
 from datasets import Dataset
 
-from openai_agent import SYSTEM, TABLE, TASKS, check, run_tool
+from gateway.shop_task import SYSTEM, TABLE, TASKS, check, run_tool
 
 BY_ID = {task.id: task for task in TASKS}
 

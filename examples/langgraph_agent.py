@@ -8,11 +8,12 @@ and trains on them.
     # Or against a run that is up (started with gateway.enabled=true; it writes RUN/gateway_url)
     .venv/bin/python examples/langgraph_agent.py --gateway $(cat RUN/gateway_url) --episodes 16 --group-size 4
 
-The options are examples/openai_agent.py's. The model is chosen per call (create_react_agent's dynamic model): until
-a tool has run, its tools are bound with `tool_choice` --first-tool-choice (`required` by default: the tiny local
-model writes no tool call by itself), then with `auto`. --max-turns bounds the model calls (the graph's
-`recursion_limit`: a model call and a tool step each take one; at the limit the prebuilt agent stops without running
-the last tools, and the episode ends truncated).
+The options are examples/openai_agent.py's (gateway/agent_runner.py's command line; its `play_with` opens each
+episode and counts and records the calls from the HTTP client ChatOpenAI is handed). The model is chosen per call
+(create_react_agent's dynamic model): until a tool has run, its tools are bound with `tool_choice`
+--first-tool-choice (`required` by default: the tiny local model writes no tool call by itself), then with `auto`.
+--max-turns bounds the model calls (the graph's `recursion_limit`: a model call and a tool step each take one; at
+the limit the prebuilt agent stops without running the last tools, and the episode ends truncated).
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ from langchain_core.tools import StructuredTool
 from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import create_react_agent
-from openai_agent import SYSTEM, TOOLS, Settings, Task, main, run_tool  # a sibling: examples/ is on sys.path
-from sdk_episode import EpisodeCalls, extra_body, play_with, tls_context
 
+from gateway.agent_runner import EpisodeCalls, Settings, extra_body, main, play_with, tls_context
 from gateway.episode_client import Episode
+from gateway.shop_task import SYSTEM, TOOLS, Task, run_tool
 
 # create_react_agent moved to langchain.agents.create_agent in LangGraph 1.0; the prebuilt one still works.
 warnings.filterwarnings("ignore", message=".*create_react_agent has been moved.*")
 
 
 def shop_tool(spec: dict) -> StructuredTool:
-    """One of the shop's tools (openai_agent.TOOLS: the same JSON schema the engine writes calls under)."""
+    """One of the shop's tools (gateway.shop_task.TOOLS: the same JSON schema the engine writes calls under)."""
     fn = spec["function"]
 
     def invoke(**arguments: object) -> str:

@@ -8,10 +8,12 @@ is the SDK's; agentstream sees only chat completions and trains on them.
     # Or against a run that is up (started with gateway.enabled=true; it writes RUN/gateway_url)
     .venv/bin/python examples/openai_agents_sdk.py --gateway $(cat RUN/gateway_url) --episodes 16 --group-size 4
 
-The options are examples/openai_agent.py's. The first call's `tool_choice` is --first-tool-choice (`required` by
-default: the tiny local model writes no tool call by itself); the SDK sets it back to `auto` once a tool has run
-(`Agent.reset_tool_choice`). --max-turns bounds the SDK's turns (`Runner.run(max_turns=...)`): an agent still
-calling tools then ends its episode truncated. Tracing is off: nothing leaves the machine.
+The options are examples/openai_agent.py's (gateway/agent_runner.py's command line; its `play_with` opens each
+episode and counts and records the calls from the HTTP client the SDK is handed). The first call's `tool_choice` is
+--first-tool-choice (`required` by default: the tiny local model writes no tool call by itself); the SDK sets it
+back to `auto` once a tool has run (`Agent.reset_tool_choice`). --max-turns bounds the SDK's turns
+(`Runner.run(max_turns=...)`): an agent still calling tools then ends its episode truncated. Tracing is off: nothing
+leaves the machine.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import sys
 from agents import (Agent, FunctionTool, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, RunConfig,
                     Runner, set_tracing_disabled)
 from openai import AsyncOpenAI
-from openai_agent import SYSTEM, TOOLS, Settings, Task, main, run_tool  # a sibling: examples/ is on sys.path
-from sdk_episode import EpisodeCalls, extra_body, play_with
 
+from gateway.agent_runner import EpisodeCalls, Settings, extra_body, main, play_with
 from gateway.episode_client import Episode
+from gateway.shop_task import SYSTEM, TOOLS, Task, run_tool
 
 
 def shop_tool(spec: dict) -> FunctionTool:
-    """One of the shop's tools (openai_agent.TOOLS: the same JSON schema the engine writes calls under)."""
+    """One of the shop's tools (gateway.shop_task.TOOLS: the same JSON schema the engine writes calls under)."""
     fn = spec["function"]
 
     async def invoke(_ctx: object, arguments: str) -> str:

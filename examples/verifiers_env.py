@@ -3,7 +3,9 @@
 verifiers runs in a venv of its own (`.cache/verifiers-venv`, made by scripts/setup.sh: verifiers 0.3.1, the last
 release with the classic API that published environments use): its dependency set (datasets, mcp, prime-*,
 renderers; verifiers 0.4 pins openai<3) stays out of the project's. This program runs there and speaks to the run
-only through the gateway's HTTP API (gateway/episode_client.py, standard library only):
+only through the gateway's HTTP API (gateway/episode_client.py; --launch and --record are gateway/agent_runner.py's,
+as examples/openai_agent.py's are; both are standard library and `openai` only, and come from the checkout this file
+sits in when the venv does not install agentstream):
 
     # One command: start a local run with the gateway and no actors (with .venv's python), then play until it ends
     .cache/verifiers-venv/bin/python examples/verifiers_env.py --env my_env --launch     # run overrides may follow
@@ -40,6 +42,7 @@ import asyncio
 import contextvars
 import copy
 import functools
+import importlib.util
 import itertools
 import json
 import logging
@@ -55,8 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # gateway/episode_client.py (standard library only): the project is not installed here
+if importlib.util.find_spec("gateway") is None:  # the verifiers venv does not install the project: this checkout's
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gateway/ (standard library and openai only)
 
 try:
     import openai
@@ -67,9 +70,12 @@ except ImportError as exc:  # run with the project's python, or the verifiers ve
     raise SystemExit(f"[verifiers] {exc}: run this with the verifiers venv's python, "
                      f".cache/verifiers-venv/bin/python (bash scripts/setup.sh makes it)") from None
 
-from openai_agent import Recorder, end_launch, launch, wait_for_url  # a sibling: examples/ is on sys.path
-
-from gateway.episode_client import Episode, GatewayError, open_episode
+try:
+    from gateway.agent_runner import ROOT, Recorder, end_launch, launch, wait_for_url
+    from gateway.episode_client import Episode, GatewayError, open_episode
+except ModuleNotFoundError as exc:  # a copy of this file, away from the checkout
+    raise SystemExit(f"[verifiers] {exc}: agentstream's gateway/ is not importable in this venv; run this file from "
+                     "the checkout's examples/, or with PYTHONPATH=<the checkout>") from None
 
 T = TypeVar("T")
 GONE = (urllib.error.URLError, ConnectionError, openai.APIConnectionError)
