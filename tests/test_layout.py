@@ -1,14 +1,18 @@
-"""The layout holds: no import circle between modules, and no import that crosses a layer the wrong way.
+"""The layout holds: no import circle between modules, no import that crosses a layer the wrong way, and every
+example runs alone.
 
 The layers (pyproject.toml, `[tool.importlinter]`), bottom to top: `agentstream` (the config schema and the
 wire library) -> `envs` | `memory` -> `engines` -> `actors` | `broker` | `learner` | `gateway` -> `launcher`; and the
 learner imports nothing of `engines` (the weight pipe's two ends share only `agentstream.weights`).
 Every import counts, also those inside functions and under `if TYPE_CHECKING:`. Both checks are shown to fail on a
-small package made here that breaks them.
+small package made here that breaks them. An example (examples/*.py, run as a script, not a package) imports of the
+project only gateway/'s agent side, as installed modules, and never another example (it would need examples/ on
+`sys.path`: a copy of the file would not run).
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -17,7 +21,9 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agentstream", "envs", "memory", "engines", "actors", "broker", "learner", "gateway", "launcher")
+PACKAGES = ("agentstream", "envs", "memory", "engines", "actors", "broker", "learner", "gateway", "launcher", "bench")
+AGENT_SIDE = ("gateway.episode_client", "gateway.agent_runner", "gateway.shop_task")
+"""What of the project an example may import (standard library and `openai` only: the verifiers venv has them)."""
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -113,3 +119,39 @@ def test_an_import_up_the_layers_is_caught(tmp_path: Path) -> None:
     proc = lint_imports(tmp_path, config, tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "low -> high" in proc.stdout
+
+
+def imports_of(path: Path) -> set[str]:
+    """The modules a file imports (relative ones with their leading dots)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            out.add("." * node.level + (node.module or ""))
+    return out
+
+
+def examples_that_lean_on_others(folder: Path) -> dict[str, list[str]]:
+    """Per example in `folder`, what it imports of the project other than AGENT_SIDE, or of the other examples."""
+    examples = sorted(folder.glob("*.py"))
+    ours = set(PACKAGES) | {p.stem for p in examples}
+    found = {}
+    for path in examples:
+        wrong = sorted(m for m in imports_of(path)
+                       if m.startswith(".") or (m.split(".")[0] in ours and m not in AGENT_SIDE))
+        if wrong:
+            found[path.name] = wrong
+    return found
+
+
+def test_each_example_runs_alone() -> None:
+    assert len(list((ROOT / "examples").glob("*.py"))) >= 4
+    assert examples_that_lean_on_others(ROOT / "examples") == {}
+
+
+def test_an_example_that_imports_a_sibling_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "helper.py").write_text("X = 1\n")
+    (tmp_path / "agent.py").write_text("from helper import X\nfrom gateway.episode_client import open_episode\n"
+                                       "from gateway import server\nimport launcher.run\n")
+    assert examples_that_lean_on_others(tmp_path) == {"agent.py": ["gateway", "helper", "launcher.run"]}
