@@ -34,6 +34,7 @@ from actors import episode
 from actors.episode import Turn
 from actors.spec import EpisodeSpec, EvaluatorSpec
 from agentstream import config as config_mod
+from agentstream.process import run_process
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Stats
 from engines.client import EngineClient, Generation, text_decoder
@@ -189,9 +190,8 @@ def main() -> None:
     parser.add_argument("--t0", type=float, default=None, help="run start (unix time); default: now")
     args = parser.parse_args()
     t0 = time.time() if args.t0 is None else args.t0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    spec = EvaluatorSpec.from_config(config_mod.load(args.config))
-    raise SystemExit(asyncio.run(_main(spec, args.name, args.broker, args.engine, Path(args.out), t0)))
+    run_process(args.name, log, lambda: _main(EvaluatorSpec.from_config(config_mod.load(args.config)), args.name,
+                                              args.broker, args.engine, Path(args.out), t0))
 
 
 if __name__ == "__main__":

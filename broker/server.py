@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from agentstream import config as config_mod
+from agentstream.process import on_stop_signals, run_process
 from agentstream.wire.addresses import BROKER_RECORD, advertised_host, write_record
 from agentstream.wire.curve import CurveServer
 from agentstream.wire.limits import check_limits
@@ -585,9 +585,7 @@ async def _main(args: argparse.Namespace) -> None:
     if args.host:  # started again on another node: that node's interface
         cfg.broker.host = cfg.broker.dashboard_host = args.host
     broker = Broker(broker_spec(cfg), args.port, args.dashboard_port, run_name=run_dir.name, run_dir=run_dir)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, broker.stop)
+    on_stop_signals(broker.stop)
     await broker.serve()
     if args.summary:
         Path(args.summary).write_text(json.dumps(broker.summary(), indent=2))
@@ -602,8 +600,7 @@ def main() -> None:
                         "broker.dashboard_host; a broker moved to another node binds that node's)")
     parser.add_argument("--summary", default="", help="write the final summary JSON here on exit")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(_main(args))
+    run_process("broker", log, lambda: _main(args))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
 from collections import deque
@@ -58,6 +57,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from agentstream.models import FROZEN_ADAPTER_NAME
+from agentstream.process import on_stop_signals, run_process
 from agentstream.wire.client import AsyncClient, RecordLink, follow_address, follow_record
 from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
@@ -141,9 +141,7 @@ class WeightSidecar:
 
     async def run(self) -> int:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        on_stop_signals(stop.set)
         status = 0
         async with aiohttp.ClientSession() as session:
             self._server = ServerControl(self.spec.url, session, self.spec.apply_timeout_s)
@@ -466,11 +464,11 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
                      learner_silent_s=a.learner_silent_s)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name} sidecar: %(message)s")
-    return asyncio.run(WeightSidecar(args).run())
+    run_process(args.name, log, lambda: WeightSidecar(args).run(),
+                log_format=f"%(asctime)s %(levelname)s {args.name} sidecar: %(message)s")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

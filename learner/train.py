@@ -39,6 +39,7 @@ from torch import Tensor
 from agentstream.config import (
     AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, learner_threads, load,
 )
+from agentstream.process import setup_logging
 from agentstream.weights import StreamLayout, StreamSource
 from agentstream.wire.addresses import advertised_address
 from agentstream.wire.client import SyncClient
@@ -479,7 +480,7 @@ def _unacknowledged(n_engines: int, version: int, timeout_s: float) -> str:
 def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = default_publisher) -> int:
     args = parse_args(argv)
     rank_name = f"learner rank {os.environ.get('RANK', '?')}"
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {rank_name} %(levelname)s %(message)s")
+    setup_logging(f"%(asctime)s {rank_name} %(levelname)s %(message)s")
     try:
         cfg = load(args.config)
         spec = train_spec(cfg, args)
