@@ -1,6 +1,7 @@
-"""A process that generates on the run's engines and streams what it makes to the broker as an actor (an actor
-process, the gateway): its command line and start-up, which engine gets its next request, the engines it learns
-from the broker, its stats reports and its end.
+"""The engines a process generates on, and its links to them and to the broker, for a process that streams what
+it makes to the broker as an actor (an actor process, the gateway): which engine gets its next request
+(`EnginePool`), the engines it learns from the broker, its command line, its connections, its stats reports and its
+end. Its start-up and exit are every process's (`agentstream.process.run_process`).
 
     def main() -> None:
         args = process_arguments(__doc__, name_help="...", engine_help="...").parse_args()
@@ -24,9 +25,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Protocol
 
 import aiohttp
 
@@ -37,7 +38,7 @@ from engines.client import EngineClient
 log = logging.getLogger("engines")
 
 
-# ---------------------------------------------------------------------------------------------- start-up and end
+# ---------------------------------------------------------------------------------------------- command line and end
 def process_arguments(doc: str | None, name_help: str, engine_help: str, name_default: str | None = None
               ) -> argparse.ArgumentParser:
     """The command line every such process takes (`--config`, `--name`, `--incarnation`, `--broker`, `--engine`);
@@ -52,18 +53,6 @@ def process_arguments(doc: str | None, name_help: str, engine_help: str, name_de
     parser.add_argument("--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)")
     parser.add_argument("--engine", action="append", default=[], help=engine_help)
     return parser
-
-
-def run_process(name: str, process_log: logging.Logger, start: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:
-    """The process from its parsed command line to its exit: logging set up first (reading the config may log),
-    then `start()` (the caller reads its config there and returns its main coroutine), run to its exit code,
-    which is logged with the seconds it took and exited with."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    main = start()
-    started = time.time()
-    code = asyncio.run(main)
-    process_log.info("%s: exit %d after %.1fs", name, code, time.time() - started)
-    raise SystemExit(code)
 
 
 class Reach(Protocol):
@@ -192,4 +181,4 @@ async def follow_engines(broker: AsyncClient, user: EngineUser, client: Callable
 
 
 __all__ = ["EnginePool", "EngineUser", "Links", "Reach", "connect", "engines_from_broker", "follow_engines", "goodbye",
-           "process_arguments", "report_stats", "run_process"]
+           "process_arguments", "report_stats"]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import signal
 from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from agentstream import config as config_mod
-from engines.user import connect, engines_from_broker, follow_engines, process_arguments, run_process
+from agentstream.process import on_stop_signals, run_process
+from engines.pool import connect, engines_from_broker, follow_engines, process_arguments
 from gateway.server import Gateway
 from gateway.spec import GatewaySpec
 
@@ -33,9 +33,7 @@ async def serve(spec: GatewaySpec, name: str, incarnation: int, broker_address: 
     tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
     async with connect(name, incarnation, broker_address, spec, spec.max_unacked, spec.ack_timeout_s) as links:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        on_stop_signals(stop.set)
         code, gw, follower = 0, None, None
         try:
             urls = engine_urls or await _until(stop, engines_from_broker(links.broker))

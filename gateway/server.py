@@ -45,7 +45,7 @@ from agentstream.config import SamplingConfig
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation
-from engines.user import EnginePool, goodbye, report_stats
+from engines.pool import EnginePool, goodbye, report_stats
 from envs.toolcalls import get_parser
 from gateway import protocol
 from gateway.episodes import ENDED_KEPT, ChatTurn, GatewayEpisode, Registry, Slot

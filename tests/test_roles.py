@@ -208,7 +208,7 @@ async def test_an_actor_follows_engines_that_join_later() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from engines.user import follow_engines
+    from engines.pool import follow_engines
 
     broker = SimpleNamespace(welcomes=asyncio.Queue())
     actor = SimpleNamespace(name="actor-0", engines=[SimpleNamespace(url="http://a:1")])

@@ -1,7 +1,7 @@
 """The rules an actor and the gateway share about the run's engines: which engine gets the next request
-(engines/user.py `EnginePool`) and the version interval a transition carries (engines/client.py `clamp_to_grant`).
+(engines/pool.py `EnginePool`) and the version interval a transition carries (engines/client.py `clamp_to_grant`).
 
-    .venv/bin/python -m pytest tests/engines/test_user.py -q
+    .venv/bin/python -m pytest tests/engines/test_pool.py -q
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from engines import user
+from engines import pool as pool_module
 from engines.client import clamp_to_grant
-from engines.user import EnginePool
+from engines.pool import EnginePool
 
 
 def engines(*urls: str) -> list[Any]:
@@ -34,7 +34,7 @@ def test_the_pool_goes_round_the_engines_and_takes_in_those_that_join() -> None:
 
 def test_a_failed_engine_sits_out_down_s_then_rejoins(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
-    monkeypatch.setattr(user.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: now[0])
     a, b, c = pool_engines = engines("a", "b", "c")
     pool = EnginePool(pool_engines, down_s=10.0)
     pool.failed(b)  # at t=100: down until t=110 included
