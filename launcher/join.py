@@ -38,7 +38,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -49,6 +48,7 @@ from omegaconf import OmegaConf
 
 from agentstream import config as config_mod
 from agentstream.config import Config
+from agentstream.process import on_stop_signals
 from agentstream.wire.addresses import advertised_host, free_port
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Welcome
@@ -157,27 +157,25 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
 
 async def _start(launcher: Launcher, session: aiohttp.ClientSession) -> None:
     """Start this launch's processes: engines (and, once each is ready, its weight sidecar), actors or a gateway."""
-    from engines.server import wait_ready
-
     if launcher.cfg.run.role == "gateway":
         await launcher.start_gateway(session)
         print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (URL in {launcher.run_dir / 'gateway_url'})",
               flush=True)
     elif launcher.cfg.run.role == "learner":
-        await launcher.spawn(launcher.learner_child())
+        await launcher.spawn(launcher.commands.learner())
     elif launcher.cfg.run.role == "engines":
         if not launcher.wiring.weights:
             raise RunFailed("the broker does not know the learner's weight address (was the run started with an "
                             "older launcher?); engines cannot join it")
-        engines = [await launcher.spawn(c) for c in launcher.engine_children()]
+        engines = [await launcher.spawn(c) for c in launcher.commands.engines()]
         for child, url in zip(engines, launcher.wiring.engines):
-            await launcher._guarded(wait_ready(url, launcher.cfg.run.startup_timeout_s, proc=None), child)
+            await launcher.wait_server(child, url)
         for i in range(len(engines)):
-            await launcher.spawn(launcher.sidecar_child(i))
+            await launcher.spawn(launcher.commands.sidecar(i))
     else:
-        await launcher.wait_judges([await launcher.spawn(c) for c in launcher.judge_children()])
+        await launcher.wait_judges([await launcher.spawn(c) for c in launcher.commands.judges()])
         for i in range(launcher.cfg.actors.count):
-            await launcher.spawn(launcher.actor_child(i))
+            await launcher.spawn(launcher.commands.actor(i))
 
 
 async def _launcher(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> Launcher:
@@ -211,9 +209,7 @@ async def run_join(local: Config, run_dir: Path) -> int:
     """Join the run at `local.broker.address` with more actors or engines. Returns the exit code."""
     name = f"{socket.gethostname().split('.')[0]}-{os.getpid()}-"
     main_task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, main_task.cancel)  # type: ignore[union-attr]
+    on_stop_signals(main_task.cancel)  # type: ignore[union-attr]
     status, reason, code, launcher = "finished", "", 0, None
     link = BrokerLink(local, f"launcher-{name}{local.run.role}")
     try:
@@ -242,8 +238,7 @@ async def run_join(local: Config, run_dir: Path) -> int:
         status, reason, code = "failed", str(exc), 1
     except asyncio.CancelledError:
         status, reason, code = "interrupted", "stopped by a signal (Ctrl-C)", 130
-    for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the shutdown short
-        loop.add_signal_handler(sig, lambda: log.warning("already stopping"))
+    on_stop_signals(lambda: log.warning("already stopping"))  # a second Ctrl-C must not cut the shutdown short
     left = await launcher.stop_all() if launcher is not None else []
     await link.close()
     summary = {"status": status, "reason": reason, "role": local.run.role, "broker": local.broker.address,

@@ -42,6 +42,7 @@ from agentstream.config import Config, LauncherConfig
 from agentstream.wire.addresses import LEARNER_RECORD, write_record
 from agentstream.wire.curve import is_loopback
 from launcher.checks import gateway_errors, network_errors
+from launcher.commands import Command, Commands
 from launcher.procs import CHILD_ENV, child_marker
 from launcher.ray_host import ProcessHost
 from launcher.supervisor import Child, Launcher, RunFailed, learner_node_rank
@@ -264,21 +265,9 @@ class RayBackend:
             ray.shutdown()
 
 
-class RayLauncher(Launcher):
-    """The supervisor of `launcher.supervisor`, its children placed on a Ray cluster."""
-
-    def __init__(self, cfg: Config, run_dir: Path, backend: RayBackend, wiring: Wiring,
-                 placed: dict[str, Placed], learner_group: Any = None, prefix: str = ""):
-        super().__init__(cfg, run_dir, wiring, prefix)
-        self.backend, self.learner_group = backend, learner_group
-        self._placed = placed  # hosts placed before the start (they chose the ports in `wiring`), by child name
-        self._nodes: dict[str, Node] = {n: p.node for n, p in placed.items()}  # child name -> its last node
-
-    def _child(self, name: str, role: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        from launcher.procs import RUN_ENV
-
-        return RayChild(name, role, argv, {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
-                        self.run_dir / "logs" / f"{name}.log", launcher=self)
+class RayCommands(Commands):
+    """The children's commands when Ray places them: each engine binds its node's IP, Ray gives each process the
+    GPUs it asked for, and the main launch starts every node of the learner."""
 
     def engine_host(self, i: int) -> str:
         return self.wiring.engines[i].split("//", 1)[1].rsplit(":", 1)[0]  # the node's IP (each engine its own)
@@ -292,9 +281,26 @@ class RayLauncher(Launcher):
     def engine_on_gpu(self) -> bool:
         return float(self.cfg.launcher.resources.get("engine", {}).get("GPU", 0)) > 0
 
-    def learner_children(self) -> list[Child]:
+    def learner_nodes(self) -> list[Command]:
         """Every node of the learner: Ray places them all (one bundle each of the learner's placement group)."""
-        return [self.learner_child(node_rank=k) for k in range(self.cfg.learner.nnodes)]
+        return [self.learner(node_rank=k) for k in range(self.cfg.learner.nnodes)]
+
+
+class RayLauncher(Launcher):
+    """The supervisor of `launcher.supervisor`, its children placed on a Ray cluster."""
+
+    commands_type = RayCommands
+
+    def __init__(self, cfg: Config, run_dir: Path, backend: RayBackend, wiring: Wiring,
+                 placed: dict[str, Placed], learner_group: Any = None, prefix: str = ""):
+        super().__init__(cfg, run_dir, wiring, prefix)
+        self.backend, self.learner_group = backend, learner_group
+        self._placed = placed  # hosts placed before the start (they chose the ports in `wiring`), by child name
+        self._nodes: dict[str, Node] = {n: p.node for n, p in placed.items()}  # child name -> its last node
+
+    def child_of(self, command: Command) -> Child:
+        return RayChild(command.name, command.role, command.argv, command.env, command.log_path,
+                        incarnation=command.incarnation, launcher=self)
 
     async def host_for(self, child: RayChild) -> Placed:
         """The host `child` starts on: the one placed with its ports, beside its engine (a sidecar), back on its
@@ -326,7 +332,7 @@ class RayLauncher(Launcher):
             return
         placed = await asyncio.to_thread(self.backend.place, "broker", "broker")
         self._placed["broker"], self._nodes["broker"] = placed, placed.node
-        self.broker_host = placed.node.ip
+        self.commands.broker_host = placed.node.ip
         log.warning("the broker's Ray node %s is gone: starting it again on node %s", node.ip, placed.node.ip)
 
     async def _reseat_learner(self, node_rank: int) -> None:
@@ -476,5 +482,5 @@ def place_join(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> RayLa
     return RayLauncher(cfg, run_dir, backend, wiring, placed, prefix=prefix)
 
 
-__all__ = ["NODE_ENV", "RayBackend", "RayChild", "RayLauncher", "RemoteProcess", "place_join",
+__all__ = ["NODE_ENV", "RayBackend", "RayChild", "RayCommands", "RayLauncher", "RemoteProcess", "place_join",
            "place_run"]

@@ -1,5 +1,5 @@
 """One launch: validate the config, make the tiny model when it is the one asked for, then run the whole job
-on this host (`run_local`) or join a running one (`launcher.join`).
+on this host or on a Ray cluster's nodes (`run_main_launch`), or join a running one (`launcher.join`).
 
     python scripts/launch.py                                 # the default run (tiny model, CPU)
     python scripts/launch.py actors.count=4 trainer.total_steps=20
@@ -13,7 +13,6 @@ the same, early.
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import aiohttp
 from actors.evaluate import CSV_NAME, read_rows
 from agentstream import config as config_mod
 from agentstream.config import Config
+from agentstream.process import on_stop_signals
 from launcher.checks import check_config
 from launcher.join import run_join
 from launcher.progress import get_json, held_out_line, held_out_summary, progress_loop, write_summary
@@ -46,12 +46,12 @@ async def _final_summary(session: aiohttp.ClientSession, launcher: Launcher) -> 
     return summary
 
 
-async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None) -> int:
-    """Launch, supervise and finish one run (`launcher`: its processes placed elsewhere, e.g. on Ray; None: on
-    this host). Returns the process exit code."""
+async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None = None) -> int:
+    """The main launch of a run (role=all, the one that starts its broker and learner): launch, supervise and
+    finish it (`launcher`: its processes placed elsewhere, e.g. on Ray; None: on this host). Returns the process
+    exit code."""
     launcher = launcher or Launcher(cfg, run_dir)
     config_mod.save(resolved(launcher.cfg, launcher.wiring), launcher.config_path)
-    loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     shutting_down = [False]
 
@@ -62,14 +62,13 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
             shutting_down[0] = True
             main_task.cancel()  # type: ignore[union-attr]
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_stop_signals(on_signal)
     print(f"[agentstream] run folder: {run_dir}", flush=True)
     print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
           flush=True)
     print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
-          f"broker.address={launcher.wiring.broker} actors.count=N; or broker.address={launcher.broker_where}, "
-          f"followed if the broker moves)", flush=True)
+          f"broker.address={launcher.wiring.broker} actors.count=N; or "
+          f"broker.address={launcher.commands.broker_where}, followed if the broker moves)", flush=True)
     if launcher.wiring.gateway:
         print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (agent code: open episodes there; the URL is in "
               f"{run_dir / 'gateway_url'} once it answers; docs/gateway.md)", flush=True)
@@ -87,7 +86,6 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
                                                          cfg.trainer.total_steps, validation_csv=run_dir / CSV_NAME))
             await launcher.supervise()
             if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
-                launcher._stopping = True
                 await launcher.stop_roles(("actor", "gateway"))
                 await launcher.wait_evaluator()
         except RunFailed as exc:
@@ -98,7 +96,6 @@ async def run_local(cfg: Config, run_dir: Path, launcher: Launcher | None = None
             shutting_down[0] = True  # from here on, a signal does not cancel (it would orphan the children)
             if progress is not None:
                 progress.cancel()
-        launcher._stopping = True
         await launcher.stop_roles(("actor", "gateway"))  # their final stats reach the broker before it is asked
         try:
             summary = await _final_summary(session, launcher)
@@ -150,11 +147,11 @@ def run(cfg: Config, run_dir: Path) -> int:
         from launcher.ray_backend import place_run
 
         try:
-            return asyncio.run(run_local(cfg, run_dir, place_run(cfg, run_dir)))
+            return asyncio.run(run_main_launch(cfg, run_dir, place_run(cfg, run_dir)))
         except RunFailed as exc:  # (placement; a failure once running is the summary's)
             print(f"[agentstream] {exc}", file=sys.stderr, flush=True)
             return 1
-    return asyncio.run(run_local(cfg, run_dir))
+    return asyncio.run(run_main_launch(cfg, run_dir))
 
 
-__all__ = ["run", "run_local"]
+__all__ = ["run", "run_main_launch"]

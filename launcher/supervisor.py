@@ -1,5 +1,6 @@
 """The supervisor: starts the children of a run (broker, engines and their weight sidecars, LLM judges, learner,
-actors, evaluator), each in a process group of its own, and decides what a death means.
+actors, evaluator), each in a process group of its own, and decides what a death means. What each child runs
+(its command line) is `launcher.commands`'s.
 
 If the broker, an engine, a weight sidecar, a judge or the learner dies, it is restarted within its role's budget
 (`*.max_restarts`), else everything stops with the reason and the tail of that process's log; a dead actor is
@@ -20,7 +21,6 @@ import logging
 import os
 import re
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -30,14 +30,13 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from agentstream.config import Config, learner_threads
-from agentstream.wire.addresses import BROKER_RECORD, LEARNER_RECORD, free_port, read_record, write_record
-from launcher.placement import host_gpus, host_plan, visible
-from launcher.procs import CHILD_ENV, RUN_ENV, child_marker, end_marked, wait_gone
+from agentstream.config import Config
+from agentstream.wire.addresses import BROKER_RECORD, LEARNER_RECORD, read_record, write_record
+from launcher.commands import Command, Commands
+from launcher.procs import CHILD_ENV, child_marker, end_marked, wait_gone
 from launcher.wiring import Wiring, wire
 
 log = logging.getLogger("launch")
-PY = sys.executable
 
 
 class RunFailed(RuntimeError):
@@ -117,15 +116,16 @@ _ERROR_LINE = re.compile(r"(error|failed|cannot|exception|traceback)", re.IGNORE
 
 
 class Launcher:
-    """Owns the children of one run."""
+    """Owns the children of one run: starts them (their command lines: `launcher.commands`), restarts them within
+    their roles' budgets, and stops them."""
+
+    commands_type: ClassVar[type[Commands]] = Commands
+    """Where this launch's children run decides parts of their commands (`launcher.ray_backend.RayCommands`)."""
 
     def __init__(self, cfg: Config, run_dir: Path, wiring: Wiring | None = None, prefix: str = ""):
         """`wiring`: addresses of a running run (a joining launch, launcher.join); None: wire a new one.
         `prefix` goes into every actor's and engine's name, unique per launch when several join one run."""
         self.cfg, self.run_dir = cfg, run_dir
-        self.wiring = wiring or wire(cfg)
-        self.main_launch = cfg.run.role == "all"  # it starts the broker and the learner (a joining launch reaches them)
-        self.broker_host = ""  # the interface a moved broker binds (empty: broker.host)
         self.prefix = prefix
         self.config_path = run_dir / "config.yaml"
         self.children: list[Child] = []
@@ -133,166 +133,43 @@ class Launcher:
         self.restarts: Counter[str] = Counter()  # broker, engine, learner restarts (supervise)
         self._restarting: set[asyncio.Task[None]] = set()  # restarts in flight (`_background`)
         self._failed: RunFailed | None = None  # a background restart that failed
+        self._stopping = False  # set by the first stop: from then on an exit is no death to handle
         self.lost: list[dict[str, str]] = []  # children whose node died (Ray): summary.json's lost_with_node
         self.started = time.time()
+        self.commands = self.commands_type(cfg, run_dir, wiring or wire(cfg), prefix, self.started)
         self._exits: asyncio.Queue[Child] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
 
-    # ------------------------------------------------------------------ commands
-    def _child(self, name: str, role: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        return Child(name, role, argv, {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
-                     self.run_dir / "logs" / f"{name}.log")
-
-    def broker_child(self, restart: bool = False) -> Child:
-        """The broker; `restart`: started again from its log on any free ZeroMQ port (its old one may be held, and on
-        another node it is another address anyway), which it writes to its record for the clients to follow."""
-        w = self.wiring
-        host = ["--host", self.broker_host] if self.broker_host else []  # a node of its own (`_reseat_broker`)
-        return self._child("broker", "broker", [PY, "-m", "broker.server", "--config", str(self.config_path),
-                                                "--port", "0" if restart else str(w.broker_port),
-                                                "--dashboard-port", str(w.dashboard_port), *host])
-
     @property
-    def learner_where(self) -> str:
-        """What the weight sidecars are told of the learner: its record (`LEARNER_RECORD`, written by this launch
-        each time it places the learner) when this launch runs it, else the address a joining launch was given."""
-        return str((self.run_dir / LEARNER_RECORD).resolve()) if self.main_launch else self.wiring.weights
+    def wiring(self) -> Wiring:
+        """The run's addresses now (the commands read them: a restarted child gets a moved broker's, say)."""
+        return self.commands.wiring
 
-    @property
-    def broker_where(self) -> str:
-        """What the children are told of the broker: the record it writes in the run folder when this launch runs
-        it (they follow a broker started again elsewhere: `agentstream.wire.client.RecordLink`), else the address
-        a joining launch was given."""
-        return str((self.run_dir / BROKER_RECORD).resolve()) if self.main_launch else self.wiring.broker
+    @wiring.setter
+    def wiring(self, wiring: Wiring) -> None:
+        self.commands.wiring = wiring
 
-    def engine_children(self) -> list[Child]:
-        from engines.server import server_command
-
-        out: list[Child] = []
-        if self.cfg.engines.external_urls:  # running servers: only their weight sidecars are ours
-            return out
-        for i, url in enumerate(self.wiring.engines):
-            engines = dataclasses.replace(self.cfg.engines, host=self.engine_host(i))
-            argv, env = server_command(self.cfg.model, engines, int(url.rsplit(":", 1)[1]), self.engine_on_gpu())
-            out.append(self._child(f"engine-{self.prefix}{i}", "engine", argv, {**env, **self.gpus_of_engine(i)}))
-        return out
-
-    def gpus_of_engine(self, i: int) -> dict[str, str]:
-        """Engine i's CUDA_VISIBLE_DEVICES from this host's placement plan (launcher.placement; none on CPU)."""
-        names = host_gpus()
-        return visible(host_plan(self.cfg, len(names)).engines[i][1], names)
-
-    def gpus_of_learner(self) -> dict[str, str]:
-        """The GPUs of this host's learner ranks (torchrun gives rank r the r-th of them)."""
-        names = host_gpus()
-        return visible(host_plan(self.cfg, len(names)).learner[0], names)
-
-    def engine_host(self, i: int) -> str:
-        """The interface engine i binds (on Ray: its node's IP)."""
-        return self.cfg.engines.host
-
-    def engine_on_gpu(self) -> bool | None:
-        """Whether the engines run on GPUs (None: as this host; on Ray: whether they ask Ray for GPUs)."""
-        return None
-
-    def judge_children(self) -> list[Child]:
-        """The LLM judges' vLLM servers: the engines' command on the judge's model (judges.model, else the run's
-        initial model.path), without LoRA; no weight sidecar, so the learner never reaches them."""
-        from engines.server import server_command
-
-        model = dataclasses.replace(self.cfg.model, path=self.cfg.judges.model or self.cfg.model.path, lora_rank=0)
-        out = []
-        for i, url in enumerate(self.wiring.judges):
-            argv, env = server_command(model, self.cfg.engines, int(url.rsplit(":", 1)[1]))
-            out.append(self._child(f"judge-{self.prefix}{i}", "judge", argv, env))
-        return out
+    def child_of(self, command: Command) -> Child:
+        """The child that runs `command` (on this host; `RayLauncher`'s: on a node of the cluster)."""
+        return Child(command.name, command.role, command.argv, command.env, command.log_path,
+                     incarnation=command.incarnation)
 
     async def wait_judges(self, judges: list[Child]) -> None:
+        for child, url in zip(judges, self.wiring.judges):
+            await self.wait_server(child, url)
+
+    async def wait_server(self, child: Child, url: str) -> None:
+        """Until the vLLM server `child` answers at `url` (run.startup_timeout_s); RunFailed at once, with the
+        reason, if any child exits meanwhile."""
         from engines.server import wait_ready
 
-        for child, url in zip(judges, self.wiring.judges):
-            await self._guarded(wait_ready(url, self.cfg.run.startup_timeout_s, proc=None), child)
-
-    def sidecar_child(self, i: int) -> Child:
-        from engines.server import takes_stream
-        from envs.arena import FROZEN
-
-        w = self.wiring
-        frozen_every = self.cfg.engines.frozen_every if self.cfg.env.kwargs.get("opponent") == FROZEN else 0
-        return self._child(f"sidecar-{self.prefix}{i}", "sidecar", [
-            PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
-            "--learner", self.learner_where, "--broker", self.broker_where,
-            "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
-            "--stats-interval", str(self.cfg.run.log_interval_s),
-            "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
-            "--stream-workers", str(self.cfg.engines.gpus_per_engine if takes_stream(self.cfg.model, self.cfg.engines)
-                                    else 0),
-            "--frozen-every", str(frozen_every),  # a frozen seat's copy of the policy (0: none)
-            *self.curve_args()])
-
-    def curve_args(self) -> list[str]:
-        """The CURVE key folder for a child that takes no config (broker, actors, learner read
-        broker.curve_keys_dir from the run's config.yaml), absolute so that any working directory works."""
-        keys = self.cfg.broker.curve_keys_dir
-        return ["--curve-keys", str(Path(keys).resolve())] if keys else []
-
-    def learner_children(self) -> list[Child]:
-        """The learner's nodes this launch starts: its own (node learner.node_rank; the others join by role=learner)."""
-        return [self.learner_child()]
-
-    def learner_child(self, resume: bool = False, node_rank: int | None = None) -> Child:
-        """torchrun with one node's ranks of the learner: all of them, or (learner.nnodes > 1) node `node_rank`'s
-        share (default learner.node_rank), which meets the other nodes at node 0's rendezvous (`Wiring.rdzv`)."""
-        c = self.cfg.learner
-        node = c.node_rank if node_rank is None else node_rank
-        master, port = self.wiring.rdzv.rsplit(":", 1) if self.wiring.rdzv else ("127.0.0.1", str(free_port()))
-        argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(c.nnodes), "--node-rank", str(node),
-                "--nproc-per-node", str(c.world_size // c.nnodes), "--master-addr", master, "--master-port", port,
-                "-m", "learner.train", "--config", str(self.config_path), "--broker", self.broker_where,
-                "--weights-bind", self.wiring.weights_bind, "--out", str(self.run_dir)]
-        if self.cfg.engines.external_urls:
-            argv.append("--publish-initial")  # servers started elsewhere may hold other weights
-        if resume:
-            argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
-        name = "learner" if c.nnodes == 1 else f"learner-node{node}"
-        return self._child(name, "learner", argv, {"OMP_NUM_THREADS": str(learner_threads(self.cfg)),
-                                                   **self.gpus_of_learner()})
-
-    def actor_child(self, i: int, incarnation: int = 0) -> Child:
-        name = f"actor-{self.prefix}{i}"
-        argv = [PY, "-m", "actors.actor", "--config", str(self.config_path), "--name", name,
-                "--incarnation", str(incarnation), "--broker", self.broker_where]
-        for url in self.wiring.engines:  # none (a joining launch): the actor asks the broker
-            argv += ["--engine", url]
-        for url in self.wiring.judges:
-            argv += ["--judge", url]
-        child = self._child(name, "actor", argv)
-        child.incarnation = incarnation
-        return child
-
-    def gateway_child(self, incarnation: int = 0) -> Child:
-        """The OpenAI-compatible gateway (gateway/server.py): to the broker an actor, restarted like one, on the
-        same port (agent code keeps its URL; episodes open in the dead incarnation are its groups' loss)."""
-        name = f"gateway-{self.prefix}0"
-        argv = [PY, "-m", "gateway", "--config", str(self.config_path), "--name", name,
-                "--incarnation", str(incarnation), "--broker", self.broker_where,
-                "--port", str(self.wiring.gateway_port)]
-        for url in self.wiring.engines:  # none (a joining launch): the gateway asks the broker
-            argv += ["--engine", url]
-        child = self._child(name, "gateway", argv)
-        child.incarnation = incarnation
-        return child
+        await self._guarded(wait_ready(url, self.cfg.run.startup_timeout_s, proc=None), child)
 
     async def start_gateway(self, session: aiohttp.ClientSession) -> None:
         """Start the gateway, wait until it answers, then write its URL to RUN/gateway_url (agent code reads it)."""
-        await self.spawn(self.gateway_child())
+        await self.spawn(self.commands.gateway())
         await self._wait_http(session, f"{self.wiring.gateway}/health", "gateway")
         (self.run_dir / "gateway_url").write_text(self.wiring.gateway + "\n")
-
-    def evaluator_child(self) -> Child:  # validation (actors/evaluate.py): held-out seeds, never trained on
-        return self._child("evaluator", "evaluator", [
-            PY, "-m", "actors.evaluate", "--config", str(self.config_path), "--broker", self.broker_where,
-            "--engine", self.wiring.engines[0], "--out", str(self.run_dir), "--t0", str(self.started)])
 
     async def wait_evaluator(self) -> None:
         """After the learner's last step: give the evaluator validation.final_timeout_s to validate the final
@@ -305,7 +182,9 @@ class Launcher:
                             self.cfg.validation.final_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
-    async def spawn(self, child: Child) -> Child:
+    async def spawn(self, command: Command) -> Child:
+        """Start `command`'s child and watch it: its exit goes to `supervise`."""
+        child = self.child_of(command)
         await child.start()
         self.children.append(child)
         self._watchers.append(asyncio.create_task(self._watch(child), name=f"watch-{child.name}"))
@@ -318,27 +197,24 @@ class Launcher:
         await self._exits.put(child)
 
     async def start_all(self, session: aiohttp.ClientSession) -> None:
-        from engines.server import wait_ready
-
-        await self.spawn(self.broker_child())
+        await self.spawn(self.commands.broker())
         await self._wait_http(session, f"{self.wiring.dashboard}/api/state", "broker")
-        engines = [await self.spawn(c) for c in self.engine_children()]
-        judges = [await self.spawn(c) for c in self.judge_children()]
+        engines = [await self.spawn(c) for c in self.commands.engines()]
+        judges = [await self.spawn(c) for c in self.commands.judges()]
         write_record(self.run_dir / LEARNER_RECORD, weights=self.wiring.weights)  # where the sidecars find it
-        for child in self.learner_children():  # loads and shards the model while the engines start
-            await self.spawn(child)
-        timeout = self.cfg.run.startup_timeout_s
+        for command in self.commands.learner_nodes():  # loads and shards the model while the engines start
+            await self.spawn(command)
         for child, url in zip(engines, self.wiring.engines):
-            await self._guarded(wait_ready(url, timeout, proc=None), child)
+            await self.wait_server(child, url)
         await self.wait_judges(judges)
         for i in range(len(self.wiring.engines)):
-            await self.spawn(self.sidecar_child(i))
+            await self.spawn(self.commands.sidecar(i))
         for i in range(self.cfg.actors.count):
-            await self.spawn(self.actor_child(i))
+            await self.spawn(self.commands.actor(i))
         if self.cfg.gateway.enabled:
             await self.start_gateway(session)
         if self.cfg.validation.every > 0:
-            await self.spawn(self.evaluator_child())
+            await self.spawn(self.commands.evaluator())
 
     async def _guarded(self, coro, child: Child) -> None:
         """Await `coro`, but fail at once (with the reason) if any child exits meanwhile."""
@@ -354,7 +230,8 @@ class Launcher:
         try:
             task.result()
         except Exception as exc:
-            raise RunFailed(f"{child.name} did not become ready: {exc}\nits log ends with:\n{child.log_tail()}") from exc
+            raise RunFailed(f"{child.name} did not become ready: {exc}\n"
+                            f"its log ends with:\n{child.log_tail()}") from exc
 
     async def _wait_http(self, session: aiohttp.ClientSession, url: str, what: str) -> None:
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
@@ -396,22 +273,21 @@ class Launcher:
                                 f"continue without it. "
                                 f"Its log ({child.log_path}) ends with:\n{child.log_tail()}")
 
-    _stopping = False
-
     async def _restart_actor(self, child: Child, code: int | None) -> None:
         if self.actor_restarts >= self.cfg.actors.max_restarts:
             raise RunFailed(f"{child.name} died (exit code {code}) and actors.max_restarts="
-                            f"{self.cfg.actors.max_restarts} restarts are used up. Its log ends with:\n{child.log_tail()}")
+                            f"{self.cfg.actors.max_restarts} restarts are used up. "
+                            f"Its log ends with:\n{child.log_tail()}")
         self.actor_restarts += 1
         self.children.remove(child)
         if child.role == "gateway":  # counted as an actor's restart, as the broker counts it as an actor
             log.warning("%s died (exit code %s); restarting it as incarnation %d", child.name, code,
                         child.incarnation + 1)
-            await self.spawn(self.gateway_child(child.incarnation + 1))
+            await self.spawn(self.commands.gateway(child.incarnation + 1))
             return
         i = int(child.name.rsplit("-", 1)[1])
         log.warning("%s died (exit code %s); restarting it as incarnation %d", child.name, code, child.incarnation + 1)
-        await self.spawn(self.actor_child(i, child.incarnation + 1))
+        await self.spawn(self.commands.actor(i, child.incarnation + 1))
 
     async def _recover(self, child: Child, code: int | None) -> bool:
         """Restart a dead broker (same ports; it recovers its state from its write-ahead log), engine or
@@ -432,11 +308,11 @@ class Launcher:
         if key == "broker":
             before = read_record(self.run_dir / BROKER_RECORD)
             await self._reseat_broker()
-            await self.spawn(self.broker_child(restart=True))
+            await self.spawn(self.commands.broker(restart=True))
             self._background(self._follow_broker(before), "follow-broker")
         elif key == "learner":  # the dead torchrun's ranks were ended with it (supervise: end_leftovers)
             await self._reseat_learner(learner_node_rank(child.name))
-            await self.spawn(self.learner_child(resume=True, node_rank=learner_node_rank(child.name)))
+            await self.spawn(self.commands.learner(resume=True, node_rank=learner_node_rank(child.name)))
         else:  # in the background: a vLLM server takes a while to start, other deaths need handling meanwhile
             self._background(self._restart_engine_guarded(child), f"restart-{child.name}")
         return True
@@ -480,17 +356,19 @@ class Launcher:
 
         i = next(i for i in range(len(self.wiring.engines))
                  if child.name in (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}"))
-        for partner in [c for c in self.children if c.name in (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}")]:
+        pair = (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}")
+        for partner in [c for c in self.children if c.name in pair]:
             self.children.remove(partner)  # its exit is then not a death to handle
             await partner.stop(self.cfg.run.shutdown_timeout_s)
         if not self.cfg.engines.external_urls:
             await self._reseat_engine(i)
-            engine = await self.spawn(self.engine_children()[i])
+            engine = await self.spawn(self.commands.engines()[i])
             try:
                 await wait_ready(self.wiring.engines[i], self.cfg.run.startup_timeout_s, proc=None)
             except Exception as exc:
-                raise RunFailed(f"{engine.name} did not come back: {exc}\nits log ends with:\n{engine.log_tail()}") from exc
-        await self.spawn(self.sidecar_child(i))
+                raise RunFailed(f"{engine.name} did not come back: {exc}\n"
+                                f"its log ends with:\n{engine.log_tail()}") from exc
+        await self.spawn(self.commands.sidecar(i))
 
     async def _reseat_engine(self, i: int) -> None:
         """Before engine i restarts: where it goes (here: where it was; on Ray, wherever Ray finds room)."""
@@ -505,14 +383,16 @@ class Launcher:
         from engines.server import wait_ready
 
         i = next(i for i in range(len(self.wiring.judges)) if child.name == f"judge-{self.prefix}{i}")
-        judge = await self.spawn(self.judge_children()[i])
+        judge = await self.spawn(self.commands.judges()[i])
         try:
             await wait_ready(self.wiring.judges[i], self.cfg.run.startup_timeout_s, proc=None)
         except Exception as exc:
             raise RunFailed(f"{judge.name} did not come back: {exc}\nits log ends with:\n{judge.log_tail()}") from exc
 
     async def stop_roles(self, roles: tuple[str, ...]) -> None:
-        """Stop every child of these roles concurrently, each with a bounded wait."""
+        """The run is stopping: from now on no exit is a death to handle (nothing is restarted, `supervise` fails
+        on none); stop every child of these roles concurrently, each with a bounded wait."""
+        self._stopping = True
         targets = [c for c in self.children if c.role in roles]
         await asyncio.gather(*(c.stop(self.cfg.run.shutdown_timeout_s) for c in targets))
 

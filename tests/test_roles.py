@@ -94,13 +94,13 @@ def test_every_learner_node_publishes_version_0_with_node_0_when_the_runs_engine
     run.learner.world_size, run.learner.nnodes = 2, 2
     if external:
         run.engines.external_urls = ["http://e:1"]  # (engines.count stays 1: one server started elsewhere)
-    main = Launcher(run, tmp_path / "main").learner_child().argv
+    main = Launcher(run, tmp_path / "main").commands.learner().argv
     local = C.Config()
     local.run.role, local.broker.address, local.learner.node_rank = "learner", "tcp://127.0.0.1:5555", 1
     welcome = Welcome(weights="tcp://127.0.0.1:5556", config=OmegaConf.to_yaml(OmegaConf.structured(run)))
     cfg = joined_config(local, welcome)
     check_config(cfg)  # what run_join checks before it starts the node's ranks
-    node = Launcher(cfg, tmp_path / "node", join_wiring(cfg, welcome), prefix="h-1-").learner_child().argv
+    node = Launcher(cfg, tmp_path / "node", join_wiring(cfg, welcome), prefix="h-1-").commands.learner().argv
     # Publishing version 0 gathers the weights from every rank (rank 0 sends them): a node whose ranks skip it
     # while node 0's wait in the gather hangs the learner before its first step.
     assert ("--publish-initial" in main, "--publish-initial" in node) == (external, external)

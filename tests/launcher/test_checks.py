@@ -117,5 +117,5 @@ def test_a_frozen_seat_needs_lora_and_its_sidecars_refresh_the_copy(tmp_path: Pa
         cfg = compose_cfg(overrides=[*frozen[:2], f"+env.kwargs.opponent={opponent}", "model.lora_rank=8",
                                      "engines.frozen_every=5"])
         check_config(cfg)
-        argv = Launcher(cfg, tmp_path, wire(cfg)).sidecar_child(0).argv
+        argv = Launcher(cfg, tmp_path, wire(cfg)).commands.sidecar(0).argv
         assert argv[argv.index("--frozen-every") + 1] == every

@@ -66,7 +66,7 @@ def test_the_gateway_is_wired_on_a_fixed_port_and_started_like_an_actor(tmp_path
     assert w.gateway == f"http://127.0.0.1:{w.gateway_port}" and w.gateway_port > 0
     assert resolved(cfg, w).gateway.port == w.gateway_port  # the run's config.yaml names the port in use
     launcher = Launcher(cfg, tmp_path, w)
-    child = launcher.gateway_child(incarnation=2)
+    child = launcher.commands.gateway(incarnation=2)
     assert (child.name, child.role, child.incarnation) == ("gateway-0", "gateway", 2)
     argv = child.argv[child.argv.index("-m") + 1:]
     assert argv == ["gateway", "--config", str(tmp_path / "config.yaml"), "--name", "gateway-0",

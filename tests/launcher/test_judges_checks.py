@@ -66,15 +66,15 @@ def test_judges_get_ports_of_their_own_after_the_engines_and_a_server_without_a_
     assert w.engines == ["http://127.0.0.1:9000", "http://127.0.0.1:9002"]
     assert w.judges == ["http://127.0.0.1:9004", "http://127.0.0.1:9005"]
     launcher = Launcher(cfg, tmp_path, w)
-    judges = launcher.judge_children()
+    judges = launcher.commands.judges()
     assert [(c.name, c.role) for c in judges] == [("judge-0", "judge"), ("judge-1", "judge")]
     argv = judges[1].argv
     assert argv[argv.index("--model") + 1] == cfg.model.path  # judges.model empty: the run's initial weights
     assert argv[argv.index("--port") + 1] == "9005" and "--enable-lora" not in argv
-    actor = launcher.actor_child(0).argv
+    actor = launcher.commands.actor(0).argv
     assert [actor[i + 1] for i, a in enumerate(actor) if a == "--judge"] == w.judges
-    assert not any(c.name.startswith("sidecar-judge") for c in launcher.engine_children())
-    assert all(launcher.sidecar_child(i).argv[launcher.sidecar_child(i).argv.index("--url") + 1] in w.engines
+    assert not any(c.name.startswith("sidecar-judge") for c in launcher.commands.engines())
+    assert all(launcher.commands.sidecar(i).argv[launcher.commands.sidecar(i).argv.index("--url") + 1] in w.engines
                for i in range(2))  # every weight sidecar serves an engine, none a judge
 
 
@@ -95,5 +95,5 @@ def test_a_joining_actors_launch_starts_judges_of_its_own_for_the_runs_judges(tm
     wiring = join_wiring(cfg, welcome)
     assert len(wiring.judges) == 1 and wiring.judges[0].startswith("http://127.0.0.1:")  # this host's own judge
     launcher = Launcher(cfg, tmp_path, wiring, prefix="h-1-")
-    assert [c.name for c in launcher.judge_children()] == ["judge-h-1-0"]
-    assert launcher.actor_child(0).argv[-2:] == ["--judge", wiring.judges[0]]
+    assert [c.name for c in launcher.commands.judges()] == ["judge-h-1-0"]
+    assert launcher.commands.actor(0).argv[-2:] == ["--judge", wiring.judges[0]]

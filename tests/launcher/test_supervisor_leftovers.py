@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from agentstream.config import Config
+from launcher.commands import Command
 from launcher.procs import RUN_ENV, marked
-from launcher.supervisor import Child, Launcher
+from launcher.supervisor import Launcher
 
 TREE = r"""
 import os, subprocess, sys, time
@@ -60,8 +61,9 @@ async def tree_pids(path: Path) -> tuple[list[int], str]:
     raise AssertionError(f"{path} never appeared")
 
 
-def tree_child(launcher: Launcher, name: str, role: str, out: Path, prev: Path) -> Child:
-    return launcher._child(name, role, [sys.executable, "-c", TREE, str(out), str(prev)])
+def tree_command(launcher: Launcher, name: str, role: str, out: Path, prev: Path, incarnation: int = 0) -> Command:
+    return launcher.commands.command(name, role, [sys.executable, "-c", TREE, str(out), str(prev)],
+                                     incarnation=incarnation)
 
 
 @pytest.fixture
@@ -71,13 +73,11 @@ def launcher(tmp_path: Path):
     cfg.run.shutdown_timeout_s = 5
     launcher = Launcher(cfg, tmp_path)
 
-    def actor_child(i: int, incarnation: int = 0) -> Child:  # the tree instead of a real actor
-        child = tree_child(launcher, f"actor-{i}", "actor", tmp_path / f"actor-{incarnation}.pids",
-                           tmp_path / f"actor-{incarnation - 1}.pids")
-        child.incarnation = incarnation
-        return child
+    def actor_command(i: int, incarnation: int = 0) -> Command:  # the tree instead of a real actor
+        return tree_command(launcher, f"actor-{i}", "actor", tmp_path / f"actor-{incarnation}.pids",
+                            tmp_path / f"actor-{incarnation - 1}.pids", incarnation)
 
-    launcher.actor_child = actor_child  # type: ignore[method-assign]
+    launcher.commands.actor = actor_command  # type: ignore[method-assign]
     yield launcher
     for pid in marked(RUN_ENV, str(tmp_path.resolve())):  # whatever a failed assertion left running
         os.kill(pid, signal.SIGKILL)
@@ -85,7 +85,7 @@ def launcher(tmp_path: Path):
 
 async def test_a_restart_ends_the_dead_incarnations_tree_and_the_end_of_run_check_finds_what_was_missed(
         launcher: Launcher, tmp_path: Path) -> None:
-    await launcher.spawn(launcher.actor_child(0))
+    await launcher.spawn(launcher.commands.actor(0))
     supervise = asyncio.create_task(launcher.supervise())
     try:
         first, _ = await tree_pids(tmp_path / "actor-0.pids")
@@ -101,7 +101,7 @@ async def test_a_restart_ends_the_dead_incarnations_tree_and_the_end_of_run_chec
 
     # The old defect, on purpose: a child dropped from the supervisor's list without being stopped (as the
     # engine restart path did), its parent killed alone. Its core and rank are nobody's children any more.
-    stray = await launcher.spawn(tree_child(launcher, "engine-0", "engine", tmp_path / "engine.pids", tmp_path / "-"))
+    stray = await launcher.spawn(tree_command(launcher, "engine-0", "engine", tmp_path / "engine.pids", tmp_path / "-"))
     (parent, core, rank), _ = await tree_pids(tmp_path / "engine.pids")
     launcher.children.remove(stray)
     os.kill(parent, signal.SIGKILL)
