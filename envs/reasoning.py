@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any
 
+from agentstream.registry import unknown_name
 from envs.base import Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
 # Names people reach for that reasoning-gym spells differently.
@@ -56,7 +57,7 @@ def resolve_name(name: str) -> str:
     name = ALIASES.get(name, name)
     known = dataset_names()
     if name not in known:
-        raise KeyError(f"unknown reasoning-gym dataset {name!r}; known: {', '.join(known)}")
+        raise KeyError(unknown_name("reasoning-gym dataset", name, known))
     return name
 
 

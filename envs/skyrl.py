@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from agentstream.registry import lookup
 from envs.base import Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
 
@@ -240,10 +241,9 @@ class SkyRLGymEnv(TextGame):
     blocking = True
 
     def __init__(self, task: str = "text2sql", max_steps: int = 5, **task_kwargs: Any):
-        if task not in FAMILIES:
-            raise KeyError(f"unknown skyrl task {task!r}; known: {', '.join(sorted(FAMILIES))}")
+        family = lookup(FAMILIES, task, "skyrl task")
         self.task_name, self.max_steps = task, max_steps
-        self.family = FAMILIES[task](**task_kwargs)
+        self.family = family(**task_kwargs)
         self.instructions = self.family.instructions
         self.observation_space = text_space(max_length=65536)
         self.action_space = text_space(max_length=65536)

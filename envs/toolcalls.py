@@ -22,6 +22,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentstream.registry import Registry, unknown_name
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -114,15 +116,16 @@ def parse_json(text: str, tool_names: Collection[str]) -> ParsedTools:
 
 
 Parser = Callable[[str, Collection[str]], ParsedTools]
-TOOL_PARSERS: dict[str, Parser] = {"hermes": parse_hermes, "qwen": parse_hermes, "json": parse_json}
+TOOL_PARSERS: Registry[Parser] = Registry("tool-call parser")
+for _name, _parser in (("hermes", parse_hermes), ("qwen", parse_hermes), ("json", parse_json)):
+    TOOL_PARSERS.add(_name, _parser)
 
 
 def get_parser(name: str) -> Parser:
-    """The parser registered as `name`; an unknown name lists the known ones."""
-    try:
-        return TOOL_PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(TOOL_PARSERS))}") from None
+    """The parser registered as `name`; an unknown name lists the known ones (a ValueError: a bad setting)."""
+    if name not in TOOL_PARSERS:
+        raise ValueError(unknown_name(TOOL_PARSERS.what, name, TOOL_PARSERS))
+    return TOOL_PARSERS.get(name)
 
 
 def parse(name: str, text: str, tool_names: Collection[str]) -> ParsedTools:

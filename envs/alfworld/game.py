@@ -23,6 +23,7 @@ import importlib.resources
 import threading
 from typing import Any
 
+from agentstream.registry import unknown_name
 from envs.alfworld.household import SHORT_NAMES, TASK_TYPES, Household, generate
 from envs.alfworld.parser import parse_action
 from envs.alfworld.prompt import instructions
@@ -88,8 +89,7 @@ def _resolve_task_types(task_types: list[str] | tuple[str, ...] | None) -> tuple
     for name in task_types:
         full = SHORT_NAMES.get(name, name)
         if full not in TASK_TYPES:
-            known = ", ".join(sorted(set(SHORT_NAMES) | set(TASK_TYPES)))
-            raise ValueError(f"unknown ALFWorld task type {name!r}; known: {known}")
+            raise ValueError(unknown_name("ALFWorld task type", name, set(SHORT_NAMES) | set(TASK_TYPES)))
         resolved.append(full)
     return tuple(resolved)
 
