@@ -21,8 +21,7 @@ import envs
 import memory
 from agentstream.config import Config, EnvConfig, MemoryConfig, SamplingConfig
 from agentstream.models import base_model_name, served_model_name
-from envs.arena import FROZEN, MATCHES
-from envs.base import TextEnv
+from envs.base import EnvTraits, TextEnv
 
 
 @dataclass(frozen=True)
@@ -45,22 +44,27 @@ class EpisodeSpec:
         return envs.make(self.env.name, max_steps=self.env.max_steps, **self.env.kwargs)
 
     @property
+    def traits(self) -> EnvTraits:
+        """What the env declares with these kwargs (`envs.registry.traits`; nothing is built)."""
+        return envs.traits(self.env.name, self.env.kwargs)
+
+    @property
     def seats(self) -> int:
-        """Seats of one game whose turns the actor answers: 2 in a TextArena match (`env.kwargs.opponent` self or
-        frozen: an episode is a match, `actors.episode.play_match`, with a memory per seat), else 1."""
-        return 2 if self.env.kwargs.get("opponent") in MATCHES else 1
+        """Seats of one game whose turns the actor answers: 2 in a match (an episode is a match,
+        `actors.episode.play_match`, with a memory per seat), else 1 (`EnvTraits.seats`)."""
+        return self.traits.seats
 
     @property
     def frozen(self) -> bool:
-        """A match with a frozen seat (`env.kwargs.opponent=frozen`): its turns are sampled from a frozen copy of an
+        """A match with a frozen seat (`EnvTraits.frozen_seat`): its turns are sampled from a frozen copy of an
         earlier policy (`agentstream.models.FROZEN_ADAPTER_NAME`) and never sent; the env's `trained_seat` trains."""
-        return self.env.kwargs.get("opponent") == FROZEN
+        return self.traits.frozen_seat
 
     @property
     def trained_seats(self) -> int:
         """Seats whose turns are trained, each seat's trajectories in a group of its own (the groups one grant opens):
         2 in self-play, else 1."""
-        return self.seats - self.frozen
+        return self.traits.trained_seats
 
     def make_memory(self, tokenizer: Any) -> memory.Memory:
         """A new memory that tokenizes with the model's `tokenizer` (prompt ids, the budget)."""
@@ -184,7 +188,8 @@ class EvaluatorSpec:
     """Everything the evaluator process uses."""
 
     episode: EpisodeSpec
-    """As the actors play, but sampled at `validation.temperature` (and against the random opponent, not itself)."""
+    """As the actors play, but sampled at `validation.temperature` (and, in a match, one seat against the fixed
+    opponent its env declares, `EnvTraits.one_seat_kwargs`, not itself)."""
     client: ClientSpec
     episodes: int
     """Validation episodes, one per validation seed."""
@@ -197,12 +202,15 @@ class EvaluatorSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> EvaluatorSpec:
-        """Validation plays one seat against the fixed random opponent, also when training is a match (self-play, a
-        frozen seat): a win rate against a fixed opponent measures progress, one against itself does not."""
+        """Validation plays one seat against the fixed opponent the env declares (`EnvTraits.one_seat_kwargs`), also
+        when training is a match (self-play, a frozen seat): a win rate against a fixed opponent measures progress,
+        one against itself does not."""
         episode = EpisodeSpec.from_config(cfg)
         episode = replace(episode, sampling=replace(episode.sampling, temperature=cfg.validation.temperature))
-        if episode.seats > 1:
-            episode = replace(episode, env=replace(episode.env, kwargs={**episode.env.kwargs, "opponent": "random"}))
+        traits = episode.traits
+        if traits.seats > 1:
+            one_seat = {**episode.env.kwargs, **dict(traits.one_seat_kwargs)}
+            episode = replace(episode, env=replace(episode.env, kwargs=one_seat))
         return cls(episode, ClientSpec.from_config(cfg), cfg.validation.episodes, cfg.validation.every,
                    cfg.trainer.total_steps, cfg.trainer.groups_per_step * cfg.env.group_size)
 

@@ -54,11 +54,11 @@ import contextlib
 import json
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envs.base import TEXT_CHARSET, Action, ParseFailure, ParseResult, StepResult, TextGame, text_space
+from envs.base import TEXT_CHARSET, Action, EnvTraits, ParseFailure, ParseResult, StepResult, TextGame, text_space
 
 SELF, FROZEN = "self", "frozen"
 MATCHES = (SELF, FROZEN)
@@ -114,6 +114,17 @@ def _adapters() -> list[tuple[type, Adapter]]:
 
 SUPPORTED = ("TicTacToe-v0", "KuhnPoker-v0", "KuhnPoker-v0-short", "KuhnPoker-v0-medium", "KuhnPoker-v0-long")
 """Registered TextArena ids this env has adapters for (any subclass of their game classes works too)."""
+MOVES = (*(str(cell) for cell in range(9)), "check", "bet", "call", "fold")
+"""Every move of the supported games: Tic Tac Toe's cells, Kuhn Poker's actions."""
+
+
+def traits(kwargs: Mapping[str, Any]) -> EnvTraits:
+    """What the env declares with `kwargs` (`envs.registry.traits`): a match (opponent self or frozen) has two
+    seats, a frozen one trains one of them; validation plays one seat against the random opponent."""
+    opponent = kwargs.get("opponent")
+    return EnvTraits(seats=2 if opponent in MATCHES else 1, frozen_seat=opponent == FROZEN,
+                     one_seat_kwargs=(("opponent", "random"),) if opponent in MATCHES else (),
+                     parser="envs.arena:parse_move", moves=MOVES)
 
 
 def parse_move(text: object, legal: Sequence[str]) -> ParseResult:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -117,6 +118,41 @@ def parse_tagged(text: object, choices: Mapping[str, Any], tag: str = "action", 
         shown = name if len(name) <= 40 else name[:40] + "..."
         return ParseFailure(f"unknown {what} {shown!r}; use one of {', '.join(choices)}")
     return Action(choices[name])
+
+
+@dataclass(frozen=True)
+class EnvTraits:
+    """What an env declares about itself, known from its registered name and kwargs without building it
+    (`envs.registry.traits`): the actor and the launcher read these, never a game's name or its kwargs."""
+
+    seats: int = 1
+    """Seats of one game whose turns the actor answers: 2 in a match (the env is an `actors.episode.MatchEnv`, played
+    by `actors.episode.play_match` with a memory per seat), else 1."""
+    frozen_seat: bool = False
+    """A match whose other seat is a frozen copy of the policy: only the env's `trained_seat` trains, the other seat's
+    turns are sampled from the engines' frozen copy (LoRA runs; the engines refresh it every engines.frozen_every)."""
+    one_seat_kwargs: tuple[tuple[str, Any], ...] = ()
+    """The env kwargs that make a match one seat against a fixed opponent (validation plays that: a win rate against
+    a fixed opponent measures progress, one against itself does not); empty where the game has one seat."""
+    parser: str = ""
+    """`module:function`, the env's own answer parser (`answer_parser`): the warm start checks its sampled answers with
+    it. "": the env has none that reads an answer without the game's state."""
+    moves: tuple[str, ...] = ()
+    """Every move the env's games take, given to `parser` as the legal ones (a parser of (text, legal moves), as
+    TextArena's: the warm start's check does not know each prompt's state); empty: the parser takes the text alone."""
+
+    @property
+    def trained_seats(self) -> int:
+        """Seats whose turns are trained, each seat's trajectories in a group of its own: 2 in self-play, else 1."""
+        return self.seats - self.frozen_seat
+
+    def answer_parser(self) -> Callable[[str], ParseResult] | None:
+        """The env's parser as a function of the text alone, imported now (None: the env declares none)."""
+        if not self.parser:
+            return None
+        module, _, name = self.parser.partition(":")
+        parse = getattr(importlib.import_module(module), name)
+        return functools.partial(parse, legal=self.moves) if self.moves else parse
 
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]

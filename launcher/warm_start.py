@@ -31,7 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from agentstream.config import REPO_ROOT, TINY_MODEL_DIR, TINY_WARM_MODEL_DIR, EnvConfig, MemoryConfig
 
@@ -61,16 +62,16 @@ def input_key(args: argparse.Namespace, base: Path) -> str:
     return h.hexdigest()
 
 
-def parser(env: str) -> Callable[[str], object]:
-    """The env's own answer parser."""
-    from envs import frozenlake, sokoban
-    from envs.reasoning import parse_answer
+def parser(env: str, kwargs: Mapping[str, Any] | None = None) -> Callable[[str], object]:
+    """The env's own answer parser, as its traits declare it (`EnvTraits.parser`, with every move of its games where
+    the parser takes the legal ones: the sample check does not know each prompt's state)."""
+    from envs.registry import traits
 
-    if "TextArena" in env:  # any move of the supported games: the sample check does not know each prompt's state
-        from envs.arena import parse_move
-
-        return lambda text: parse_move(text, [str(cell) for cell in range(9)] + ["check", "bet", "call", "fold"])
-    return parse_answer if "Reasoning" in env else sokoban.parse_action if "Sokoban" in env else frozenlake.parse_action
+    parse = traits(env, kwargs).answer_parser()
+    if parse is None:
+        raise ValueError(f"{env} declares no answer parser that reads an answer without the game's state, so the warm "
+                         f"start cannot check its sampled answers: give its EnvTraits a parser in envs/registry.py")
+    return parse
 
 
 def format_spec(args: argparse.Namespace) -> FormatSpec:
@@ -198,13 +199,14 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     spec = format_spec(args)
+    parse = parser(args.env, spec.env_kwargs)  # (before the fit: an env without a parser stops here)
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
     held_out = format_demos(spec, tokenizer, 64, seed=args.seed + 10_000)
     print(f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} "
           f"{spec.env_kwargs}", flush=True)
     history = train_sft(model, demos, SftOptions(args.steps, args.batch_size, args.lr, seed=args.seed),
                         pad_id=tokenizer.pad_token_id)
-    check = sample_check(model, tokenizer, held_out, parser(args.env))
+    check = sample_check(model, tokenizer, held_out, parse)
     print(f"[warm-start] held-out sampled answers: {check}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
