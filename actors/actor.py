@@ -17,12 +17,14 @@ With LLM judges (judges.count > 0, `--judge URL`), an episode's last transition 
 on the whole episode, whose score joins that step's reward (actors/judge.py); the other episodes play on.
 The step loop itself is `actors.episode.play`, shared with the evaluator and the warm start's demonstrations;
 what the actor needs of the run config is an `ActorSpec` (actors/spec.py), taken from it once in `main()`.
-Self-play (TextArena with `opponent=self`, `EpisodeSpec.seats` = 2): an episode is a match (`actors.episode.play_match`)
-with the policy in both seats; each grant opens one group per seat (ids grant.group_id + seat), and seat s's turns
-of the group's G matches are the G trajectories of group grant.group_id + s: each seat gets its own baseline.
-A frozen seat (`opponent=frozen`, LoRA runs): the same match, but only the env's `trained_seat` (drawn from the seed)
-is the policy's: one trajectory per match, one group per grant; the other seat's turns are sampled from the engine's
-frozen copy (`agentstream.models.FROZEN_ADAPTER_NAME`, the base model until the engine has loaded it) and never sent.
+The engine calls (which engine, failover, the shared first turn, the frozen copy) are `actors.sampling.Sampler`'s.
+Self-play (an env whose traits declare 2 seats, `EpisodeSpec.seats`: TextArena with `opponent=self`): an episode is a
+match (`actors.episode.play_match`) with the policy in both seats; each grant opens one group per seat (ids
+grant.group_id + seat), and seat s's turns of the group's G matches are the G trajectories of group grant.group_id + s:
+each seat gets its own baseline. A frozen seat (`EnvTraits.frozen_seat`: TextArena's `opponent=frozen`, LoRA runs): the
+same match, but only the env's `trained_seat` (drawn from the seed) is the policy's: one trajectory per match, one group
+per grant; the other seat's turns are sampled from the engine's frozen copy (`agentstream.models.FROZEN_ADAPTER_NAME`,
+the base model until the engine has loaded it) and never sent.
 SIGTERM: stop starting steps, send the final stats, exit.
 """
 
@@ -30,32 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import random
 import signal
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from actors import episode
-from actors.episode import EnvCalls, EnvFailure, StepRecord, Turn
+from actors.episode import EnvCalls, EnvFailure, EpisodeOutcome, MatchEnv, StepRecord
 from actors.judge import EpisodeRecord, Judge, JudgedStep, Verdict, combine, verdict_counters
+from actors.sampling import Sampler
 from actors.spec import ActorSpec
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
-from agentstream.models import FROZEN_ADAPTER_NAME
+from agentstream.process import run_process
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import GroupGrant, Stats, Transition
-from engines.client import EngineClient, EngineError, EngineStalled, Generation, clamp_to_grant, text_decoder
-from engines.user import (
-    EnginePool, connect, engines_from_broker, follow_engines, goodbye, process_arguments, report_stats, run_process,
+from engines.client import EngineClient, EngineError, Generation, clamp_to_grant, text_decoder
+from engines.pool import (
+    connect, engines_from_broker, follow_engines, goodbye, process_arguments, report_stats,
 )
+from envs.base import TextEnv
 from envs.latency import sample_latency
 
 log = logging.getLogger("actor")
@@ -63,16 +65,6 @@ log = logging.getLogger("actor")
 
 class _GroupDropped(Exception):
     """Another episode of the group gave up (its env or engines failed every attempt): the group is dropped."""
-
-
-@dataclass
-class _SharedTurn:
-    """A group's first turn, sampled once for all its episodes (actors.share_first_turn): the answers of one request
-    of n = group size, handed out in the order the episodes ask."""
-
-    prompt_ids: list[int]
-    answers: asyncio.Task[list[Generation]]
-    taken: int = 0
 
 
 @dataclass
@@ -87,6 +79,33 @@ class _Trajectory:
     judged: list[JudgedStep] = field(default_factory=list)
     """The trajectory so far, as the judge will see it."""
     verdict: Verdict | None = None
+
+
+@dataclass(frozen=True)
+class _Seats:
+    """Who plays one episode's seats: `match` is its env where it is a match (None: one seat); with a frozen seat
+    (`frozen`), the env's `trained_seat` (known once it is reset) is the policy's and the other the frozen copy's."""
+
+    env: TextEnv
+    match: MatchEnv | None
+    frozen: bool
+
+    def plays_frozen(self, seat: int) -> bool:
+        """Whether `seat`'s turns are the frozen copy's (counted, never sent)."""
+        return self.match is not None and self.frozen and seat != self.match.trained_seat
+
+    def instructions(self, seat: int) -> str:
+        """The task, as the judge reads it: in a match, the seat's own rules (a frozen match's env instructions are
+        its trained seat's)."""
+        if self.match is None or self.frozen:
+            return self.env.instructions
+        return self.match.seat_instructions[seat]
+
+    def trained(self, outcomes: list[EpisodeOutcome]) -> list[EpisodeOutcome]:
+        """The outcomes of the trained seats: a frozen match's trained seat's only."""
+        if self.match is None or not self.frozen:
+            return outcomes
+        return [outcomes[cast(int, self.match.trained_seat)]]  # (set by the frozen match's reset)
 
 
 @dataclass
@@ -111,12 +130,8 @@ class Actor:
                               else None)
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
-        self.requests_in_flight = 0  # reported as gauges: engine requests awaited now, newest policy version seen
-        self.policy_version = -1
-        # An engine that failed or stalled gets no new request for 2 x stall_timeout_s; then it rejoins (if still
-        # stalled, each request sent to it costs 2 x stall_timeout_s again, so this bounds that waste to about half
-        # the time).
-        self.pool = EnginePool(self.engines, down_s=2 * spec.client.stall_timeout_s)
+        # The engine calls; it shares `engines` (engines that join later are appended) and the counters.
+        self.sampler = Sampler(self.engines, spec.client, spec.episode.sampling, spec.group_size, self.counters, name)
         self.env_calls = EnvCalls(spec.episode.env.step_timeout_s, spec.max_hung_steps)
         self._failed_groups: set[int] = set()  # groups given up (an episode failed every attempt), while in play
         self._steps_sent: dict[str, int] = {}  # traj_id -> steps sent, while its episode plays
@@ -125,13 +140,21 @@ class Actor:
         # Episodes of granted groups not yet started: (grant, index in the group, the group's engine).
         self._pending: collections.deque[tuple[GroupGrant, int, EngineClient]] = collections.deque()
         self._open: dict[int, int] = {}  # group id -> its episodes not yet finished
-        self._first_turns: dict[int, _SharedTurn] = {}  # group id -> its shared first turn, while in play
-        self._frozen_clients: dict[str, EngineClient] = {}  # engine url -> its client of the frozen copy (`_frozen`)
         self._deal = asyncio.Condition()
         # At most K/G + 1 groups in play: one group ahead of the K/G that K lanes fill, so a lane whose group's
         # other episodes still run starts the next group instead of idling, while what a paused learner lets
         # pile up in the broker stays bounded (K/G + 1 groups of G episodes per actor).
         self.max_open_groups = spec.episodes_per_actor // spec.group_size + 1
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Engine requests awaited now (a gauge)."""
+        return self.sampler.requests_in_flight
+
+    @property
+    def policy_version(self) -> int:
+        """The newest policy version an answer came from (a gauge; -1: none yet)."""
+        return self.sampler.policy_version
 
     async def run(self) -> None:
         """Play groups until cancelled: K = actors.episodes_per_actor lanes, one episode each at a time.
@@ -155,7 +178,7 @@ class Actor:
                     if not self._open[grant.group_id]:
                         del self._open[grant.group_id]
                         self._failed_groups.discard(grant.group_id)
-                        self._close_first_turn(grant.group_id)
+                        self.sampler.close_first_turn(grant.group_id)
                     self._deal.notify_all()
 
     async def _episode(self, grant: GroupGrant, i: int, engine: EngineClient) -> None:
@@ -196,7 +219,7 @@ class Actor:
                 else:
                     self.counters["episode_retries"] += 1
                     if cause == "engine":
-                        engine = self._pick_engine()
+                        engine = self.sampler.pick_engine()
                 for seat, traj_id in enumerate(traj_ids):
                     sent = self._steps_sent[traj_id]
                     if sent or give_up:  # nothing sent: nothing to drop, the retry takes the place
@@ -215,7 +238,7 @@ class Actor:
             if not self._pending:
                 # (others wait on the lock: this grant may serve them); self-play: one group per seat
                 grant = await self.broker.request_group(self.spec.episode.trained_seats)
-                engine = self._pick_engine()
+                engine = self.sampler.pick_engine()
                 self._open[grant.group_id] = self.spec.group_size
                 self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
             return self._pending.popleft()
@@ -243,52 +266,24 @@ class Actor:
         """`play` (one trajectory) or `play_match` (one per trained seat): one env, a memory per seat, a trajectory per
         trained seat. With a frozen seat (`EpisodeSpec.frozen`), traj_ids[0] is the env's `trained_seat` (known once it
         is reset) and the other seat's turns are sampled from the engine's frozen copy; its steps are never sent."""
-        env = self.spec.episode.make_env()
-        mems = [self.spec.episode.make_memory(self.tokenizer) for _ in range(self.spec.episode.seats)]
-        frozen = self.spec.episode.frozen
-
-        def plays_frozen(seat: int) -> bool:
-            return frozen and seat != env.trained_seat  # type: ignore[attr-defined]
-
-        def instructions(i: int) -> str:  # the task, as the judge reads it: in a match, the seat's own rules
-            if len(mems) == 1 or frozen:  # (a frozen match's env instructions are its trained seat's)
-                return env.instructions
-            return env.seat_instructions[i]  # type: ignore[attr-defined]
-
-        trajs = [_Trajectory(traj_id, grant.group_id + i, functools.partial(instructions, i))
+        spec = self.spec.episode
+        env = spec.make_env()
+        mems = [spec.make_memory(self.tokenizer) for _ in range(spec.seats)]
+        # (an env whose traits declare two seats is a match: `actors.episode.MatchEnv`)
+        seats = _Seats(env, cast(MatchEnv, env) if len(mems) > 1 else None, spec.frozen)
+        trajs = [_Trajectory(traj_id, grant.group_id + i, functools.partial(seats.instructions, i))
                  for i, traj_id in enumerate(traj_ids)]
-        first_turn = share_first_turn
-
-        async def generate(turn: Turn) -> Generation:
-            nonlocal engine, first_turn  # the episode stays with the engine that last answered it
-            frozen_turn = plays_frozen(int(turn.info.get("seat", 0)))
-            self.requests_in_flight += 1
-            try:  # (the group's shared first answers are the policy's: never a frozen turn's)
-                share, first_turn = (first_turn and not frozen_turn and not turn.images and self.spec.group_size > 1,
-                                     False)
-                gen, engine = await self._generate(turn.prompt_ids, engine, turn.images,
-                                                   grant.group_id if share else None, frozen=frozen_turn)
-            finally:
-                self.requests_in_flight -= 1
-            self.policy_version = max(self.policy_version, gen.version_hi)
-            return gen
-
-        async def on_step(seat: int, step: StepRecord[Generation]) -> None:
-            if plays_frozen(seat):  # the frozen copy's step: counted, never sent
-                self.counters.update(frozen_steps=1, frozen_invalid_actions=int(not step.valid))
-            else:
-                await self._send_step(grant, trajs[0 if frozen else seat], step)
-
-        senders = [functools.partial(on_step, seat) for seat in range(len(mems))]
+        generate = self.sampler.episode(engine, grant.group_id if share_first_turn else None, seats.plays_frozen)
+        senders = [functools.partial(self._on_step, grant, seats, trajs, seat) for seat in range(len(mems))]
         self.in_flight += 1
         timed_out = False
         try:
-            if len(mems) == 1:
+            if seats.match is None:
                 outcomes = [await episode.play(env, mems[0], generate, senders[0], seed=grant.seed,
                                                calls=self.env_calls)]
             else:
-                outcomes = await episode.play_match(env, mems, generate, senders,  # type: ignore[arg-type]
-                                                    seed=grant.seed, calls=self.env_calls)
+                outcomes = await episode.play_match(seats.match, mems, generate, senders, seed=grant.seed,
+                                                    calls=self.env_calls)
         except EnvFailure as exc:
             timed_out = exc.cause == "timeout"
             raise
@@ -298,9 +293,16 @@ class Actor:
                 self.counters.update(memory_dropped_steps=mem.dropped_steps,
                                      memory_truncated_steps=mem.truncated_steps)
             self.env_calls.close(env, abandoned=timed_out)
-        if frozen:  # the trained seat's outcome only
-            outcomes = [outcomes[env.trained_seat]]  # type: ignore[attr-defined]
-        return self._results(outcomes, trajs)
+        return self._results(seats.trained(outcomes), trajs)
+
+    async def _on_step(self, grant: GroupGrant, seats: _Seats, trajs: Sequence[_Trajectory], seat: int,
+                       step: StepRecord[Generation]) -> None:
+        """A step of `seat`: sent as its trajectory's (a frozen match's one trajectory is its trained seat's), or, the
+        frozen copy's, counted and never sent."""
+        if seats.plays_frozen(seat):
+            self.counters.update(frozen_steps=1, frozen_invalid_actions=int(not step.valid))
+        else:
+            await self._send_step(grant, trajs[0 if seats.frozen else seat], step)
 
     def _results(self, outcomes: Sequence[episode.EpisodeOutcome], trajs: Sequence[_Trajectory]) -> list[EpisodeResult]:
         """Each trajectory's result, counted (episodes, successes, returns, the judge's verdicts)."""
@@ -366,96 +368,6 @@ class Actor:
             info={"success": bool(step.info.get("success", False)), **info}, token_rewards=token_rewards,
             **({"images": np.stack(step.turn.images)} if step.turn.images else {}),  # one size: one env's pictures
         )
-
-    async def _generate(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
-                        group_id: int | None = None, frozen: bool = False) -> tuple[Generation, EngineClient]:
-        """Generate on `engine`; if it fails (dead, unreachable, timed out) or stalls (`_answer`), move to another
-        engine and retry (counted as engine_failovers; stalls also as engine_stalls) until engines.request_timeout_s
-        has passed without any answer. A retry is a new sample of the same prompt, never a continuation of what the
-        failed request may have produced. `group_id`: a first turn, answered from the group's shared request
-        (`_shared_answer`) unless that fails (then each of its episodes retries on its own). `frozen`: a frozen seat's
-        turn, sampled from the engine's frozen copy (`_frozen`). Returns the generation and the engine that answered
-        (the episode stays with it)."""
-        deadline = time.monotonic() + self.spec.client.request_timeout_s
-        while True:
-            try:
-                client = self._frozen(engine) if frozen else engine
-                gen = None if group_id is None else await self._shared_answer(group_id, prompt_ids, client)
-                return gen or (await self._answer(prompt_ids, client, images))[0], engine
-            except EngineError as exc:
-                group_id = None
-                self.counters["engine_failovers"] += 1
-                self.pool.failed(engine)
-                if time.monotonic() > deadline:
-                    raise
-                engine = self._pick_engine()
-                log.warning("%s: %s; moving to %s", self.name, exc, engine.url)
-                if self.pool.is_down(engine):
-                    await asyncio.sleep(1.0)  # every engine failed lately: wait for the first to recover
-
-    async def _shared_answer(self, group_id: int, prompt_ids: list[int], engine: EngineClient) -> Generation | None:
-        """This episode's answer among its group's first turns: the group's first episode to ask sends one request
-        of n = group size, the others await its answers. None where this prompt is not the group's (an env whose
-        first observation depends on more than the seed) or every answer is taken: the episode asks on its own."""
-        shared = self._first_turns.get(group_id)
-        if shared is None:
-            request = asyncio.ensure_future(self._answer(prompt_ids, engine, n=self.spec.group_size))
-            shared = self._first_turns[group_id] = _SharedTurn(list(prompt_ids), request)
-        elif shared.taken >= self.spec.group_size or shared.prompt_ids != list(prompt_ids):
-            return None
-        i, shared.taken = shared.taken, shared.taken + 1
-        return (await asyncio.shield(shared.answers))[i]  # (an episode cancelled leaves the others' request be)
-
-    def _frozen(self, engine: EngineClient) -> EngineClient:
-        """`engine`'s client of the frozen copy (FROZEN_ADAPTER_NAME), made once per engine; until the engine has loaded
-        that adapter (its first engines.frozen_every versions) it asks for the base model: version 0."""
-        client = self._frozen_clients.get(engine.url)
-        if client is None:
-            client = self._frozen_clients[engine.url] = engine.with_model(FROZEN_ADAPTER_NAME, base_while_absent=True)
-        return client
-
-    def _close_first_turn(self, group_id: int) -> None:
-        """The group is over: its shared request, if still running, is cancelled (no episode waits for it)."""
-        shared = self._first_turns.pop(group_id, None)
-        if shared is not None:
-            if not shared.answers.done():
-                shared.answers.cancel()
-            elif not shared.answers.cancelled():
-                shared.answers.exception()  # (its failure reached every episode that asked: retrieved)
-
-    async def _answer(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
-                      n: int = 1) -> list[Generation]:
-        """`engine.sample` of `n` answers, watched: a request unanswered for engines.stall_timeout_s has the engine
-        probed (`EngineClient.alive`, shared by all its waiting requests); a probe unanswered as long as well raises
-        EngineStalled, and the request is cancelled. A busy engine answers the probe: its requests wait on (up to
-        engines.request_timeout_s, the HTTP client's limit). With one engine there is nowhere to move a request: it
-        waits on, as a cancelled one would only be sent to the same engine again."""
-        stall = self.spec.client.stall_timeout_s
-        if len(self.engines) < 2:
-            return await engine.sample(prompt_ids, self.spec.episode.sampling, n, images=images or None)
-        request = asyncio.ensure_future(engine.sample(prompt_ids, self.spec.episode.sampling, n, images=images or None))
-        try:
-            while True:
-                done, _ = await asyncio.wait({request}, timeout=stall)
-                if done:
-                    return request.result()
-                probe = engine.alive(stall)
-                done, _ = await asyncio.wait({request, probe}, return_when=asyncio.FIRST_COMPLETED)
-                if request in done:
-                    return request.result()
-                if not probe.result():
-                    self.counters["engine_stalls"] += 1
-                    raise EngineStalled(f"{engine.url}: no answer within engines.stall_timeout_s={stall} s, nor to "
-                                        f"a probe: the engine is stalled")
-        finally:
-            if not request.done():
-                request.cancel()
-                with contextlib.suppress(asyncio.CancelledError, EngineError):
-                    await request
-
-    def _pick_engine(self) -> EngineClient:
-        """The engine of a new group, or of a request moving off a failed one (`EnginePool.pick`)."""
-        return self.pool.pick()
 
     def _count_step(self, n_tokens: int, valid: bool) -> None:
         self.counters.update(env_steps=1, transitions_sent=1, tokens_generated=n_tokens,

@@ -17,6 +17,7 @@ import actors.episode
 from actors.actor import Actor
 from actors.episode import Answer, StepRecord, Turn, play
 from actors.evaluate import ValidationEpisode, play_episode
+from actors.sampling import Sampler
 from actors.spec import ActorSpec
 from agentstream.config import Config
 from agentstream.wire.messages import GroupGrant, Transition
@@ -306,17 +307,17 @@ async def test_a_groups_first_turns_are_one_request_of_n_answers(spec: tuple[Act
     firsts = [t for t in broker.sent if t.step == 0]
     for group in (0, 1):  # each episode got an answer of its own: a version of its own
         assert len({t.version_lo for t in firsts if t.group_id == group}) == 4
-    assert {t.traj_id.rsplit(".", 1)[1] for t in firsts} == {"0", "1", "2", "3"} and not actor._first_turns
+    assert {t.traj_id.rsplit(".", 1)[1] for t in firsts} == {"0", "1", "2", "3"} and not actor.sampler._first_turns
 
     dead, alive = GroupEngine("http://dead:1", fail_shared=True), GroupEngine("http://alive:1")
-    monkeypatch.setattr(Actor, "_pick_engine", lambda self: dead if not self.counters["engine_failovers"] else alive)
+    monkeypatch.setattr(Sampler, "pick_engine", lambda self: dead if not self.counters["engine_failovers"] else alive)
     actor, broker = await play_groups(actor_spec, [dead, alive], groups=1)
     assert dead.requests == [(4, first)] and sorted(alive.requests) == [(1, first)] * 4 + [(1, second)] * 4
     assert actor.counters["engine_failovers"] == 4 and actor.counters["infra_failures"] == 0
-    assert len(broker.sent) == 8 and not actor._first_turns
+    assert len(broker.sent) == 8 and not actor.sampler._first_turns
 
     starts = iter([1, 2, 1, 1])  # the second episode's env starts elsewhere than its group's others
-    monkeypatch.setattr(Actor, "_pick_engine", lambda self: self.engines[0])
+    monkeypatch.setattr(Sampler, "pick_engine", lambda self: self.engines[0])
     monkeypatch.setattr("actors.spec.envs.make", lambda name, **kwargs: Corridor(start=next(starts)))
     engine = GroupEngine("http://e:1")
     actor, broker = await play_groups(actor_spec, [engine], groups=1)
