@@ -5,6 +5,7 @@ the registries of the envs, memories and the learner's algorithms, which the con
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ from agentstream.wire.addresses import read_record
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.sinks import logger_errors
 from broker.wal import FOLDER as WAL_FOLDER
-from envs.arena import FROZEN
-from envs.registry import known_envs
+from envs.registry import ENVS
+from envs.registry import traits as env_traits
 from gateway.spec import read_key
 from envs.toolcalls import TOOL_PARSERS
 from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS, NEEDS_VALUES
@@ -57,6 +58,12 @@ def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
         return []
     known = sorted(p for p in params if p not in ("self", "render_mode"))
     return [f"env.kwargs has {unknown}, which {name} does not take; it takes {known}."]
+
+
+def _unknown(setting: str, value: object, known: Iterable[object], verb: str = "is unknown") -> str:
+    """"<setting>=<value> is unknown; known: a, b, c." for a name its registry lacks, the known names sorted as
+    `agentstream.registry.unknown_name` lists them."""
+    return f"{setting}={value!r} {verb}; known: {', '.join(sorted(str(k) for k in known))}."
 
 
 TINY_DIRS = (TINY_MODEL_DIR.resolve(), TINY_VL_MODEL_DIR.resolve(), TINY_WARM_MODEL_DIR.resolve())
@@ -108,8 +115,8 @@ def _episode_errors(cfg: Config) -> list[str]:
             f"(each actor runs whole groups); set actors.episodes_per_actor={max(g, k - k % g)} "
             f"or lower env.group_size."
         )
-    if cfg.env.name not in known_envs():
-        errors.append(f"env.name={cfg.env.name!r} is not registered; known: {', '.join(known_envs())}.")
+    if cfg.env.name not in ENVS:
+        errors.append(_unknown("env.name", cfg.env.name, ENVS, verb="is not registered"))
     else:
         errors += _env_kwargs_errors(cfg.env.name, cfg.env.kwargs)
     errors += frozen_seat_errors(cfg)
@@ -118,7 +125,7 @@ def _episode_errors(cfg: Config) -> list[str]:
                       f"{cfg.env.step_latency_sigma}: both must be >= 0 (0 = no simulated latency).")
     errors += token_reward_errors(cfg.trainer.token_reward, cfg.trainer.token_reward_kwargs)
     if cfg.memory.kind not in known_memories():
-        errors.append(f"memory.kind={cfg.memory.kind!r} is unknown; known: {', '.join(known_memories())}.")
+        errors.append(_unknown("memory.kind", cfg.memory.kind, known_memories()))
     mem, room = cfg.memory, cfg.engines.max_model_len - cfg.sampling.max_tokens
     if min(mem.k, mem.max_events, mem.max_prompt_tokens) < 0:
         errors.append(f"memory.k={mem.k}, memory.max_events={mem.max_events}, "
@@ -137,8 +144,9 @@ def _episode_errors(cfg: Config) -> list[str]:
 
 
 def frozen_seat_errors(cfg: Config) -> list[str]:
-    """A seat played by a frozen copy of the policy (env.kwargs.opponent=frozen): LoRA, and a refresh period."""
-    if cfg.env.kwargs.get("opponent") != FROZEN:
+    """A seat played by a frozen copy of the policy (`EnvTraits.frozen_seat`: TextArena's env.kwargs.opponent=frozen):
+    LoRA, and a refresh period."""
+    if cfg.env.name not in ENVS or not env_traits(cfg.env.name, cfg.env.kwargs).frozen_seat:
         return []
     errors = []
     if cfg.model.lora_rank < 1:
@@ -447,7 +455,7 @@ def algorithm_errors(a: AlgorithmConfig) -> list[str]:
         ("value_loss_agg", a.value_loss_agg, VALUE_LOSS_AGGREGATIONS), ("group_of_one", a.group_of_one, GROUP_OF_ONE),
     ]:
         if value not in known:
-            errors.append(f"algorithm.{name}={value!r} is unknown; known: {', '.join(sorted(known))}.")
+            errors.append(_unknown(f"algorithm.{name}", value, known))
     if not 0.0 <= a.gamma <= 1.0 or not 0.0 <= a.lam <= 1.0:
         errors.append(f"algorithm.gamma={a.gamma}, algorithm.lam={a.lam}: both must be in [0, 1].")
     if not 0.0 <= a.clip_low < 1.0 or a.clip_high < 0.0:
