@@ -35,7 +35,6 @@ import collections
 import functools
 import logging
 import random
-import signal
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from actors.sampling import Sampler
 from actors.spec import ActorSpec
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
-from agentstream.process import run_process
+from agentstream.process import on_stop_signals, run_process
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import GroupGrant, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation, clamp_to_grant, text_decoder
@@ -406,9 +405,8 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
                           judge_tokenizer)
         actor = Actor(spec, name, incarnation, links.broker, [], tokenizer, judge)
         task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # before any wait: a stopped actor always sends its final stats
-            loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+        assert task is not None  # run_process runs this coroutine as a task
+        on_stop_signals(task.cancel)  # before any wait: a stopped actor always sends its final stats
         follower: asyncio.Task[None] | None = None
         code = 0
         try:

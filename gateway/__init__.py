@@ -9,6 +9,8 @@ episodes through it, and every call it makes becomes one transition at the broke
     episodes.py        GatewayEpisode: an episode's group, its token chain (the last ChatTurn), the step held until
                        its reward is final; the registry
     spec.py            GatewaySpec: what the gateway takes of the run config
+    agent_runner.py    what the example agents share: main(play, name, doc), --launch, --record, play_with (an SDK)
+    shop_task.py       the example agents' task: the shop's tools (TOOLS, run_tool), TASKS, SYSTEM, check
 
 See docs/gateway.md.
 """

@@ -126,10 +126,11 @@ class Commands:
     def sidecar(self, i: int) -> Command:
         """Engine i's weight sidecar: it brings the server to the learner's newest weights."""
         from engines.server import takes_stream
-        from envs.arena import FROZEN
+        from envs.registry import traits as env_traits
 
         w = self.wiring
-        frozen_every = self.cfg.engines.frozen_every if self.cfg.env.kwargs.get("opponent") == FROZEN else 0
+        frozen_seat = env_traits(self.cfg.env.name, self.cfg.env.kwargs).frozen_seat
+        frozen_every = self.cfg.engines.frozen_every if frozen_seat else 0
         return self.command(f"sidecar-{self.prefix}{i}", "sidecar", [
             PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
             "--learner", self.learner_where, "--broker", self.broker_where,
