@@ -334,6 +334,9 @@ class LearnerConfig:
     logprob_chunk_tokens: int = 0
     """Compute response log-probs this many tokens at a time (logits recomputed in backward): peak logits
     memory [chunk, vocab] instead of [response tokens, vocab]; for large vocabularies. 0: all at once."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input for the backward and recompute the layer there (about a third more
+    compute): a deep model's activations then cost one layer's (for real models; bench/learner_memory.py)."""
     ppo_epochs: int = 1
     """Passes over each batch (verl's ppo_epochs). More than one update per batch reuses its samples: the
     ratio to the policy before the step's updates is clipped (algorithm.clip_low/clip_high)."""

@@ -27,6 +27,7 @@ from launcher.checks import check_config
 from launcher.join import run_join
 from launcher.progress import get_json, held_out_line, held_out_summary, progress_loop, write_summary
 from launcher.supervisor import Launcher, RunFailed
+from launcher.real_model import ModelSourceError, ensure_smollm2
 from launcher.tiny_model import ensure_tiny_model
 from launcher.warm_start import ensure_warm_model
 from launcher.tiny_vl_model import make_tiny_vl_model
@@ -138,6 +139,12 @@ def run(cfg: Config, run_dir: Path) -> int:
             return 2
     if Path(cfg.model.path).resolve() == config_mod.TINY_VL_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.model.path, make=make_tiny_vl_model)
+    if Path(cfg.model.path).resolve() == config_mod.SMOLLM2_DIR.resolve():
+        try:
+            ensure_smollm2(cfg.model.path)  # the real model, from its PyPI package's GGUF file (once)
+        except ModelSourceError as exc:
+            print(f"[agentstream] {exc}", file=sys.stderr)
+            return 2
     if cfg.judges.count and cfg.judges.model and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve():
         ensure_tiny_model(cfg.judges.model)  # a judge of the tiny model beside another policy
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -115,14 +115,18 @@ def freeze_vision(model: nn.Module) -> None:
 
 def load_policy(
     path: str, dtype: str, device: torch.device, world_size: int, lora: LoraSpec | None = None,
-    train_vision: bool = False,
+    train_vision: bool = False, activation_checkpointing: bool = False,
 ) -> nn.Module:
     """Load `path` with fp32 master weights, `fully_shard` each decoder layer, then the root.
     dtype=bfloat16 computes in bf16 (MixedPrecisionPolicy) and reduces gradients in fp32. A vision-language
     directory loads as its image-text-to-text model, its vision side frozen unless `train_vision`.
 
     With `lora`, the model is wrapped by peft's `get_peft_model` BEFORE sharding (FSDP2 must see the adapter
-    parameters as part of each layer); only the adapter's parameters then require gradients."""
+    parameters as part of each layer); only the adapter's parameters then require gradients.
+
+    `activation_checkpointing`: each decoder layer keeps only its input for the backward and recomputes the rest
+    there (transformers' gradient checkpointing, non-reentrant: FSDP2's hooks gather the layer's weights again for
+    the recompute). A deep model's activations then cost one layer's, not all of them (bench/learner_memory.py)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.utils import logging as hf_logging
 
@@ -135,6 +139,8 @@ def load_policy(
         merge_at_slots(model)  # images fill the prompt's slots only: a generated image token stays a token
     if vision and not train_vision:
         freeze_vision(model)
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None:
         from peft import get_peft_model
 

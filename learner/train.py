@@ -326,7 +326,8 @@ def train(spec: TrainSpec, rank: int, world: int, device: torch.device, publishe
     try:
         m = spec.model
         lora = lora_spec(m.lora_rank, m.lora_alpha, m.lora_target_modules, m.lora_dropout, spec.seed)
-        model = load_policy(m.path, m.dtype, device, world, lora=lora, train_vision=m.train_vision)
+        model = load_policy(m.path, m.dtype, device, world, lora=lora, train_vision=m.train_vision,
+                            activation_checkpointing=spec.learner.activation_checkpointing)
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=spec.learner.lr, betas=tuple(spec.learner.betas),
                                       eps=spec.learner.eps, weight_decay=spec.learner.weight_decay)
         # The critic and the frozen reference policy, when the algorithm needs them (a collective: FSDP2 sharding).
