@@ -31,7 +31,7 @@ from envs.registry import ENVS
 from envs.registry import traits as env_traits
 from gateway.spec import read_key
 from envs.toolcalls import TOOL_PARSERS
-from learner.advantages import ADVANTAGES, GROUP_OF_ONE, NEEDS_LOGPROBS, NEEDS_VALUES
+from learner.advantages import ADVANTAGES, GROUP_OF_ONE, advantage_traits
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY
 from launcher.placement import PlacementError, host_gpus, host_plan
@@ -173,7 +173,7 @@ def _image_errors(cfg: Config) -> list[str]:
     elif most > cfg.engines.max_images_per_prompt:
         errors.append(f"memory.images={mem.images} shows up to {most} pictures per prompt, more than "
                       f"engines.max_images_per_prompt={cfg.engines.max_images_per_prompt}: raise it or lower memory.k.")
-    if cfg.algorithm.advantage in NEEDS_VALUES:
+    if cfg.algorithm.advantage in ADVANTAGES and advantage_traits(cfg.algorithm.advantage).needs_values:
         errors.append(f"memory.images={mem.images}: a vision-language policy trains without a critic for now "
                       f"(algorithm.advantage={cfg.algorithm.advantage} needs one): use a critic-free advantage "
                       f"(grpo, gigpo, rloo, ...).")
@@ -481,7 +481,7 @@ def reference_errors(cfg: Config) -> list[str]:
         errors.append(f"algorithm.dpo_beta={a.dpo_beta}: must be > 0 (e.g. 0.1).")
     if a.ref_update_every < 0:
         errors.append(f"algorithm.ref_update_every={a.ref_update_every}: must be >= 0 (0 = never refresh the reference).")
-    if a.advantage not in NEEDS_LOGPROBS:
+    if a.advantage not in ADVANTAGES or not advantage_traits(a.advantage).needs_logprobs:
         return errors
     if a.reference != "frozen_copy" and not cfg.model.lora_rank:
         errors.append(f"algorithm.advantage={a.advantage} compares the policy with a reference: set "

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from agentstream.registry import Registry
 from learner.preference import dpo_advantages, preference_pairs
 
 
@@ -60,54 +61,33 @@ class AdvantageFn(Protocol):
     def __call__(self, inp: AdvantageInput, **options: float | bool) -> tuple[Tensor, dict[str, float]]: ...
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
-# estimators whose input needs `values` (a critic), those that need `anchors`, and those that need the policy's
-# and a reference's log-probs of each step (`logp`, `ref_logp`: online DPO)
-NEEDS_VALUES: set[str] = set()
-NEEDS_ANCHORS: set[str] = set()
-NEEDS_LOGPROBS: set[str] = set()
-# estimators that whiten their output over the batch's tokens (option `whiten`): a learner spread over ranks
-# passes whiten=False and whitens over the global batch itself (`whitening_sums` summed over ranks, `whiten`)
-WHITENS: set[str] = set()
-# estimators whose advantage is a return (reward to go): with rewards on response tokens, a token's advantage
-# leaves out the token rewards placed before it in its response (`learner.token_rewards.rewards_to_go`)
-TO_GO: set[str] = set()
+@dataclass(frozen=True)
+class AdvantageTraits:
+    """What an estimator needs and does, declared where it registers: callers ask these, never its name."""
+
+    needs_values: bool = False  # its input needs `values` (a critic)
+    needs_anchors: bool = False  # its input needs `anchors` (GiGPO's step groups)
+    whitens: bool = False
+    """It whitens its output over the batch's tokens (option `whiten`): a learner spread over ranks passes
+    whiten=False and whitens over the global batch itself (`whitening_sums` summed over ranks, `whiten`)."""
+    needs_logprobs: bool = False  # its input needs the policy's and a reference's log-probs of each step (online DPO)
+    to_go: bool = False
+    """Its advantage is a return (reward to go): with rewards on response tokens, a token's advantage leaves out
+    the token rewards placed before it in its response (`learner.token_rewards.rewards_to_go`)."""
+
+
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+"""Every estimator, registered with its `AdvantageTraits`: `@ADVANTAGES.register(name, AdvantageTraits(...))`."""
 GROUP_OF_ONE = ("zero", "score")
 """Option `group_of_one`: what a group of one trajectory (nothing to compare with) gets. zero: advantage 0;
 score: verl's (its group mean is 0 and std 1, so it keeps its score: GRPO s/(1+eps) or s, RLOO s)."""
 
 
-def register_advantage(
-    name: str, *, needs_values: bool = False, needs_anchors: bool = False, whitens: bool = False,
-    needs_logprobs: bool = False, to_go: bool = False,
-) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register an estimator under `name`. Its options are keyword-only arguments."""
-
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ADVANTAGES[name] = fn
-        if needs_values:
-            NEEDS_VALUES.add(name)
-        if needs_anchors:
-            NEEDS_ANCHORS.add(name)
-        if whitens:
-            WHITENS.add(name)
-        if needs_logprobs:
-            NEEDS_LOGPROBS.add(name)
-        if to_go:
-            TO_GO.add(name)
-        return fn
-
-    return wrap
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The estimator registered under `name`; an unknown name lists the known ones."""
-    try:
-        return ADVANTAGES[name]
-    except KeyError:
-        raise KeyError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGES))}") from None
+def advantage_traits(name: str) -> AdvantageTraits:
+    """The traits estimator `name` registered with; an unknown name lists the known ones."""
+    traits = ADVANTAGES.traits(name)
+    assert isinstance(traits, AdvantageTraits), f"advantage estimator {name!r} registered without AdvantageTraits"
+    return traits
 
 
 def _options_of(fn: Callable[..., object]) -> set[str]:
@@ -118,16 +98,18 @@ def _options_of(fn: Callable[..., object]) -> set[str]:
 def compute_advantages(name: str, inp: AdvantageInput, **options: float | bool) -> tuple[Tensor, dict[str, float]]:
     """Run estimator `name`. The caller passes the same options whatever the estimator: each estimator
     takes the ones it declares; an option that no registered estimator declares is a typo and raises."""
-    fn = get_advantage(name)
+    fn, traits = ADVANTAGES.get(name), advantage_traits(name)
     known = set().union(*(_options_of(f) for f in ADVANTAGES.values()))
     unknown = set(options) - known
     if unknown:
         raise TypeError(f"unknown advantage option(s) {sorted(unknown)}; known: {sorted(known)}")
-    if name in NEEDS_VALUES and inp.values is None:
-        raise ValueError(f"advantage estimator {name!r} needs per-step values (a critic); AdvantageInput.values is None")
-    if name in NEEDS_ANCHORS and inp.anchors is None:
-        raise ValueError(f"advantage estimator {name!r} needs per-step anchor observations; AdvantageInput.anchors is None")
-    if name in NEEDS_LOGPROBS and (inp.logp is None or inp.ref_logp is None):
+    if traits.needs_values and inp.values is None:
+        raise ValueError(f"advantage estimator {name!r} needs per-step values (a critic); "
+                         f"AdvantageInput.values is None")
+    if traits.needs_anchors and inp.anchors is None:
+        raise ValueError(f"advantage estimator {name!r} needs per-step anchor observations; "
+                         f"AdvantageInput.anchors is None")
+    if traits.needs_logprobs and (inp.logp is None or inp.ref_logp is None):
         raise ValueError(f"advantage estimator {name!r} needs each step's log-probs under the policy and a reference; "
                          f"AdvantageInput.logp or ref_logp is None")
     mine = _options_of(fn)
@@ -137,7 +119,7 @@ def compute_advantages(name: str, inp: AdvantageInput, **options: float | bool) 
 def returns_of(name: str, inp: AdvantageInput, advantages: Tensor, *, gamma: float = 1.0) -> Tensor:
     """Per-step returns [N] where the estimator defines them: GAE's lambda-return A + V (the critic's
     target); otherwise the discounted return G_t of the step."""
-    if name in NEEDS_VALUES:
+    if advantage_traits(name).needs_values:
         assert inp.values is not None
         return advantages + inp.values.to(advantages.dtype)
     return discounted_returns(inp, gamma).to(advantages.dtype)
@@ -272,7 +254,7 @@ def _stats(adv: Tensor, **extra: float) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------- GRPO
-@register_advantage("grpo")
+@ADVANTAGES.register("grpo", AdvantageTraits())
 def grpo(
     inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero",
 ) -> tuple[Tensor, dict[str, float]]:
@@ -310,7 +292,7 @@ def _step_groups(inp: AdvantageInput, group_of_step: Tensor) -> tuple[Tensor, in
     return torch.tensor(ids, dtype=torch.long), len(keys)
 
 
-@register_advantage("gigpo", needs_anchors=True)
+@ADVANTAGES.register("gigpo", AdvantageTraits(needs_anchors=True))
 def gigpo(
     inp: AdvantageInput, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6,
     group_of_one: str = "zero",
@@ -350,7 +332,7 @@ def gigpo(
 
 
 # --------------------------------------------------------------------------------------- RLOO
-@register_advantage("rloo")
+@ADVANTAGES.register("rloo", AdvantageTraits())
 def rloo(inp: AdvantageInput, *, group_of_one: str = "zero") -> tuple[Tensor, dict[str, float]]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics", eq. 5):
 
@@ -371,7 +353,7 @@ def rloo(inp: AdvantageInput, *, group_of_one: str = "zero") -> tuple[Tensor, di
 
 
 # --------------------------------------------------------------------------------------- REINFORCE++
-@register_advantage("reinforce_pp", whitens=True, to_go=True)
+@ADVANTAGES.register("reinforce_pp", AdvantageTraits(whitens=True, to_go=True))
 def reinforce_pp(inp: AdvantageInput, *, gamma: float = 1.0, whiten: bool = True) -> tuple[Tensor, dict[str, float]]:
     """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262, sec. 3): per-step discounted return, whitened over the
     batch's response tokens as verl's `compute_reinforce_plus_plus_outcome_advantage` (`masked_whiten`):
@@ -380,15 +362,15 @@ def reinforce_pp(inp: AdvantageInput, *, gamma: float = 1.0, whiten: bool = True
         A_t = (G_t - mu) / sqrt(var + 1e-8)            mu, var: mean and unbiased variance over tokens
 
     Every step counts once per response token (`inp.tokens`; None: once). whiten=False returns G_t: a learner
-    spread over ranks whitens over the global batch itself (see `WHITENS`), so that each rank's share alone
-    does not set the mean.
+    spread over ranks whitens over the global batch itself (see `AdvantageTraits.whitens`), so that each rank's
+    share alone does not set the mean.
     """
     g = discounted_returns(inp, gamma)  # [N]
     adv = (whiten_batch(g, inp.tokens) if whiten else g).to(inp.rewards.dtype)  # [N]
     return adv, _stats(adv, return_mean=float(g.mean()) if g.numel() else 0.0)
 
 
-@register_advantage("reinforce_pp_baseline", whitens=True)
+@ADVANTAGES.register("reinforce_pp_baseline", AdvantageTraits(whitens=True))
 def reinforce_pp_baseline(
     inp: AdvantageInput, *, gamma: float = 1.0, group_of_one: str = "zero", whiten: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -414,7 +396,7 @@ def reinforce_pp_baseline(
 
 
 # --------------------------------------------------------------------------------------- GAE
-@register_advantage("gae", needs_values=True, to_go=True)
+@ADVANTAGES.register("gae", AdvantageTraits(needs_values=True, to_go=True))
 def gae(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, dict[str, float]]:
     """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438, eq. 16), per env step:
 
@@ -443,7 +425,7 @@ def gae(inp: AdvantageInput, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[
 
 
 # --------------------------------------------------------------------------------------- online DPO
-@register_advantage("online_dpo", needs_logprobs=True)
+@ADVANTAGES.register("online_dpo", AdvantageTraits(needs_logprobs=True))
 def online_dpo(inp: AdvantageInput, *, beta: float = 0.1, pair_count: float = 0.0) -> tuple[Tensor, dict[str, float]]:
     """Online DPO / SPIN (`learner.preference`): in each group the highest- and lowest-return trajectories are a
     (chosen, rejected) pair; each trajectory's log-probs are its steps' sums (`inp.logp`, `inp.ref_logp`); every

@@ -40,8 +40,7 @@ from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from agentstream.models import is_vision_language
 from agentstream.wire.messages import Batch
 from learner.advantages import (
-    NEEDS_LOGPROBS, NEEDS_VALUES, TO_GO, WHITENS, AdvantageInput, compute_advantages, count_pairs, returns_of,
-    whiten_batch,
+    AdvantageInput, advantage_traits, compute_advantages, count_pairs, returns_of, whiten_batch,
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
@@ -134,12 +133,13 @@ def make_step_models(model_cfg: ModelConfig, algo: AlgorithmConfig, learner: Lea
     from learner.critic import Critic
 
     critic = reference = None
-    if algo.advantage in NEEDS_VALUES:
+    traits = advantage_traits(algo.advantage)
+    if traits.needs_values:
         critic = Critic.load(model_cfg.path, model_cfg.dtype, device, world_size, lr=algo.critic_lr,
                              weight_decay=learner.weight_decay, max_grad_norm=learner.max_grad_norm,
                              micro_batch_tokens=learner.micro_batch_tokens, value_clip=algo.value_clip,
                              value_loss_agg=algo.value_loss_agg)
-    if (algo.kl_coef > 0 or algo.advantage in NEEDS_LOGPROBS) and algo.reference == "frozen_copy":
+    if (algo.kl_coef > 0 or traits.needs_logprobs) and algo.reference == "frozen_copy":
         reference = load_frozen_reference(model_cfg.path, model_cfg.dtype, device, world_size)
     processor = None
     if is_vision_language(model_cfg.path):
@@ -377,7 +377,8 @@ def train_step(
     local: dict[str, float] = {}
     rewards = values = logp = ref_logp = None
     name, options = opts.algo.advantage, opts.advantage_options()
-    if opts.kl_in_reward or name in NEEDS_LOGPROBS:  # no-grad passes before the advantages
+    traits = advantage_traits(name)
+    if opts.kl_in_reward or traits.needs_logprobs:  # no-grad passes before the advantages
         zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing,
                                   share_prompts=share)
         zero = _pad_to_max(zero, device)[0]
@@ -385,20 +386,20 @@ def train_step(
         kl = reward_kl(model, zero, seqs, models, opts.algo.kl_estimator, opts.logprob_chunk_tokens)  # [N]
         rewards = torch.from_numpy(np.array(batch.rewards, dtype=np.float32)) - opts.algo.kl_coef * kl
         local["reward_kl_sum"] = float(kl.double().sum())
-    if name in NEEDS_VALUES:
+    if traits.needs_values:
         if models.critic is None:
             raise RuntimeError(f"algorithm.advantage={name} needs a critic; build it with make_step_models")
         values = models.critic.values(seqs, device)  # [N]
-    if name in NEEDS_LOGPROBS:  # online DPO: sequence log-probs of the policy and the reference
+    if traits.needs_logprobs:  # online DPO: sequence log-probs of the policy and the reference
         logp, ref_logp = sequence_logprobs(model, zero, seqs, models, opts.logprob_chunk_tokens)  # [N] each
     inp = advantage_input(batch, rewards, values, logp, ref_logp)
     if logp is not None:  # DPO's loss is a mean over the global batch's pairs
         options["pair_count"] = all_reduce_dict({"p": count_pairs(inp)}, dist.ReduceOp.SUM, device)["p"]
     adv, adv_stats = compute_advantages(name, inp, **options)  # [N]
-    per_token = name in TO_GO and batch.token_rewards.size > 0  # rewards on tokens: each token's reward to go
+    per_token = traits.to_go and batch.token_rewards.size > 0  # rewards on tokens: each token's reward to go
     policy_adv = rewards_to_go(adv, torch.from_numpy(np.array(batch.token_rewards, dtype=np.float32)),
                                seqs.response_lens) if per_token else adv  # [R] or [N]
-    if opts.algo.whiten_advantages or name in WHITENS:  # estimators that whiten got whiten=False
+    if opts.algo.whiten_advantages or traits.whitens:  # estimators that whiten got whiten=False
         weights = torch.ones_like(policy_adv) if per_token else seqs.response_lens  # each token once
         policy_adv = whiten_global(policy_adv, weights, device)
     mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token,

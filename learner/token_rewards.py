@@ -3,7 +3,7 @@
 A transition's `reward` is its step's whole reward; its `token_rewards` (when it has them) say which part of it
 sits on which response token, the rest sitting on the last token as a scalar score does (verl's
 `token_level_rewards`). Estimators that compare trajectories (GRPO, RLOO, GiGPO, REINFORCE++-baseline, online
-DPO) use the sum, as verl does. Estimators whose advantage is a return (`learner.advantages.TO_GO`: REINFORCE++,
+DPO) use the sum, as verl does. Estimators whose advantage is a return (`AdvantageTraits.to_go`: REINFORCE++,
 GAE) give each token its reward to go: a reward placed on token k counts for tokens 0..k of its response, not
 for the tokens after it. With gamma = 1 (and lam = 1 for GAE, whose values are per step here) that is verl's
 per-token return.

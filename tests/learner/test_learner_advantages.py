@@ -21,8 +21,8 @@ from learner_oracles import (
 
 from learner.advantages import (
     ADVANTAGES,
-    WHITENS,
     AdvantageInput,
+    advantage_traits,
     compute_advantages,
     discounted_returns,
     gae,
@@ -204,7 +204,7 @@ def test_every_estimator_runs_through_the_registry():
         adv, stats = compute_advantages(name, inp, **opts, beta=0.1)
         assert adv.shape == inp.rewards.shape and torch.isfinite(adv).all(), name
         assert "advantage_abs_mean" in stats
-    assert WHITENS == {"reinforce_pp", "reinforce_pp_baseline"}
+    assert {n for n in ADVANTAGES if advantage_traits(n).whitens} == {"reinforce_pp", "reinforce_pp_baseline"}
     with pytest.raises(ValueError, match="group_of_one='verl' is unknown; use one of zero, score"):
         compute_advantages("grpo", inp, group_of_one="verl")
     with pytest.raises(ValueError, match="AdvantageInput.tokens has shape"):

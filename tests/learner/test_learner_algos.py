@@ -9,7 +9,7 @@ import torch
 from learner_oracles import grpo_reference
 from learner_testing import ppo_clip_tis, ppo_clip_tis_reference
 
-from learner.advantages import ADVANTAGES, AdvantageInput, compute_advantages, get_advantage, grpo
+from learner.advantages import ADVANTAGES, AdvantageInput, compute_advantages, grpo
 from learner.losses import POLICY_LOSSES, get_policy_loss
 
 
@@ -87,7 +87,7 @@ def test_grpo_rejects_a_trajectory_in_two_groups():
 
 def test_registry_errors_and_options():
     with pytest.raises(KeyError, match="known: .*grpo"):
-        get_advantage("nope")
+        ADVANTAGES.get("nope")
     with pytest.raises(KeyError, match="known: .*ppo_clip"):
         get_policy_loss("nope")
     inp = adv_input([1.0, 0.0], traj=[0, 1], group=[0, 0])
