@@ -5,7 +5,7 @@
 
 Registries, one signature each:
   - POLICY_LOSSES: `(inp, *, clip_low, clip_high, dual_clip) -> (per-token terms [B, T], stats)`
-  - KL_ESTIMATORS: `(logp, ref_logp) -> per-token KL estimate [B, T]`
+  - KL_ESTIMATORS (a table with verl's aliases): `(logp, ref_logp) -> per-token KL estimate [B, T]`
   - LOSS_AGGREGATIONS: how per-token terms become one scalar (token-mean, token-sum, seq-mean-...)
   - VALUE_LOSS_AGGREGATIONS: how the critic's per-step value losses become one (verl's critic loss_agg_mode)
   - off-policy corrections live in `learner.offpolicy`.
@@ -23,7 +23,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from learner.offpolicy import get_off_policy
+from agentstream.registry import Registry, lookup
+from learner.offpolicy import OFF_POLICY
 
 PPO_LOG_RATIO_CLAMP = 20.0  # verl's compute_policy_loss_vanilla: log r clamped to [-20, 20] before exp
 GSPO_LOG_RATIO_MAX = 10.0  # verl's compute_policy_loss_gspo: the sequence's log ratio clamped at 10
@@ -53,15 +54,9 @@ class PolicyLossFn(Protocol):
     ) -> tuple[Tensor, dict[str, float]]: ...
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The policy loss registered under `name`; an unknown name lists the known ones."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy loss {name!r}; known: {', '.join(sorted(POLICY_LOSSES))}") from None
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+"""Every policy loss: `@POLICY_LOSSES.register(name)`; `POLICY_LOSSES.get(name)` lists the known ones for an unknown
+name."""
 
 
 def _clipped_surrogate(
@@ -87,6 +82,7 @@ def _clipped_surrogate(
     return per_token, stats
 
 
+@POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float) -> tuple[Tensor, dict[str, float]]:
     """PPO-clip (Schulman et al. 2017, eq. 7) with separate bounds (DAPO clip-higher, Yu et al. 2025,
     eq. 10) and optional dual-clip c (0 = off):
@@ -102,6 +98,7 @@ def ppo_clip(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_cl
     return _clipped_surrogate(ratio, inp.token_advantages(), m, clip_low, clip_high, dual_clip)
 
 
+@POLICY_LOSSES.register("gspo")
 def gspo(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float) -> tuple[Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071, eqs. 5-7 and
     GSPO-token eq. 13): the ratio is the geometric mean of the sequence's token ratios,
@@ -119,9 +116,6 @@ def gspo(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: 
     log_ratio = log_s + inp.logp - inp.logp.detach()  # [B, T]
     ratio = torch.exp(log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))  # [B, T]
     return _clipped_surrogate(ratio, inp.token_advantages(), m, clip_low, clip_high, dual_clip)
-
-
-POLICY_LOSSES.update(ppo_clip=ppo_clip, gspo=gspo)
 
 
 # --------------------------------------------------------------------------------------- KL
@@ -162,11 +156,7 @@ KL_ESTIMATORS.update({f"{name}+": _straight_through(fn) for name, fn in list(KL_
 def kl_estimate(name: str, logp: Tensor, ref_logp: Tensor) -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) [B, T] with estimator `name` (k1, k2, k3, abs, their verl
     aliases kl, mse, low_var_kl, and `+` variants: the value of the estimator, the gradient of k2)."""
-    try:
-        fn = KL_ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(f"unknown KL estimator {name!r}; known: {', '.join(sorted(KL_ESTIMATORS))}") from None
-    return fn(logp, ref_logp)
+    return lookup(KL_ESTIMATORS, name, "KL estimator")(logp, ref_logp)
 
 
 # --------------------------------------------------------------------------------------- aggregation
@@ -178,6 +168,14 @@ LOSS_AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int], Tensor] | None] = {
     "seq-mean-token-mean": lambda s, n, L: s / n.clamp(min=1),  # sum_b (mean_t l) / (sequences)
     "seq-mean-token-sum-norm": lambda s, n, L: s / L,  # Dr. GRPO: sum_b (sum_t l / L) / (sequences)
 }
+
+
+def _aggregation(mode: str) -> Callable[[Tensor, Tensor, int], Tensor] | None:
+    """LOSS_AGGREGATIONS[mode]. Not `lookup`: its error lists the known modes in the table's order, the default
+    (token-mean) first, where `lookup` would sort them."""
+    if mode not in LOSS_AGGREGATIONS:
+        raise KeyError(f"unknown loss aggregation {mode!r}; known: {', '.join(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS[mode]
 
 
 def aggregate(
@@ -197,12 +195,10 @@ def aggregate(
     D_seq (sum_b sum_t l_bt / norm_length): a factor D_seq apart, kept for the Dr. GRPO paper's 1/G
     (docs/algorithms.md).
     """
-    if mode not in LOSS_AGGREGATIONS:
-        raise KeyError(f"unknown loss aggregation {mode!r}; known: {', '.join(LOSS_AGGREGATIONS)}")
+    per_seq = _aggregation(mode)
     m = mask.bool()
     tok_sum = torch.where(m, terms, 0.0).sum(-1)  # [B]
     n = m.sum(-1)  # [B]
-    per_seq = LOSS_AGGREGATIONS[mode]
     if per_seq is None:
         if token_denom is None:
             token_denom = n.sum().clamp(min=1) if mode == "token-mean" else 1.0
@@ -215,8 +211,7 @@ def loss_denominators(mode: str, tokens: float, sequences: float, world_size: in
     tokens and sequences: FSDP averages the ranks' gradients (divides by W), so each rank divides its sum by
     (global count) / W and the averaged gradient is that of sum(all terms) / (global count); token-sum's count
     is 1 (each rank's sum times W: the averaged gradient is the global sum's, as verl's dp_size factor)."""
-    if mode not in LOSS_AGGREGATIONS:
-        raise KeyError(f"unknown loss aggregation {mode!r}; known: {', '.join(LOSS_AGGREGATIONS)}")
+    _aggregation(mode)
     token_count = 1.0 if mode == "token-sum" else max(tokens, 1.0)
     return token_count / world_size, max(sequences, 1.0) / world_size
 
@@ -233,7 +228,7 @@ VALUE_LOSS_AGGREGATIONS: dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]] = 
 def value_loss_weights(mode: str, tokens: Tensor) -> tuple[Tensor, Tensor]:
     """(weight [B], denominator part [B]) of each step with `tokens` [B] response tokens under critic loss
     aggregation `mode`; a step without a response token counts in neither (verl: a fully masked sequence)."""
-    try:
+    try:  # not `lookup`: the error lists the modes in the table's order, verl's default first
         fn = VALUE_LOSS_AGGREGATIONS[mode]
     except KeyError:
         known = ", ".join(VALUE_LOSS_AGGREGATIONS)
@@ -261,8 +256,8 @@ def policy_objective(
     clean = lambda t: None if t is None else torch.where(m, t, 0.0)  # noqa: E731  garbage -> 0 before any op
     inp = replace(inp, logp=clean(inp.logp), prox_logp=clean(inp.prox_logp), behav_logp=clean(inp.behav_logp),
                   ref_logp=clean(inp.ref_logp), entropy=clean(inp.entropy), mask=m)
-    (weight, keep), stats = get_off_policy(off_policy)(inp.prox_logp, inp.behav_logp, m, level=is_level, cap=is_cap)
-    pg, pg_stats = get_policy_loss(loss)(inp, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    (weight, keep), stats = OFF_POLICY.get(off_policy)(inp.prox_logp, inp.behav_logp, m, level=is_level, cap=is_cap)
+    pg, pg_stats = POLICY_LOSSES.get(loss)(inp, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
     terms = weight * pg  # [B, T]
     stats = {**stats, **pg_stats, "sequences": float((m.sum(-1) > 0).sum())}
     nf = m.sum().clamp(min=1).double()

@@ -1,6 +1,6 @@
 """Off-policy corrections: how the learner weights tokens sampled by an older (behaviour) policy.
 
-    weight, keep, stats = get_off_policy("tis")(prox_logp, behav_logp, mask, level="token", cap=2.0)
+    (weight, keep), stats = OFF_POLICY.get("tis")(prox_logp, behav_logp, mask, level="token", cap=2.0)
 
 pi_behav sampled the tokens (the engine, possibly several versions behind); pi_prox is the learner's
 policy before this step's update (with one optimizer step per batch: `logp.detach()` of the same forward).
@@ -13,10 +13,12 @@ Shapes: B = sequences (one response per row), T = tokens per row.
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
+
+from agentstream.registry import Registry
 
 LEVELS = ("token", "sequence")
 # exp() of a log-ratio above this overflows float32; a ratio this large is capped or masked anyway.
@@ -31,23 +33,8 @@ class OffPolicyFn(Protocol):
     ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]: ...
 
 
-OFF_POLICY: dict[str, OffPolicyFn] = {}
-
-
-def register_off_policy(name: str) -> Callable[[OffPolicyFn], OffPolicyFn]:
-    def wrap(fn: OffPolicyFn) -> OffPolicyFn:
-        OFF_POLICY[name] = fn
-        return fn
-
-    return wrap
-
-
-def get_off_policy(name: str) -> OffPolicyFn:
-    """The correction registered under `name`; an unknown name lists the known ones."""
-    try:
-        return OFF_POLICY[name]
-    except KeyError:
-        raise KeyError(f"unknown off-policy correction {name!r}; known: {', '.join(sorted(OFF_POLICY))}") from None
+OFF_POLICY: Registry[OffPolicyFn] = Registry("off-policy correction")
+"""Every correction: `@OFF_POLICY.register(name)`; `OFF_POLICY.get(name)` lists the known ones for an unknown name."""
 
 
 def log_is_ratio(prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, level: str) -> Tensor:
@@ -78,7 +65,7 @@ def _ratio_stats(log_r: Tensor, m: Tensor, clipped: Tensor, masked: Tensor) -> d
     }
 
 
-@register_off_policy("tis")
+@OFF_POLICY.register("tis")
 def truncated_is(
     prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
@@ -94,7 +81,7 @@ def truncated_is(
     return (weight, m), _ratio_stats(log_r, m, clipped, torch.zeros_like(m))
 
 
-@register_off_policy("mis")
+@OFF_POLICY.register("mis")
 def masked_is(
     prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
@@ -111,7 +98,7 @@ def masked_is(
     return (weight, m & ~outside), _ratio_stats(log_r, m, torch.zeros_like(m), outside)
 
 
-@register_off_policy("decoupled")
+@OFF_POLICY.register("decoupled")
 def decoupled(
     prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
@@ -127,7 +114,7 @@ def decoupled(
     return (weight, m), _ratio_stats(log_r, m, none, none)
 
 
-@register_off_policy("none")
+@OFF_POLICY.register("none")
 def no_correction(
     prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:

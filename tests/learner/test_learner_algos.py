@@ -10,7 +10,7 @@ from learner_oracles import grpo_reference
 from learner_testing import ppo_clip_tis, ppo_clip_tis_reference
 
 from learner.advantages import ADVANTAGES, AdvantageInput, compute_advantages, grpo
-from learner.losses import POLICY_LOSSES, get_policy_loss
+from learner.losses import POLICY_LOSSES
 
 
 def adv_input(rewards, traj, group, steps=None) -> AdvantageInput:
@@ -89,7 +89,7 @@ def test_registry_errors_and_options():
     with pytest.raises(KeyError, match="known: .*grpo"):
         ADVANTAGES.get("nope")
     with pytest.raises(KeyError, match="known: .*ppo_clip"):
-        get_policy_loss("nope")
+        POLICY_LOSSES.get("nope")
     inp = adv_input([1.0, 0.0], traj=[0, 1], group=[0, 0])
     with pytest.raises(TypeError, match="norm_by_sdt"):
         compute_advantages("grpo", inp, norm_by_sdt=True)

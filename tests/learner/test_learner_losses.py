@@ -22,7 +22,7 @@ from learner.losses import (
     ppo_clip,
 )
 from learner.model import _logprob_and_entropy
-from learner.offpolicy import get_off_policy
+from learner.offpolicy import OFF_POLICY
 
 LN = math.log
 
@@ -162,25 +162,25 @@ def test_masked_is_counts_tokens_and_sequences():
     prox = torch.zeros(1, 4)
     behav = -torch.tensor([[0.0, LN(3), -LN(3), LN(1.5)]])
     mask = torch.ones(1, 4, dtype=torch.bool)
-    (w, keep), stats = get_off_policy("mis")(prox, behav, mask, level="token", cap=2.0)
+    (w, keep), stats = OFF_POLICY.get("mis")(prox, behav, mask, level="token", cap=2.0)
     assert w[0].tolist() == pytest.approx([1.0, 0.0, 0.0, 1.5]) and keep[0].tolist() == [True, False, False, True]
     assert stats["is_masked_tokens"] == 2 and stats["is_mask_frac"] == 0.5 and stats["is_masked_seqs"] == 1
     # sequence level: seq 0 ratios [1.5, 1.5] -> product 2.25 > 2: dropped whole; seq 1 [3, 1/2] -> 1.5 kept
     behav = -torch.tensor([[LN(1.5), LN(1.5)], [LN(3), -LN(2)]])
-    (w, keep), stats = get_off_policy("mis")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
+    (w, keep), stats = OFF_POLICY.get("mis")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
                                              level="sequence", cap=2.0)
     assert keep.tolist() == [[False, False], [True, True]] and w[1].tolist() == pytest.approx([1.5, 1.5])
     assert stats["is_masked_seqs"] == 1 and stats["is_masked_tokens"] == 2
     # TIS caps the same sequences at 2 (seq 0: 2.25 -> 2); decoupled keeps 2.25; none weights 1
-    (w, _), stats = get_off_policy("tis")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
+    (w, _), stats = OFF_POLICY.get("tis")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
                                           level="sequence", cap=2.0)
     assert w.flatten().tolist() == pytest.approx([2.0, 2.0, 1.5, 1.5]) and stats["is_clip_frac"] == 0.5
     assert stats["is_ratio_max"] == pytest.approx(2.25)
-    (w, _), _ = get_off_policy("decoupled")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
+    (w, _), _ = OFF_POLICY.get("decoupled")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
                                             level="sequence", cap=2.0)
     assert w.flatten().tolist() == pytest.approx([2.25, 2.25, 1.5, 1.5])
     with pytest.raises(KeyError, match="known: decoupled, mis, none, tis"):
-        get_off_policy("vtrace")
+        OFF_POLICY.get("vtrace")
 
 
 def test_objective_entropy_and_kl_terms_by_hand():
