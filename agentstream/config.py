@@ -120,7 +120,7 @@ class MemoryConfig:
     """What each step's prompt contains."""
 
     kind: str = "last_k"
-    """Memory module name (see `memory.known_memories()`)."""
+    """Memory module name (see `memory.MEMORIES`)."""
     k: int = 2
     """How many recent (observation, action) steps the prompt repeats (`full` repeats them all)."""
     max_events: int = 8

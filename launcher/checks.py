@@ -35,7 +35,7 @@ from learner.advantages import ADVANTAGES, GROUP_OF_ONE, advantage_traits
 from learner.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, VALUE_LOSS_AGGREGATIONS
 from learner.offpolicy import LEVELS, OFF_POLICY
 from launcher.placement import PlacementError, host_gpus, host_plan
-from memory import known_memories
+from memory import MEMORIES
 from memory.prompt import IMAGE_MODES
 
 
@@ -124,8 +124,8 @@ def _episode_errors(cfg: Config) -> list[str]:
         errors.append(f"env.step_latency_mean_s={cfg.env.step_latency_mean_s} and env.step_latency_sigma="
                       f"{cfg.env.step_latency_sigma}: both must be >= 0 (0 = no simulated latency).")
     errors += token_reward_errors(cfg.trainer.token_reward, cfg.trainer.token_reward_kwargs)
-    if cfg.memory.kind not in known_memories():
-        errors.append(_unknown("memory.kind", cfg.memory.kind, known_memories()))
+    if cfg.memory.kind not in MEMORIES:
+        errors.append(_unknown("memory.kind", cfg.memory.kind, MEMORIES))
     mem, room = cfg.memory, cfg.engines.max_model_len - cfg.sampling.max_tokens
     if min(mem.k, mem.max_events, mem.max_prompt_tokens) < 0:
         errors.append(f"memory.k={mem.k}, memory.max_events={mem.max_events}, "

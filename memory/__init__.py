@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
+from agentstream.registry import Registry
 from memory.full import Full
 from memory.key_events import KeyEvents
 from memory.last_k import LastK
@@ -66,18 +67,13 @@ class Memory(Protocol):
     def messages(self, observation: str, image: np.ndarray | None = None) -> Messages: ...
 
 
-# Every entry takes the same options (k, max_events, fitter), so callers never branch on the kind.
-_REGISTRY: dict[str, Callable[[int, int, PromptFitter], Memory]] = {
-    "last_k": lambda k, max_events, fitter: LastK(k, fitter),
-    "full": lambda k, max_events, fitter: Full(fitter),
-    "summary": lambda k, max_events, fitter: Summary(k, fitter),
-    "key_events": lambda k, max_events, fitter: KeyEvents(k, max_events, fitter),
-}
-
-
-def known_memories() -> list[str]:
-    """Every registered memory module name."""
-    return sorted(_REGISTRY)
+MEMORIES: Registry[Callable[[int, int, PromptFitter], Memory]] = Registry("memory")
+"""Every memory module by kind. Every entry takes the same options (k, max_events, fitter), so callers never branch
+on the kind."""
+MEMORIES.add("last_k", lambda k, max_events, fitter: LastK(k, fitter))
+MEMORIES.add("full", lambda k, max_events, fitter: Full(fitter))
+MEMORIES.add("summary", lambda k, max_events, fitter: Summary(k, fitter))
+MEMORIES.add("key_events", lambda k, max_events, fitter: KeyEvents(k, max_events, fitter))
 
 
 def make(kind: str, *, k: int = 2, max_events: int = 8, tokenizer: ChatTokenizer | None = None,
@@ -91,10 +87,8 @@ def make(kind: str, *, k: int = 2, max_events: int = 8, tokenizer: ChatTokenizer
     in the model on top of the chat template's tokens (needed with images under a budget); image_placeholder:
     the model's image token as text ("<image>"), written "[image]" where the text holds it (see memory.prompt).
     """
-    if kind not in _REGISTRY:
-        raise KeyError(f"unknown memory {kind!r}; known: {', '.join(known_memories())}")
-    return _REGISTRY[kind](k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens,
-                                                            image_placeholder))
+    return MEMORIES.get(kind)(k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens,
+                                                          image_placeholder))
 
 
-__all__ = ["Memory", "Full", "KeyEvents", "LastK", "Summary", "known_memories", "make"]
+__all__ = ["MEMORIES", "Memory", "Full", "KeyEvents", "LastK", "Summary", "make"]

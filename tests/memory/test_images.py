@@ -111,7 +111,7 @@ def random_observation(rng: random.Random) -> str:
     return " ".join(rng.choice(["wall", "box", "you", "row 3", "left"]) for _ in range(rng.randint(1, 40)))
 
 
-@pytest.mark.parametrize("kind", memory.known_memories())
+@pytest.mark.parametrize("kind", memory.MEMORIES.names())
 def test_none_is_the_text_only_memory_whatever_pictures_come(kind, tokenizer) -> None:
     """With images="none", pictures passed in change nothing: every prompt equals the one a memory built
     without the options gives, content strings, no prompt images, the same drops under the budget."""
@@ -177,7 +177,7 @@ def test_bad_image_options_say_what_to_use(tokenizer) -> None:
 STEP_OF_TEXT = re.compile(r"(?:Step|Now \(step) (\d+)")
 
 
-@pytest.mark.parametrize("kind", memory.known_memories())
+@pytest.mark.parametrize("kind", memory.MEMORIES.names())
 @pytest.mark.parametrize("images", ["none", "current", "last_k"])
 def test_random_episodes_keep_one_picture_per_image_part_within_the_budget(kind, images, vl) -> None:
     rng = random.Random(f"{kind}-{images}")
@@ -223,7 +223,7 @@ def vl_processor(tmp_path_factory):
     return AutoProcessor.from_pretrained(make_tiny_vl_model(tmp_path_factory.mktemp("vl") / "vl", texts=["go up"]))
 
 
-@pytest.mark.parametrize("kind", memory.known_memories())
+@pytest.mark.parametrize("kind", memory.MEMORIES.names())
 def test_an_image_placeholder_written_in_the_text_is_quoted_so_each_one_left_has_its_picture(kind,
                                                                                              vl_processor) -> None:
     """An observation or an action that spells the model's image token out ("<image>") would become, through the

@@ -14,7 +14,7 @@ from memory.prompt import CUT_MARK, PromptFitter, largest_fitting
 BUDGET = 450  # the 8x8 instructions + observation take about 175 tokens: room for two or three steps
 
 
-@pytest.mark.parametrize("kind", memory.known_memories())
+@pytest.mark.parametrize("kind", memory.MEMORIES.names())
 def test_every_kind_stays_under_the_budget_over_50_steps(kind, play, count, tokenizer) -> None:
     mem = memory.make(kind, k=4, tokenizer=tokenizer, max_prompt_tokens=BUDGET)
     unbounded = memory.make(kind, k=4)
@@ -33,7 +33,7 @@ def test_every_kind_stays_under_the_budget_over_50_steps(kind, play, count, toke
     assert (mem.dropped_steps > 0) == (kind != "summary")
 
 
-@pytest.mark.parametrize("kind", memory.known_memories())
+@pytest.mark.parametrize("kind", memory.MEMORIES.names())
 def test_an_observation_over_the_budget_is_cut_from_the_front(kind, count, tokenizer) -> None:
     obs = "\n".join(f"line {i} of a long observation" for i in range(60)) + "\nYou are at row 3, column 4."
     floor = count([{"role": "system", "content": INSTRUCTIONS},
