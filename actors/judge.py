@@ -167,7 +167,7 @@ COMBINE_RULES: Mapping[str, Callable[[float, float], float]] = {
 
 def combine(rule: str, env_reward: float, score: float, weight: float) -> float:
     """The last step's reward: `env_reward` and the judge's `score` joined by `rule` (COMBINE_RULES)."""
-    try:
+    try:  # not `lookup`: the error lists the rules in the table's order, the default (add) first
         fn = COMBINE_RULES[rule]
     except KeyError:
         raise ValueError(f"judges.combine={rule!r} is unknown; known: {', '.join(COMBINE_RULES)}") from None

@@ -13,7 +13,8 @@ ProcessGroupNCCL over a TCPStore that the sender hosts; it never touches either 
 learner's FSDP group, vLLM's own). A bucket is one flat byte buffer: the parameters of `layout.buckets()[i]`
 cast to the engine's dtype, each at a 64-byte aligned offset. One bucket is in flight while the next is
 packed (the sender's two buffers alternate: it never holds more than two buckets beyond the one parameter
-being gathered) or loaded (workers). Imports no vLLM (the learner runs without it) and nothing of the project.
+being gathered) or loaded (workers). Imports no vLLM (the learner runs without it) and nothing of the project but
+the ground's registry (`agentstream.registry`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from agentstream.registry import lookup, unknown_name
 
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
@@ -49,8 +52,8 @@ class StreamLayout:
             raise ValueError(f"a layout needs one dtype and one shape per name: {len(self.names)} names, "
                              f"{len(self.dtype_names)} dtypes, {len(self.shapes)} shapes")
         unknown = sorted(set(self.dtype_names) - WIRE_DTYPES.keys())
-        if unknown:
-            raise ValueError(f"wire dtypes {unknown} are not streamed; known: {sorted(WIRE_DTYPES)}")
+        if unknown:  # every unknown one at once, not only the first a lookup would meet
+            raise ValueError(unknown_name("wire dtypes", unknown, WIRE_DTYPES))
         if self.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {self.bucket_bytes}")
 
@@ -62,7 +65,8 @@ class StreamLayout:
         for name, shape, dt in params:
             dt_name = dt if isinstance(dt, str) else str(dt).removeprefix("torch.")
             names.append(name)
-            dtypes.append(dtype if dtype is not None and WIRE_DTYPES[dt_name].is_floating_point else dt_name)
+            floating = dtype is not None and lookup(WIRE_DTYPES, dt_name, "wire dtype").is_floating_point
+            dtypes.append(dtype if floating else dt_name)
             shapes.append([int(s) for s in shape])
         return cls(names, dtypes, shapes, bucket_bytes)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentstream.registry import unknown_name
 from agentstream.wire.messages import Batch, GroupGrant, Transition, Transitions, decode, encode
 from broker.buffer import RejectedTransition, ReplayBuffer
 from broker.wal import WriteAheadLog, iter_records
@@ -117,8 +118,8 @@ class BrokerState:
     def apply(self, kind: str, body: Any) -> None:
         """Re-apply one logged event (recovery)."""
         replay = _REPLAY.get(kind)
-        if replay is None:
-            raise RuntimeError(f"unknown event {kind!r} in the broker's log; known: {', '.join(_REPLAY)}")
+        if replay is None:  # `lookup`'s message, a RuntimeError still: a log from a newer broker, not a typo
+            raise RuntimeError(unknown_name("event in the broker's log", kind, _REPLAY))
         replay(self, body)
 
     def snapshot(self) -> dict:
