@@ -4,7 +4,8 @@ The step, in order: (optional) reference log-probs of the behaviour tokens for a
 (optional) the critic's values; advantages (`learner.advantages`, by name, no branching on it; per token where
 the batch has token rewards and the estimator gives returns, `learner.token_rewards`); the policy
 forward/backward per micro-batch with `learner.losses.policy_objective` (off-policy correction from
-`learner.offpolicy`); gradient clipping and the optimizer step; then the critic's own update.
+`learner.offpolicy`); gradient clipping and the optimizer step; then the critic's own update. `train_step` reads as
+these stages: `score_batch`, `batch_advantages`, `update_policy` (`epochs_of_updates`), `update_critic`.
 
 Several updates per batch (`learner.ppo_epochs` passes, each split into `learner.mini_batches` mini-batches
 of whole micro-batches; verl's ppo_epochs / ppo_mini_batch_size, AReaL's ppo_n_minibatches): one no-grad
@@ -369,31 +370,74 @@ def train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, opts: StepOptions, version: int,
     world_size: int, device: torch.device, models: StepModels | None = None,
 ) -> dict[str, float]:
-    """Train on `batch` (this rank's share) at policy `version`; returns global (all-rank) metrics."""
+    """Train on `batch` (this rank's share) at policy `version`; returns global (all-rank) metrics. The stages:
+    score the batch, its advantages, the policy's update, the critic's update; then the metrics over all ranks."""
     t0 = time.perf_counter()
     models = models or StepModels()
     seqs = checked_sequences(batch, vocab_size(model), models.processor)
     share = opts.share_prompts and takes_attention_masks(model)
-    local: dict[str, float] = {}
-    rewards = values = logp = ref_logp = None
-    name, options = opts.algo.advantage, opts.advantage_options()
+    inp, local = score_batch(model, batch, seqs, opts, models, device, share)
+    adv = batch_advantages(batch, seqs, inp, opts, device)
+    # A per-sample selection of what the policy's update trains on (e.g. skipping the forward/backward of samples
+    # whose advantage is 0) goes here: it narrows (batch, seqs, adv.policy); the critic and the stats keep the batch.
+    update = update_policy(model, optimizer, batch, seqs, adv.policy, adv.per_token, opts, models, version,
+                           world_size, device, share)
+    local.update(update.stats)
+    local.update(update_critic(seqs, inp, adv.per_step, opts, models, world_size, device))
+    local.update(batch_stats(batch, version))
+    local.update({f"adv_{k}": v for k, v in adv.stats.items()}, zero_weight_micro_batches=float(update.padding))
+    return _global_metrics(local, world_size, device, version) | {
+        "grad_norm": sum(update.grad_norms) / len(update.grad_norms), "updates": float(len(update.grad_norms)),
+        "micro_batches": float(update.micro_batches), "compute_s": time.perf_counter() - t0,
+        "local_tokens": float(update.local_tokens), "local_zero_weight_micro_batches": float(update.padding),
+    }
+
+
+def score_batch(model: nn.Module, batch: Batch, seqs: Sequences, opts: StepOptions, models: StepModels,
+                device: torch.device, share: bool) -> tuple[AdvantageInput, dict[str, float]]:
+    """The estimator's input: the batch's rewards (less kl_coef times each transition's KL to the reference, with
+    the KL in the reward), the critic's values [N] and online DPO's sequence log-probs [N] where the estimator needs
+    them; each a no-grad pass, a collective. Returns it and the local stat sums (reward_kl_sum)."""
+    name = opts.algo.advantage
     traits = advantage_traits(name)
+    stats: dict[str, float] = {}
+    rewards = values = logp = ref_logp = None
     if opts.kl_in_reward or traits.needs_logprobs:  # no-grad passes before the advantages
-        zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing,
-                                  share_prompts=share)
+        zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens,
+                                  packing=opts.packing, share_prompts=share)
         zero = _pad_to_max(zero, device)[0]
     if opts.kl_in_reward:
         kl = reward_kl(model, zero, seqs, models, opts.algo.kl_estimator, opts.logprob_chunk_tokens)  # [N]
         rewards = torch.from_numpy(np.array(batch.rewards, dtype=np.float32)) - opts.algo.kl_coef * kl
-        local["reward_kl_sum"] = float(kl.double().sum())
+        stats["reward_kl_sum"] = float(kl.double().sum())
     if traits.needs_values:
         if models.critic is None:
             raise RuntimeError(f"algorithm.advantage={name} needs a critic; build it with make_step_models")
         values = models.critic.values(seqs, device)  # [N]
     if traits.needs_logprobs:  # online DPO: sequence log-probs of the policy and the reference
         logp, ref_logp = sequence_logprobs(model, zero, seqs, models, opts.logprob_chunk_tokens)  # [N] each
-    inp = advantage_input(batch, rewards, values, logp, ref_logp)
-    if logp is not None:  # DPO's loss is a mean over the global batch's pairs
+    return advantage_input(batch, rewards, values, logp, ref_logp), stats
+
+
+@dataclass(frozen=True)
+class StepAdvantages:
+    """A batch's advantages: per transition, and as the policy's update weighs its tokens."""
+
+    per_step: Tensor  # [N] the estimator's (the critic's returns start from them)
+    stats: dict[str, float]  # the estimator's
+    policy: Tensor  # [R] with per_token, else [N]: rewards to go and whitening applied
+    per_token: bool  # the batch has token rewards and the estimator's advantage is a return: one per token
+
+
+def batch_advantages(batch: Batch, seqs: Sequences, inp: AdvantageInput, opts: StepOptions,
+                     device: torch.device) -> StepAdvantages:
+    """`opts.algo.advantage` of the scored batch `inp`, then per token where the batch has token rewards and the
+    estimator gives returns (each token's reward to go, `learner.token_rewards`), whitened over the global batch's
+    response tokens where asked or where the estimator whitens (it ran with whiten=False). Collectives: online
+    DPO's pair count, the whitening's two."""
+    name, options = opts.algo.advantage, opts.advantage_options()
+    traits = advantage_traits(name)
+    if inp.logp is not None:  # DPO's loss is a mean over the global batch's pairs
         options["pair_count"] = all_reduce_dict({"p": count_pairs(inp)}, dist.ReduceOp.SUM, device)["p"]
     adv, adv_stats = compute_advantages(name, inp, **options)  # [N]
     per_token = traits.to_go and batch.token_rewards.size > 0  # rewards on tokens: each token's reward to go
@@ -402,16 +446,49 @@ def train_step(
     if opts.algo.whiten_advantages or traits.whitens:  # estimators that whiten got whiten=False
         weights = torch.ones_like(policy_adv) if per_token else seqs.response_lens  # each token once
         policy_adv = whiten_global(policy_adv, weights, device)
-    mbs = make_micro_batches(seqs, policy_adv, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token,
+    return StepAdvantages(per_step=adv, stats=adv_stats, policy=policy_adv, per_token=per_token)
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """What the policy's update did on this rank."""
+
+    stats: dict[str, float]  # local stat sums (`max:` keys: maxes), per pass over the batch
+    grad_norms: list[float]  # one per optimizer step
+    micro_batches: int  # run per pass, zero-weight padding included
+    local_tokens: int  # response tokens this rank's micro-batches hold
+    padding: int  # zero-weight micro-batches: as many micro-batches as the rank with the most
+
+
+def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, seqs: Sequences,
+                  advantages: Tensor, per_token: bool, opts: StepOptions, models: StepModels, version: int,
+                  world_size: int, device: torch.device, share: bool) -> PolicyUpdate:
+    """The policy's `opts.updates` optimizer steps on the batch, weighing its tokens by `advantages` ([R] with
+    `per_token`, else [N]). With several, a no-grad pass first takes log pi_prox and measures the train-inference
+    mismatch on it; with one, the update's own forward measures it (see the module docstring)."""
+    mbs = make_micro_batches(seqs, advantages, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token,
                              share_prompts=share)
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
     tok_seq = transition_of_tokens(seqs)  # [R]
     same = same_weights_tokens(batch, tok_seq, version)  # [R] sampled on the weights held now: the mismatch's tokens
+    stats: dict[str, float] = {}
     for mb, px in zip(mbs, prox or []):  # several updates: measured on the no-grad pass before them
-        add_stats(local, logprob_mismatch(px, mb.behav_logp.to(px.device), same_weights_mask(mb, same, px.device)))
+        add_stats(stats, logprob_mismatch(px, mb.behav_logp.to(px.device), same_weights_mask(mb, same, px.device)))
     seq_counts = [int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs]  # with a response token
+    passes, grad_norms = epochs_of_updates(model, optimizer, mbs, seq_counts, seqs, opts, models, world_size, device,
+                                           prox, same)
+    stats.update(passes)
+    return PolicyUpdate(stats=stats, grad_norms=grad_norms, micro_batches=len(mbs), local_tokens=local_tokens,
+                        padding=padding)
+
+
+def epochs_of_updates(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seq_counts: list[int],
+                      seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
+                      prox: list[Tensor] | None, same: Tensor) -> tuple[dict[str, float], list[float]]:
+    """`opts.ppo_epochs` passes over `mbs` (`seq_counts`: the sequences of each), each split into `opts.mini_batches`
+    optimizer steps (`optimizer_update`). Returns the local stat sums per pass and each step's grad norm."""
     parts = [idx.tolist() for idx in np.array_split(np.arange(len(mbs)), opts.mini_batches)]  # same on every rank
     passes: dict[str, float] = {}  # over every update: sums add up, maxes keep the largest
     grad_norms = []
@@ -426,17 +503,17 @@ def train_step(
         if not k.startswith("max:"):
             passes[k] /= opts.ppo_epochs  # each pass covers the batch once: per-pass sums (token-weighted means alike)
     passes["loss"] /= opts.mini_batches  # each mini-batch's loss is a mean over its own tokens
-    local.update(passes)
-    if models.critic is not None:
-        returns = returns_of(opts.algo.advantage, inp, adv, gamma=opts.algo.gamma)  # [N]
-        local.update({f"critic_{k}": v for k, v in models.critic.update(seqs, returns, values, device, world_size).items()})
-    local.update(batch_stats(batch, version))
-    local.update({f"adv_{k}": v for k, v in adv_stats.items()}, zero_weight_micro_batches=float(padding))
-    return _global_metrics(local, world_size, device, version) | {
-        "grad_norm": sum(grad_norms) / len(grad_norms), "updates": float(len(grad_norms)),
-        "micro_batches": float(len(mbs)), "compute_s": time.perf_counter() - t0,
-        "local_tokens": float(local_tokens), "local_zero_weight_micro_batches": float(padding),
-    }
+    return passes, grad_norms
+
+
+def update_critic(seqs: Sequences, inp: AdvantageInput, advantages: Tensor, opts: StepOptions, models: StepModels,
+                  world_size: int, device: torch.device) -> dict[str, float]:
+    """The critic's update towards the estimator's returns (`learner.advantages.returns_of` of `advantages` [N]):
+    its stats, prefixed critic_; nothing without a critic."""
+    if models.critic is None:
+        return {}
+    returns = returns_of(opts.algo.advantage, inp, advantages, gamma=opts.algo.gamma)  # [N]
+    return {f"critic_{k}": v for k, v in models.critic.update(seqs, returns, inp.values, device, world_size).items()}
 
 
 def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], n_seqs: int,
