@@ -334,6 +334,10 @@ class LearnerConfig:
     logprob_chunk_tokens: int = 0
     """Compute response log-probs this many tokens at a time (logits recomputed in backward): peak logits
     memory [chunk, vocab] instead of [response tokens, vocab]; for large vocabularies. 0: all at once."""
+    skip_zero_advantage: bool = True
+    """Samples whose gradient is 0 (every advantage 0, no KL in the loss, no entropy bonus: a group of equal rewards
+    under GRPO) skip the update's forward and backward; the loss still counts their tokens, so the update is the
+    same. Counted as skipped_samples / skipped_tokens. Only with learner.mini_batches=1."""
     activation_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (about a third more
     compute): a deep model's activations then cost one layer's (for real models; bench/learner_memory.py)."""

@@ -164,9 +164,10 @@ def plan_packed_rows(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 def make_micro_batches(
     seqs: Sequences, advantages: Tensor, token_budget: int, packing: bool = False, per_token: bool = False,
-    share_prompts: bool = False,
+    share_prompts: bool = False, trained: Tensor | None = None,
 ) -> list[MicroBatch]:
-    """Pad (or, with `packing`, pack) every transition with a non-empty response into micro-batches;
+    """Pad (or, with `packing`, pack) every transition with a non-empty response into micro-batches (of those that
+    `trained` [N] bool marks, when given: the others' tokens are in none);
     `advantages` is [N] (one value per transition, shared by its response tokens), or with `per_token` [R]
     (one per response token, in the batch's order). Every response token appears exactly once.
     `share_prompts`: the transitions of one prompt share one copy of it (`_share`; not with images)."""
@@ -178,7 +179,8 @@ def make_micro_batches(
         advantages = advantages.repeat_interleave(seqs.response_lens)  # [R]
     p_off = torch.cumsum(seqs.prompt_lens, 0) - seqs.prompt_lens  # [N]
     r_off = torch.cumsum(seqs.response_lens, 0) - seqs.response_lens  # [N]
-    keep = [i for i in range(seqs.num_transitions) if int(seqs.response_lens[i]) > 0]
+    keep = [i for i in range(seqs.num_transitions)
+            if int(seqs.response_lens[i]) > 0 and (trained is None or bool(trained[i]))]
     plan = plan_packed_rows if packing else plan_micro_batches
     if share_prompts and seqs.image_slots is None:
         units = prompt_units(seqs, keep, p_off, token_budget)

@@ -82,13 +82,15 @@ class StepOptions:
     logprob_chunk_tokens: int = 0  # learner.model.token_logprobs' chunk_tokens
     ppo_epochs: int = 1  # passes over the batch
     mini_batches: int = 1  # optimizer steps per pass
+    skip_zero_advantage: bool = True  # samples whose gradient is 0 skip the update's forward/backward
 
     @classmethod
     def from_config(cls, learner: LearnerConfig, algorithm: AlgorithmConfig) -> "StepOptions":
         return cls(algo=algorithm, max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
                    packing=learner.packing, share_prompts=learner.share_prompts,
                    logprob_chunk_tokens=learner.logprob_chunk_tokens,
-                   ppo_epochs=learner.ppo_epochs, mini_batches=learner.mini_batches)
+                   ppo_epochs=learner.ppo_epochs, mini_batches=learner.mini_batches,
+                   skip_zero_advantage=learner.skip_zero_advantage)
 
     @property
     def updates(self) -> int:
@@ -378,14 +380,14 @@ def train_step(
     share = opts.share_prompts and takes_attention_masks(model)
     inp, local = score_batch(model, batch, seqs, opts, models, device, share)
     adv = batch_advantages(batch, seqs, inp, opts, device)
-    # A per-sample selection of what the policy's update trains on (e.g. skipping the forward/backward of samples
-    # whose advantage is 0) goes here: it narrows (batch, seqs, adv.policy); the critic and the stats keep the batch.
+    skipped = zero_gradient_samples(seqs, adv.policy, adv.per_token, opts)  # the critic and the stats keep them
     update = update_policy(model, optimizer, batch, seqs, adv.policy, adv.per_token, opts, models, version,
-                           world_size, device, share)
+                           world_size, device, share, skipped)
     local.update(update.stats)
     local.update(update_critic(seqs, inp, adv.per_step, opts, models, world_size, device))
     local.update(batch_stats(batch, version))
-    local.update({f"adv_{k}": v for k, v in adv.stats.items()}, zero_weight_micro_batches=float(update.padding))
+    local.update({f"adv_{k}": v for k, v in adv.stats.items()}, zero_weight_micro_batches=float(update.padding),
+                 skipped_samples=float(skipped.samples), skipped_tokens=float(skipped.tokens))
     return _global_metrics(local, world_size, device, version) | {
         "grad_norm": sum(update.grad_norms) / len(update.grad_norms), "updates": float(len(update.grad_norms)),
         "micro_batches": float(update.micro_batches), "compute_s": time.perf_counter() - t0,
@@ -417,6 +419,36 @@ def score_batch(model: nn.Module, batch: Batch, seqs: Sequences, opts: StepOptio
     if traits.needs_logprobs:  # online DPO: sequence log-probs of the policy and the reference
         logp, ref_logp = sequence_logprobs(model, zero, seqs, models, opts.logprob_chunk_tokens)  # [N] each
     return advantage_input(batch, rewards, values, logp, ref_logp), stats
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """This rank's samples whose forward and backward the policy's update skips, and what they hold."""
+
+    trained: Tensor | None  # [N] bool, the samples the update runs; None: every sample
+    samples: int = 0
+    tokens: int = 0  # their response tokens: the loss's denominators still count them
+
+
+def zero_gradient_samples(seqs: Sequences, advantages: Tensor, per_token: bool, opts: StepOptions) -> Skipped:
+    """The samples that carry no gradient: every advantage of theirs is 0 (`advantages` [R] with `per_token`, else
+    [N]) and no loss term but the advantage's reads their tokens (no KL in the loss, no entropy bonus). Both policy
+    losses weigh each token's term by its advantage (ppo_clip: max(-A r, -A clip(r)); gspo: the sequence's ratio
+    times A), so the gradient of such a sample is exactly 0 whatever its ratio or off-policy weight: skipping its
+    forward and backward changes nothing but the time, as long as the loss's denominators still count its tokens
+    and sequences (`optimizer_update`'s `uncounted`). In a group whose G rewards are equal (GRPO: every advantage 0)
+    the whole group is skipped. With several mini-batches, which one a skipped sample would have been in is not
+    kept, so nothing is skipped there; nor with `learner.skip_zero_advantage=false`."""
+    a = opts.algo
+    if not opts.skip_zero_advantage or opts.kl_in_loss or a.entropy_coef > 0 or opts.mini_batches > 1:
+        return Skipped(None)
+    n = seqs.num_transitions
+    if per_token:
+        nonzero = torch.zeros(n).index_add_(0, transition_of_tokens(seqs), (advantages != 0).float()) > 0  # [N]
+    else:
+        nonzero = advantages != 0  # [N]
+    skip = ~nonzero & (seqs.response_lens > 0)  # [N] (a sample without a response token is never in a micro-batch)
+    return Skipped(~skip, int(skip.sum()), int(seqs.response_lens[skip].sum()))
 
 
 @dataclass(frozen=True)
@@ -462,12 +494,13 @@ class PolicyUpdate:
 
 def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, seqs: Sequences,
                   advantages: Tensor, per_token: bool, opts: StepOptions, models: StepModels, version: int,
-                  world_size: int, device: torch.device, share: bool) -> PolicyUpdate:
+                  world_size: int, device: torch.device, share: bool, skipped: Skipped = Skipped(None)) -> PolicyUpdate:
     """The policy's `opts.updates` optimizer steps on the batch, weighing its tokens by `advantages` ([R] with
     `per_token`, else [N]). With several, a no-grad pass first takes log pi_prox and measures the train-inference
-    mismatch on it; with one, the update's own forward measures it (see the module docstring)."""
+    mismatch on it; with one, the update's own forward measures it (see the module docstring). The `skipped` samples
+    are in no micro-batch (`zero_gradient_samples`)."""
     mbs = make_micro_batches(seqs, advantages, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token,
-                             share_prompts=share)
+                             share_prompts=share, trained=skipped.trained)
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
@@ -478,7 +511,7 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
         add_stats(stats, logprob_mismatch(px, mb.behav_logp.to(px.device), same_weights_mask(mb, same, px.device)))
     seq_counts = [int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs]  # with a response token
     passes, grad_norms = epochs_of_updates(model, optimizer, mbs, seq_counts, seqs, opts, models, world_size, device,
-                                           prox, same)
+                                           prox, same, uncounted=(skipped.tokens, skipped.samples))
     stats.update(passes)
     return PolicyUpdate(stats=stats, grad_norms=grad_norms, micro_batches=len(mbs), local_tokens=local_tokens,
                         padding=padding)
@@ -486,9 +519,11 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
 
 def epochs_of_updates(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seq_counts: list[int],
                       seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
-                      prox: list[Tensor] | None, same: Tensor) -> tuple[dict[str, float], list[float]]:
+                      prox: list[Tensor] | None, same: Tensor, uncounted: tuple[int, int] = (0, 0),
+                      ) -> tuple[dict[str, float], list[float]]:
     """`opts.ppo_epochs` passes over `mbs` (`seq_counts`: the sequences of each), each split into `opts.mini_batches`
-    optimizer steps (`optimizer_update`). Returns the local stat sums per pass and each step's grad norm."""
+    optimizer steps (`optimizer_update`; `uncounted`: the skipped samples' tokens and sequences, one mini-batch
+    only). Returns the local stat sums per pass and each step's grad norm."""
     parts = [idx.tolist() for idx in np.array_split(np.arange(len(mbs)), opts.mini_batches)]  # same on every rank
     passes: dict[str, float] = {}  # over every update: sums add up, maxes keep the largest
     grad_norms = []
@@ -496,7 +531,7 @@ def epochs_of_updates(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: l
         for part in parts:
             sums = optimizer_update(model, optimizer, [mbs[i] for i in part], sum(seq_counts[i] for i in part), seqs,
                                     opts, models, world_size, device, None if prox is None else [prox[i] for i in part],
-                                    same_weights=same if prox is None else None)
+                                    same_weights=same if prox is None else None, uncounted=uncounted)
             grad_norms.append(sums.pop("grad_norm"))
             add_stats(passes, sums)
     for k in passes:
@@ -518,13 +553,14 @@ def update_critic(seqs: Sequences, inp: AdvantageInput, advantages: Tensor, opts
 
 def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], n_seqs: int,
                      seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
-                     prox: list[Tensor] | None, same_weights: Tensor | None = None) -> dict[str, float]:
+                     prox: list[Tensor] | None, same_weights: Tensor | None = None,
+                     uncounted: tuple[int, int] = (0, 0)) -> dict[str, float]:
     """One optimizer step on `mbs` (this rank's part of a mini-batch, holding `n_seqs` sequences; every rank
     passes as many micro-batches): the loss is a mean over the mini-batch's tokens or sequences on all ranks
-    (token-sum: their sum).
-    Returns local stat sums and the grad norm."""
-    totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs), "sequences": n_seqs}, dist.ReduceOp.SUM,
-                             device)
+    (token-sum: their sum), those of skipped samples included (`uncounted`: their tokens and sequences), so that
+    skipping them leaves the update as it was. Returns local stat sums and the grad norm."""
+    totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs) + uncounted[0],
+                              "sequences": n_seqs + uncounted[1]}, dist.ReduceOp.SUM, device)
     token_denom, seq_denom = loss_denominators(opts.algo.loss_agg, totals["tokens"], totals["sequences"], world_size)
     sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=token_denom, seq_denom=seq_denom, prox=prox,
                              same_weights=same_weights)
@@ -559,7 +595,8 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out.update(staleness_mean=sums["staleness_sum"] / n, reward_mean=sums["reward_sum"] / n,
                invalid_frac=sums["invalid"] / n, valid_action_ratio=1.0 - sums["invalid"] / n,
                images_per_transition=sums["images"] / n,
-               zero_weight_micro_batches=sums["zero_weight_micro_batches"])
+               zero_weight_micro_batches=sums["zero_weight_micro_batches"],
+               skipped_samples=sums["skipped_samples"], skipped_tokens=sums["skipped_tokens"])
     out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
     if "reward_kl_sum" in sums:
         out["reward_kl_mean"] = sums["reward_kl_sum"] / n
