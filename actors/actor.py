@@ -53,9 +53,7 @@ from agentstream.process import on_stop_signals, run_process
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import GroupGrant, Stats, Transition
 from engines.client import EngineClient, EngineError, Generation, clamp_to_grant, text_decoder
-from engines.pool import (
-    connect, engines_from_broker, follow_engines, goodbye, process_arguments, report_stats,
-)
+from engines.pool import connect, engines_from_broker, follow_engines, goodbye, process_arguments, report_stats
 from envs.base import TextEnv
 from envs.latency import sample_latency
 
@@ -119,14 +117,23 @@ class EpisodeResult:
 class Actor:
     """Runs K episode lanes; each takes the next episode of the groups the broker granted this actor."""
 
-    def __init__(self, spec: ActorSpec, name: str, incarnation: int, broker: AsyncClient,
-                 engines: list[EngineClient], tokenizer: Any, judge: Judge | None = None):
+    def __init__(
+        self,
+        spec: ActorSpec,
+        name: str,
+        incarnation: int,
+        broker: AsyncClient,
+        engines: list[EngineClient],
+        tokenizer: Any,
+        judge: Judge | None = None,
+    ):
         self.spec, self.name, self.incarnation = spec, name, incarnation
         self.broker, self.engines, self.tokenizer = broker, engines, tokenizer
         self.judge = judge  # scores finished episodes (spec.judge); None: no judge
         # rewards on response tokens (trainer.token_reward); None: none
-        self.token_rewards = (TokenRewards.load(spec.token_reward, spec.token_reward_kwargs) if spec.token_reward
-                              else None)
+        self.token_rewards = (
+            TokenRewards.load(spec.token_reward, spec.token_reward_kwargs) if spec.token_reward else None
+        )
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
         # The engine calls; it shares `engines` (engines that join later are appended) and the counters.
@@ -187,8 +194,10 @@ class Actor:
         After the last attempt fails, the group is dropped whole and its other episodes stop at their next step.
         A match (self-play) is one episode whose seats' trajectories belong to groups grant.group_id + seat: it is
         retried, or dropped, in all of them at once (a match with a frozen seat has one trajectory, in group_id)."""
-        bases = [f"{self.name}.{self.incarnation}.g{grant.group_id + seat}.{i}"
-                 for seat in range(self.spec.episode.trained_seats)]
+        bases = [
+            f"{self.name}.{self.incarnation}.g{grant.group_id + seat}.{i}"
+            for seat in range(self.spec.episode.trained_seats)
+        ]
         for attempt in range(self.spec.episode_retries + 1):
             if grant.group_id in self._failed_groups:
                 return
@@ -211,8 +220,13 @@ class Actor:
                     log.warning("%s: %s failed (%s); its group is dropped already", self.name, traj_ids[0], exc)
                     return
                 give_up = attempt == self.spec.episode_retries
-                log.warning("%s: %s failed (%s); %s", self.name, traj_ids[0], exc,
-                            "dropping its group" if give_up else "playing it again on the same seed")
+                log.warning(
+                    "%s: %s failed (%s); %s",
+                    self.name,
+                    traj_ids[0],
+                    exc,
+                    "dropping its group" if give_up else "playing it again on the same seed",
+                )
                 if give_up:
                     self._failed_groups.add(grant.group_id)  # (before the marker's send: no new step of it follows)
                 else:
@@ -222,9 +236,17 @@ class Actor:
                 for seat, traj_id in enumerate(traj_ids):
                     sent = self._steps_sent[traj_id]
                     if sent or give_up:  # nothing sent: nothing to drop, the retry takes the place
-                        await self.broker.send_transition(Transition.abandon_marker(
-                            traj_id, grant.group_id + seat, self.name, sent, grant.min_version, cause,
-                            whole_group=give_up))
+                        await self.broker.send_transition(
+                            Transition.abandon_marker(
+                                traj_id,
+                                grant.group_id + seat,
+                                self.name,
+                                sent,
+                                grant.min_version,
+                                cause,
+                                whole_group=give_up,
+                            )
+                        )
             finally:
                 for traj_id in traj_ids:
                     self._steps_sent.pop(traj_id, None)
@@ -242,16 +264,18 @@ class Actor:
                 self._pending.extend((grant, i, engine) for i in range(self.spec.group_size))
             return self._pending.popleft()
 
-    async def play(self, grant: GroupGrant, traj_id: str, engine: EngineClient, share_first_turn: bool = False
-                   ) -> EpisodeResult:
+    async def play(
+        self, grant: GroupGrant, traj_id: str, engine: EngineClient, share_first_turn: bool = False
+    ) -> EpisodeResult:
         """One episode from the group's seed to done/truncated (`actors.episode.play`); every step goes to the
         broker as soon as it is taken. `share_first_turn`: its first turn is one of the group's shared answers
         (`_shared_answer`)."""
         (result,) = await self._play(grant, [traj_id], engine, share_first_turn)
         return result
 
-    async def play_match(self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient,
-                         share_first_turn: bool = False) -> list[EpisodeResult]:
+    async def play_match(
+        self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient, share_first_turn: bool = False
+    ) -> list[EpisodeResult]:
         """Self-play: one game from the group's seed with the policy in every seat (`actors.episode.play_match`).
         Seat s's steps are trajectory traj_ids[s] of group grant.group_id + s, each sent once what followed it is
         known (the other seat's reply, or the game's end). `share_first_turn`: the match's first turn is one of the
@@ -260,8 +284,9 @@ class Actor:
         sent; returns the trained seat's result."""
         return await self._play(grant, traj_ids, engine, share_first_turn)
 
-    async def _play(self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient, share_first_turn: bool
-                    ) -> list[EpisodeResult]:
+    async def _play(
+        self, grant: GroupGrant, traj_ids: Sequence[str], engine: EngineClient, share_first_turn: bool
+    ) -> list[EpisodeResult]:
         """`play` (one trajectory) or `play_match` (one per trained seat): one env, a memory per seat, a trajectory per
         trained seat. With a frozen seat (`EpisodeSpec.frozen`), traj_ids[0] is the env's `trained_seat` (known once it
         is reset) and the other seat's turns are sampled from the engine's frozen copy; its steps are never sent."""
@@ -270,32 +295,36 @@ class Actor:
         mems = [spec.make_memory(self.tokenizer) for _ in range(spec.seats)]
         # (an env whose traits declare two seats is a match: `actors.episode.MatchEnv`)
         seats = _Seats(env, cast(MatchEnv, env) if len(mems) > 1 else None, spec.frozen)
-        trajs = [_Trajectory(traj_id, grant.group_id + i, functools.partial(seats.instructions, i))
-                 for i, traj_id in enumerate(traj_ids)]
+        trajs = [
+            _Trajectory(traj_id, grant.group_id + i, functools.partial(seats.instructions, i))
+            for i, traj_id in enumerate(traj_ids)
+        ]
         generate = self.sampler.episode(engine, grant.group_id if share_first_turn else None, seats.plays_frozen)
         senders = [functools.partial(self._on_step, grant, seats, trajs, seat) for seat in range(len(mems))]
         self.in_flight += 1
         timed_out = False
         try:
             if seats.match is None:
-                outcomes = [await episode.play(env, mems[0], generate, senders[0], seed=grant.seed,
-                                               calls=self.env_calls)]
+                outcomes = [
+                    await episode.play(env, mems[0], generate, senders[0], seed=grant.seed, calls=self.env_calls)
+                ]
             else:
-                outcomes = await episode.play_match(seats.match, mems, generate, senders, seed=grant.seed,
-                                                    calls=self.env_calls)
+                outcomes = await episode.play_match(
+                    seats.match, mems, generate, senders, seed=grant.seed, calls=self.env_calls
+                )
         except EnvFailure as exc:
             timed_out = exc.cause == "timeout"
             raise
         finally:
             self.in_flight -= 1
             for mem in mems:
-                self.counters.update(memory_dropped_steps=mem.dropped_steps,
-                                     memory_truncated_steps=mem.truncated_steps)
+                self.counters.update(memory_dropped_steps=mem.dropped_steps, memory_truncated_steps=mem.truncated_steps)
             self.env_calls.close(env, abandoned=timed_out)
         return self._results(seats.trained(outcomes), trajs)
 
-    async def _on_step(self, grant: GroupGrant, seats: _Seats, trajs: Sequence[_Trajectory], seat: int,
-                       step: StepRecord[Generation]) -> None:
+    async def _on_step(
+        self, grant: GroupGrant, seats: _Seats, trajs: Sequence[_Trajectory], seat: int, step: StepRecord[Generation]
+    ) -> None:
         """A step of `seat`: sent as its trajectory's (a frozen match's one trajectory is its trained seat's), or, the
         frozen copy's, counted and never sent."""
         if seats.plays_frozen(seat):
@@ -319,14 +348,19 @@ class Actor:
         the token rewards in its reward."""
         env_spec = self.spec.episode.env
         if env_spec.step_latency_mean_s:  # simulated tool/web latency (benchmarks); never blocks the loop
-            await asyncio.sleep(sample_latency(self._latency_rng, env_spec.step_latency_mean_s,
-                                               env_spec.step_latency_sigma))
+            await asyncio.sleep(
+                sample_latency(self._latency_rng, env_spec.step_latency_mean_s, env_spec.step_latency_sigma)
+            )
         reward, info = step.reward, {}
         if self.judge is not None:
             traj.judged.append(JudgedStep(step.turn.observation, step.response.text, step.reward))
             if step.done:  # the judged reward is the last step's: its transition waits for the verdict
-                record = EpisodeRecord(traj.instructions(), tuple(traj.judged), step.next_observation,
-                                       bool(step.info.get("success", False)))
+                record = EpisodeRecord(
+                    traj.instructions(),
+                    tuple(traj.judged),
+                    step.next_observation,
+                    bool(step.info.get("success", False)),
+                )
                 traj.verdict = verdict = await self.judge.judge(record)
                 j = self.judge.spec
                 reward = combine(j.combine, step.reward, verdict.score, j.weight)
@@ -337,7 +371,7 @@ class Actor:
         token_rewards = self._token_rewards(step)
         reward += float(token_rewards.sum(dtype=np.float64))  # a transition's reward is its step's whole reward
         if grant.group_id in self._failed_groups:  # (checked with no await before the send: nothing of the
-            raise _GroupDropped                    # group is sent after the marker that dropped it)
+            raise _GroupDropped  # group is sent after the marker that dropped it)
         await self.broker.send_transition(self._transition(grant, traj, step, reward, info, token_rewards))
         self._steps_sent[traj.traj_id] = self._steps_sent.get(traj.traj_id, 0) + 1
         self._count_step(len(step.response.response_ids), step.valid)
@@ -347,62 +381,111 @@ class Actor:
         """The step's rewards on its response tokens [T] ([0]: none, or the function failed: counted)."""
         if self.token_rewards is None:
             return np.zeros(0, np.float32)
-        values, _ = self.token_rewards(TokenRewardStep(
-            step.turn.observation, step.response.text, step.response.response_ids, self.tokenizer, step.reward,
-            step.valid, step.info))
+        values, _ = self.token_rewards(
+            TokenRewardStep(
+                step.turn.observation,
+                step.response.text,
+                step.response.response_ids,
+                self.tokenizer,
+                step.reward,
+                step.valid,
+                step.info,
+            )
+        )
         return values
 
-    def _transition(self, grant: GroupGrant, traj: _Trajectory, step: StepRecord[Generation], reward: float,
-                    info: dict[str, Any], token_rewards: np.ndarray) -> Transition:
+    def _transition(
+        self,
+        grant: GroupGrant,
+        traj: _Trajectory,
+        step: StepRecord[Generation],
+        reward: float,
+        info: dict[str, Any],
+        token_rewards: np.ndarray,
+    ) -> Transition:
         """The message to the broker of one step of `traj` (reward: the env's, or the judged one of a last step, plus
         the actor's invalid-action penalty and the token rewards' sum; `info`: the judge's verdict on a judged last
         step)."""
         gen = step.response
         version_lo, version_hi = clamp_to_grant(gen.version_lo, gen.version_hi, grant.min_version)
         return Transition(
-            traj_id=traj.traj_id, group_id=traj.group_id, actor=self.name, step=step.turn.step,
-            prompt_ids=np.asarray(step.turn.prompt_ids, dtype=np.int32), response_ids=gen.response_ids,
-            logprobs=gen.logprobs, version_lo=version_lo, version_hi=version_hi, reward=reward, done=step.terminated,
-            truncated=step.truncated, valid=step.valid, anchor=step.turn.anchor,
-            info={"success": bool(step.info.get("success", False)), **info}, token_rewards=token_rewards,
+            traj_id=traj.traj_id,
+            group_id=traj.group_id,
+            actor=self.name,
+            step=step.turn.step,
+            prompt_ids=np.asarray(step.turn.prompt_ids, dtype=np.int32),
+            response_ids=gen.response_ids,
+            logprobs=gen.logprobs,
+            version_lo=version_lo,
+            version_hi=version_hi,
+            reward=reward,
+            done=step.terminated,
+            truncated=step.truncated,
+            valid=step.valid,
+            anchor=step.turn.anchor,
+            info={"success": bool(step.info.get("success", False)), **info},
+            token_rewards=token_rewards,
             **({"images": np.stack(step.turn.images)} if step.turn.images else {}),  # one size: one env's pictures
         )
 
     def _count_step(self, n_tokens: int, valid: bool) -> None:
-        self.counters.update(env_steps=1, transitions_sent=1, tokens_generated=n_tokens,
-                             invalid_actions=0 if valid else 1)
+        self.counters.update(
+            env_steps=1, transitions_sent=1, tokens_generated=n_tokens, invalid_actions=0 if valid else 1
+        )
 
     def stats(self, final: bool = False) -> Stats:
         # This actor plays one env: its outcome counters, again under env/<name>/ (broker.stats.env_outcomes).
-        per_env = {f"env/{self.spec.episode.env.name}/{k}": self.counters[k] for k in
-                   ("episodes", "successes", "episode_return_sum", "env_steps", "invalid_actions")}
+        per_env = {
+            f"env/{self.spec.episode.env.name}/{k}": self.counters[k]
+            for k in ("episodes", "successes", "episode_return_sum", "env_steps", "invalid_actions")
+        }
         delivery = {k: float(v) for k, v in self.broker.counters.items()}  # resends after a broker restart
         tokens = dict(self.token_rewards.counters) if self.token_rewards is not None else {}
-        return Stats(source=self.name, role="actor", counters={**self.counters, **per_env, **delivery, **tokens},
-                     gauges={"episodes_in_flight": self.in_flight, "incarnation": self.incarnation,
-                             "unacked_transitions": self.broker.unacked,
-                             "requests_in_flight": self.requests_in_flight, "policy_version": self.policy_version,
-                             "env_steps_hung": self.env_calls.hung},
-                     final=final)
+        return Stats(
+            source=self.name,
+            role="actor",
+            counters={**self.counters, **per_env, **delivery, **tokens},
+            gauges={
+                "episodes_in_flight": self.in_flight,
+                "incarnation": self.incarnation,
+                "unacked_transitions": self.broker.unacked,
+                "requests_in_flight": self.requests_in_flight,
+                "policy_version": self.policy_version,
+                "env_steps_hung": self.env_calls.hung,
+            },
+            final=final,
+        )
 
 
-async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],
-                judge_urls: list[str]) -> int:
+async def _main(
+    spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str], judge_urls: list[str]
+) -> int:
     from transformers import AutoTokenizer
 
     if spec.judge is not None and not judge_urls:
         log.error("%s: judges.count > 0 but no --judge URL was given; the launcher passes its judges' URLs", name)
         return 2
     tokenizer = AutoTokenizer.from_pretrained(spec.client.model_path)
-    async with connect(name, incarnation, broker_address, spec.client, spec.max_unacked, spec.ack_timeout_s,
-                       decode=text_decoder(tokenizer)) as links:
+    async with connect(
+        name,
+        incarnation,
+        broker_address,
+        spec.client,
+        spec.max_unacked,
+        spec.ack_timeout_s,
+        decode=text_decoder(tokenizer),
+    ) as links:
         judge = None
         if spec.judge is not None:  # its own servers, tokenizer and timeout; its weights never change
             j = spec.judge
-            judge_tokenizer = (tokenizer if j.model_path == spec.client.model_path
-                               else AutoTokenizer.from_pretrained(j.model_path))
-            judge = Judge(j, [EngineClient(url, links.session, j.timeout_s, versioned=False) for url in judge_urls],
-                          judge_tokenizer)
+            judge_tokenizer = (
+                tokenizer if j.model_path == spec.client.model_path else AutoTokenizer.from_pretrained(j.model_path)
+            )
+            judge = Judge(
+                j,
+                [EngineClient(url, links.session, j.timeout_s, versioned=False) for url in judge_urls],
+                judge_tokenizer,
+            )
         actor = Actor(spec, name, incarnation, links.broker, [], tokenizer, judge)
         task = asyncio.current_task()
         assert task is not None  # run_process runs this coroutine as a task
@@ -426,14 +509,31 @@ async def _main(spec: ActorSpec, name: str, incarnation: int, broker_address: st
 
 
 def main() -> None:
-    parser = process_arguments(__doc__, name_help="actor name (its identity at the broker)",
-                               engine_help="engine base URL (repeatable); none: learn them from the broker. Engines "
-                                           "that join later (role=engines) are used too")
-    parser.add_argument("--judge", action="append", default=[],
-                        help="LLM judge server base URL (repeatable; needed with judges.count > 0)")
+    parser = process_arguments(
+        __doc__,
+        name_help="actor name (its identity at the broker)",
+        engine_help="engine base URL (repeatable); none: learn them from the broker. Engines "
+        "that join later (role=engines) are used too",
+    )
+    parser.add_argument(
+        "--judge",
+        action="append",
+        default=[],
+        help="LLM judge server base URL (repeatable; needed with judges.count > 0)",
+    )
     args = parser.parse_args()
-    run_process(args.name, log, lambda: _main(ActorSpec.from_config(config_mod.load(args.config)), args.name,
-                                              args.incarnation, args.broker, args.engine, args.judge))
+    run_process(
+        args.name,
+        log,
+        lambda: _main(
+            ActorSpec.from_config(config_mod.load(args.config)),
+            args.name,
+            args.incarnation,
+            args.broker,
+            args.engine,
+            args.judge,
+        ),
+    )
 
 
 if __name__ == "__main__":

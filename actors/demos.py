@@ -73,8 +73,10 @@ def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0)
     def answer(turn: Turn) -> Answer:
         actions = spec.answers or turn.info.get("admissible_actions")
         if not actions:
-            raise ValueError(f"{spec.env} lists no info['admissible_actions']; give the format warm start answers "
-                             "to draw from (FormatSpec.answers)")
+            raise ValueError(
+                f"{spec.env} lists no info['admissible_actions']; give the format warm start answers "
+                "to draw from (FormatSpec.answers)"
+            )
         text = spec.template.format(rng.choice(list(actions)))
         return Answer(text, tokenizer.encode(text, add_special_tokens=False) + [eos])
 
@@ -86,8 +88,9 @@ def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0)
         env = envs.make(spec.env, max_steps=spec.max_steps, **spec.env_kwargs)
         try:
             for _ in range(episodes):
-                mem = memory.make(spec.memory, k=spec.k, tokenizer=tokenizer,
-                                  max_prompt_tokens=spec.max_prompt_tokens or None)
+                mem = memory.make(
+                    spec.memory, k=spec.k, tokenizer=tokenizer, max_prompt_tokens=spec.max_prompt_tokens or None
+                )
                 await episode.play(env, mem, answer, keep, seed=TRAIN_SEEDS[rng.randrange(10**8)])
         finally:
             env.close()

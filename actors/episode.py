@@ -188,8 +188,10 @@ class EnvCalls:
             self.hung += 1
             done.add_done_callback(self._unhang)
             if self.hung > self.max_hung:
-                raise TooManyHungSteps(f"{self.hung} env calls still running after env.step_timeout_s="
-                                       f"{self.timeout_s}; more than actors.max_hung_steps={self.max_hung}") from None
+                raise TooManyHungSteps(
+                    f"{self.hung} env calls still running after env.step_timeout_s="
+                    f"{self.timeout_s}; more than actors.max_hung_steps={self.max_hung}"
+                ) from None
             raise EnvFailure("timeout", f"{name} gave no answer within env.step_timeout_s={self.timeout_s}") from None
         except Exception as exc:
             raise EnvFailure("raised", f"{name}: {exc!r}") from exc
@@ -215,9 +217,16 @@ def _close_quietly(env: TextEnv) -> None:
         pass
 
 
-async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitable[R]],
-               on_step: Callable[[StepRecord[R]], None | Awaitable[None]] | None = None, *, seed: int,
-               step_limit: int | None = None, calls: EnvCalls | None = None) -> EpisodeOutcome:
+async def play(
+    env: TextEnv,
+    mem: Memory,
+    generate: Callable[[Turn], R | Awaitable[R]],
+    on_step: Callable[[StepRecord[R]], None | Awaitable[None]] | None = None,
+    *,
+    seed: int,
+    step_limit: int | None = None,
+    calls: EnvCalls | None = None,
+) -> EpisodeOutcome:
     """Play one episode of `env` from `seed` until it terminates or truncates (or after `step_limit` steps).
 
     `generate` and `on_step` may be plain functions or coroutine functions. `on_step` runs after the env
@@ -232,8 +241,15 @@ async def play(env: TextEnv, mem: Memory, generate: Callable[[Turn], R | Awaitab
     total, invalid, step = 0.0, 0, 0
     while True:
         messages = mem.messages(obs, image=info.get("image"))
-        turn = Turn(step, obs, str(info.get("anchor", "")), messages,
-                    mem.fitter.token_ids(messages) if has_ids else None, info, tuple(mem.prompt_images))
+        turn = Turn(
+            step,
+            obs,
+            str(info.get("anchor", "")),
+            messages,
+            mem.fitter.token_ids(messages) if has_ids else None,
+            info,
+            tuple(mem.prompt_images),
+        )
         response = generate(turn)
         if inspect.isawaitable(response):
             response = await response
@@ -262,9 +278,15 @@ class MatchEnv(TextEnv, Protocol):
     """The one seat whose turns are trained, the others played by a frozen policy (set by reset); None: every seat's."""
 
 
-async def play_match(env: MatchEnv, mems: Sequence[Memory], generate: Callable[[Turn], R | Awaitable[R]],
-                     on_step: Sequence[Callable[[StepRecord[R]], None | Awaitable[None]]], *, seed: int,
-                     calls: EnvCalls | None = None) -> list[EpisodeOutcome]:
+async def play_match(
+    env: MatchEnv,
+    mems: Sequence[Memory],
+    generate: Callable[[Turn], R | Awaitable[R]],
+    on_step: Sequence[Callable[[StepRecord[R]], None | Awaitable[None]]],
+    *,
+    seed: int,
+    calls: EnvCalls | None = None,
+) -> list[EpisodeOutcome]:
     """Play one game of `env` from `seed`, every seat through `generate` (self-play); seat s's turns are built by
     `mems[s]` and reported to `on_step[s]`, numbered 0, 1, ... as a trajectory of their own. Returns each seat's
     outcome.
@@ -298,8 +320,15 @@ async def play_match(env: MatchEnv, mems: Sequence[Memory], generate: Callable[[
         if before is not None:  # its step led to this turn
             await report(seat, replace(before, next_observation=obs))
         messages = mem.messages(obs, image=info.get("image"))
-        turn = Turn(steps[seat], obs, str(info.get("anchor", "")), messages,
-                    mem.fitter.token_ids(messages) if has_ids else None, info, tuple(mem.prompt_images))
+        turn = Turn(
+            steps[seat],
+            obs,
+            str(info.get("anchor", "")),
+            messages,
+            mem.fitter.token_ids(messages) if has_ids else None,
+            info,
+            tuple(mem.prompt_images),
+        )
         response = generate(turn)
         if inspect.isawaitable(response):
             response = await response
@@ -315,12 +344,29 @@ async def play_match(env: MatchEnv, mems: Sequence[Memory], generate: Callable[[
             continue
         if outcomes is not None:
             own = record.reward + (outcomes[s] if s != seat else 0.0)  # (the mover's reward holds its outcome already)
-            record = replace(record, reward=own, info={**record.info, "success": outcomes[s] > 0},
-                             next_observation=info["seat_observations"][s])
+            record = replace(
+                record,
+                reward=own,
+                info={**record.info, "success": outcomes[s] > 0},
+                next_observation=info["seat_observations"][s],
+            )
         await report(s, replace(record, terminated=bool(terminated), truncated=not terminated))
-    return [EpisodeOutcome(steps[s], totals[s], invalid[s], outcomes is not None and outcomes[s] > 0, True)
-            for s in range(len(mems))]
+    return [
+        EpisodeOutcome(steps[s], totals[s], invalid[s], outcomes is not None and outcomes[s] > 0, True)
+        for s in range(len(mems))
+    ]
 
 
-__all__ = ["Answer", "EnvCalls", "EnvFailure", "EpisodeOutcome", "MatchEnv", "Response", "StepRecord",
-           "TooManyHungSteps", "Turn", "play", "play_match"]
+__all__ = [
+    "Answer",
+    "EnvCalls",
+    "EnvFailure",
+    "EpisodeOutcome",
+    "MatchEnv",
+    "Response",
+    "StepRecord",
+    "TooManyHungSteps",
+    "Turn",
+    "play",
+    "play_match",
+]

@@ -80,15 +80,21 @@ def is_due(version: int, last_done: int | None, every: int, total: int) -> bool:
     return version >= next_due
 
 
-def summarize(results: list[ValidationEpisode], version: int, version_end: int, wall_s: float, trajectories: int
-              ) -> Validation:
+def summarize(
+    results: list[ValidationEpisode], version: int, version_end: int, wall_s: float, trajectories: int
+) -> Validation:
     """Aggregate episode outcomes into one `Validation` row."""
     n, steps = len(results), sum(e.steps for e in results)
     return Validation(
-        version=version, version_end=version_end, wall_s=round(wall_s, 2), trajectories_trained=trajectories,
-        episodes=n, val_success_rate=sum(e.success for e in results) / n,
+        version=version,
+        version_end=version_end,
+        wall_s=round(wall_s, 2),
+        trajectories_trained=trajectories,
+        episodes=n,
+        val_success_rate=sum(e.success for e in results) / n,
         val_return=sum(e.env_return for e in results) / n,
-        val_invalid_rate=sum(e.invalid for e in results) / max(1, steps), val_steps=steps / n,
+        val_invalid_rate=sum(e.invalid for e in results) / max(1, steps),
+        val_steps=steps / n,
     )
 
 
@@ -137,13 +143,22 @@ def read_rows(path: Path) -> list[dict[str, float]]:
 
 
 def stats(name: str, row: Validation | None, count: int, final: bool = False) -> Stats:
-    gauges = {} if row is None else {"val_success_rate": row.val_success_rate, "val_return": row.val_return,
-                                     "val_invalid_rate": row.val_invalid_rate, "val_version": row.version}
+    gauges = (
+        {}
+        if row is None
+        else {
+            "val_success_rate": row.val_success_rate,
+            "val_return": row.val_return,
+            "val_invalid_rate": row.val_invalid_rate,
+            "val_version": row.version,
+        }
+    )
     return Stats(source=name, role="evaluator", counters={"validations": count}, gauges=gauges, final=final)
 
 
-async def evaluate_loop(spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, broker: AsyncClient,
-                        name: str, out: Path, t0: float) -> None:
+async def evaluate_loop(
+    spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, broker: AsyncClient, name: str, out: Path, t0: float
+) -> None:
     """Validate whenever `is_due`, until the final version is validated."""
     last: int | None = None
     row: Validation | None = None
@@ -155,8 +170,14 @@ async def evaluate_loop(spec: EvaluatorSpec, engine: EngineClient, tokenizer: An
             row = await validate_once(spec, engine, tokenizer, t0)
             append_row(out / CSV_NAME, row)
             last, count = row.version, count + 1
-            log.info("validation at version %d: success %.3f return %.3f invalid %.3f (%.1fs)", row.version,
-                     row.val_success_rate, row.val_return, row.val_invalid_rate, row.wall_s)
+            log.info(
+                "validation at version %d: success %.3f return %.3f invalid %.3f (%.1fs)",
+                row.version,
+                row.val_success_rate,
+                row.val_return,
+                row.val_invalid_rate,
+                row.wall_s,
+            )
         await broker.send(stats(name, row, count))
         await asyncio.sleep(0.5)  # version poll: an HTTP GET, cheap; validations are seconds apart
     await broker.send(stats(name, row, count, final=True))
@@ -172,8 +193,14 @@ async def _main(spec: EvaluatorSpec, name: str, broker_address: str, engine_url:
     timeout = aiohttp.ClientTimeout(total=spec.client.request_timeout_s)
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-            engine = EngineClient(engine_url, session, spec.client.request_timeout_s, model=spec.client.model_name,
-                                  base_model=spec.client.base_model_name, decode=text_decoder(tokenizer))
+            engine = EngineClient(
+                engine_url,
+                session,
+                spec.client.request_timeout_s,
+                model=spec.client.model_name,
+                base_model=spec.client.base_model_name,
+                decode=text_decoder(tokenizer),
+            )
             await evaluate_loop(spec, engine, tokenizer, broker, name, out, t0)
     finally:
         await broker.close()
@@ -184,14 +211,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="run config written by the launcher")
     parser.add_argument("--name", default="evaluator", help="name at the broker")
-    parser.add_argument("--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)")
+    parser.add_argument(
+        "--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)"
+    )
     parser.add_argument("--engine", required=True, help="engine base URL")
     parser.add_argument("--out", required=True, help="run folder (validation.csv goes there)")
     parser.add_argument("--t0", type=float, default=None, help="run start (unix time); default: now")
     args = parser.parse_args()
     t0 = time.time() if args.t0 is None else args.t0
-    run_process(args.name, log, lambda: _main(EvaluatorSpec.from_config(config_mod.load(args.config)), args.name,
-                                              args.broker, args.engine, Path(args.out), t0))
+    run_process(
+        args.name,
+        log,
+        lambda: _main(
+            EvaluatorSpec.from_config(config_mod.load(args.config)),
+            args.name,
+            args.broker,
+            args.engine,
+            Path(args.out),
+            t0,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from engines.client import EngineClient, EngineError
 PLACEHOLDERS: Mapping[str, str] = {
     "task": "the env's instructions (the text at the top of every policy prompt)",
     "transcript": "every step: its observation, the policy's answer and the env's reward (oldest steps left out "
-                  "when the prompt would not fit the judge's context)",
+    "when the prompt would not fit the judge's context)",
     "final_observation": "the observation the last action led to",
     "env_return": "the sum of the env's rewards over the episode (without invalid-action penalties)",
     "steps": "the number of steps",
@@ -79,11 +79,14 @@ def transcript(steps: Sequence[JudgedStep], left_out: int = 0) -> str:
 def render(template: str, episode: EpisodeRecord, keep_last: int | None = None) -> str:
     """`template` with its placeholders (`PLACEHOLDERS`) filled from `episode`; the transcript holds only the
     last `keep_last` steps when given. Raises KeyError/ValueError for a template `template_errors` refuses."""
-    steps = episode.steps if keep_last is None else episode.steps[len(episode.steps) - keep_last:]
+    steps = episode.steps if keep_last is None else episode.steps[len(episode.steps) - keep_last :]
     values: dict[str, Any] = {
-        "task": episode.task, "transcript": transcript(steps, len(episode.steps) - len(steps)),
-        "final_observation": episode.final_observation, "env_return": episode.env_return,
-        "steps": len(episode.steps), "success": "yes" if episode.success else "no",
+        "task": episode.task,
+        "transcript": transcript(steps, len(episode.steps) - len(steps)),
+        "final_observation": episode.final_observation,
+        "env_return": episode.env_return,
+        "steps": len(episode.steps),
+        "success": "yes" if episode.success else "no",
     }
     return template.format_map(values)
 
@@ -98,18 +101,24 @@ def template_errors(template: str) -> list[str]:
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
-        return [f"judges.template does not parse ({exc}): write {{{{ and }}}} for a literal brace; the "
-                f"placeholders are {known}."]
+        return [
+            f"judges.template does not parse ({exc}): write {{{{ and }}}} for a literal brace; the "
+            f"placeholders are {known}."
+        ]
     unknown = sorted({n for n in names if n not in PLACEHOLDERS})
     if unknown:
         shown = ", ".join("{" + n + "}" for n in unknown)
-        return [f"judges.template names {shown}, which is not a placeholder; the placeholders are {known} "
-                f"(write {{{{ and }}}} for a literal brace)."]
+        return [
+            f"judges.template names {shown}, which is not a placeholder; the placeholders are {known} "
+            f"(write {{{{ and }}}} for a literal brace)."
+        ]
     try:
         render(template, _SAMPLE)
     except (ValueError, KeyError, IndexError) as exc:
-        return [f"judges.template does not render: {exc} (the placeholders are {known}; {{env_return}} is a "
-                f"number, {{steps}} an integer, the others text)."]
+        return [
+            f"judges.template does not render: {exc} (the placeholders are {known}; {{env_return}} is a "
+            f"number, {{steps}} an integer, the others text)."
+        ]
     return []
 
 
@@ -150,8 +159,10 @@ def pattern_errors(pattern: str) -> list[str]:
     except re.error as exc:
         return [f"judges.score_pattern={pattern!r} is not a regular expression ({exc})."]
     if compiled.groups < 1:
-        return [f"judges.score_pattern={pattern!r} has no group: put the score in parentheses, e.g. "
-                f"'Score: (-?\\d+(?:\\.\\d+)?)'."]
+        return [
+            f"judges.score_pattern={pattern!r} has no group: put the score in parentheses, e.g. "
+            f"'Score: (-?\\d+(?:\\.\\d+)?)'."
+        ]
     return []
 
 
@@ -177,8 +188,11 @@ def combine(rule: str, env_reward: float, score: float, weight: float) -> float:
 # ----------------------------------------------------------------------------------------------- asking
 
 Outcome = Literal["parsed", "parse_failure", "error"]
-COUNTERS: Mapping[str, str] = {"parsed": "judge_parsed", "parse_failure": "judge_parse_failures",
-                               "error": "judge_errors"}
+COUNTERS: Mapping[str, str] = {
+    "parsed": "judge_parsed",
+    "parse_failure": "judge_parse_failures",
+    "error": "judge_errors",
+}
 """The actor's counter of each outcome (with judge_requests = their sum)."""
 
 
@@ -220,6 +234,7 @@ class Judge:
     def prompt_ids(self, episode: EpisodeRecord) -> list[int] | None:
         """The judge's prompt as token ids, with as many of the latest steps as fit `max_prompt_tokens`
         (None: not even without any step)."""
+
         def ids(keep: int) -> list[int]:
             return self._encode(render(self.spec.template, episode, keep_last=keep))
 
@@ -239,9 +254,11 @@ class Judge:
 
     def _encode(self, text: str) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None):
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                           add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
+            return list(
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
         return list(self.tokenizer.encode(text))  # a base model without a chat template: the text alone
 
     async def judge(self, episode: EpisodeRecord) -> Verdict:
@@ -249,8 +266,12 @@ class Judge:
         default = self.spec.default_score
         ids = self.prompt_ids(episode)
         if ids is None:
-            return Verdict(default, "error", 0.0, f"the prompt does not fit {self.spec.max_prompt_tokens} tokens "
-                                                   f"even without the transcript")
+            return Verdict(
+                default,
+                "error",
+                0.0,
+                f"the prompt does not fit {self.spec.max_prompt_tokens} tokens even without the transcript",
+            )
         client = self.pick()
         self.load[client.url] += 1
         started = time.monotonic()
@@ -281,6 +302,20 @@ def verdict_counters(verdict: Verdict) -> dict[str, float]:
     return out
 
 
-__all__ = ["COMBINE_RULES", "COUNTERS", "PLACEHOLDERS", "EpisodeRecord", "Judge", "JudgedStep", "ScoreParseFailure",
-           "Verdict", "combine", "parse_score", "pattern_errors", "render", "template_errors", "transcript",
-           "verdict_counters"]
+__all__ = [
+    "COMBINE_RULES",
+    "COUNTERS",
+    "PLACEHOLDERS",
+    "EpisodeRecord",
+    "Judge",
+    "JudgedStep",
+    "ScoreParseFailure",
+    "Verdict",
+    "combine",
+    "parse_score",
+    "pattern_errors",
+    "render",
+    "template_errors",
+    "transcript",
+    "verdict_counters",
+]

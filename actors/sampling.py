@@ -47,8 +47,15 @@ class Sampler:
     """One actor's engine calls, shared by its episodes: the engines (the actor's list, which may grow), the pool
     that picks among them, the groups' shared first turns and the engines' frozen-copy clients."""
 
-    def __init__(self, engines: list[EngineClient], client: ClientSpec, sampling: SamplingConfig, group_size: int,
-                 counters: Counter[str], name: str):
+    def __init__(
+        self,
+        engines: list[EngineClient],
+        client: ClientSpec,
+        sampling: SamplingConfig,
+        group_size: int,
+        counters: Counter[str],
+        name: str,
+    ):
         self.engines, self.client, self.sampling, self.group_size = engines, client, sampling, group_size
         self.counters = counters  # the actor's: engine_failovers, engine_stalls
         self.name = name
@@ -65,15 +72,22 @@ class Sampler:
         """The engine of a new group, or of a request moving off a failed one (`EnginePool.pick`)."""
         return self.pool.pick()
 
-    def episode(self, engine: EngineClient, share_with: int | None, frozen_seat: Callable[[int], bool]
-                ) -> EpisodeSampler:
+    def episode(
+        self, engine: EngineClient, share_with: int | None, frozen_seat: Callable[[int], bool]
+    ) -> EpisodeSampler:
         """The `generate` function of one episode that starts on `engine`. `share_with`: the group whose shared
         first turn answers the episode's first turn (None: it asks on its own); `frozen_seat(seat)`: whether that
         seat's turns are the frozen copy's."""
         return EpisodeSampler(self, engine, share_with, frozen_seat)
 
-    async def generate(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
-                       group_id: int | None = None, frozen: bool = False) -> tuple[Generation, EngineClient]:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        engine: EngineClient,
+        images: Sequence[np.ndarray] = (),
+        group_id: int | None = None,
+        frozen: bool = False,
+    ) -> tuple[Generation, EngineClient]:
         """Generate on `engine`; if it fails (dead, unreachable, timed out) or stalls (`_answer`), move to another
         engine and retry (counted as engine_failovers; stalls also as engine_stalls) until engines.request_timeout_s
         has passed without any answer. A retry is a new sample of the same prompt, never a continuation of what the
@@ -128,8 +142,9 @@ class Sampler:
             client = self._frozen_clients[engine.url] = engine.with_model(FROZEN_ADAPTER_NAME, base_while_absent=True)
         return client
 
-    async def _answer(self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (),
-                      n: int = 1) -> list[Generation]:
+    async def _answer(
+        self, prompt_ids: list[int], engine: EngineClient, images: Sequence[np.ndarray] = (), n: int = 1
+    ) -> list[Generation]:
         """`engine.sample` of `n` answers, watched: a request unanswered for engines.stall_timeout_s has the engine
         probed (`EngineClient.alive`, shared by all its waiting requests); a probe unanswered as long as well raises
         EngineStalled, and the request is cancelled. A busy engine answers the probe: its requests wait on (up to
@@ -150,8 +165,10 @@ class Sampler:
                     return request.result()
                 if not probe.result():
                     self.counters["engine_stalls"] += 1
-                    raise EngineStalled(f"{engine.url}: no answer within engines.stall_timeout_s={stall} s, nor to "
-                                        f"a probe: the engine is stalled")
+                    raise EngineStalled(
+                        f"{engine.url}: no answer within engines.stall_timeout_s={stall} s, nor to "
+                        f"a probe: the engine is stalled"
+                    )
         finally:
             if not request.done():
                 request.cancel()
@@ -164,8 +181,9 @@ class EpisodeSampler:
     shared request (the policy's turns only: never a frozen seat's, nor one with images), and asks the frozen copy
     for a frozen seat's turns."""
 
-    def __init__(self, sampler: Sampler, engine: EngineClient, share_with: int | None,
-                 frozen_seat: Callable[[int], bool]):
+    def __init__(
+        self, sampler: Sampler, engine: EngineClient, share_with: int | None, frozen_seat: Callable[[int], bool]
+    ):
         self.sampler, self.engine, self.share_with, self.frozen_seat = sampler, engine, share_with, frozen_seat
 
     async def __call__(self, turn: Turn) -> Generation:

@@ -70,9 +70,16 @@ class EpisodeSpec:
         """A new memory that tokenizes with the model's `tokenizer` (prompt ids, the budget)."""
         m = self.memory
         cost, placeholder = image_cost(tokenizer.name_or_path) if m.images != "none" else (0, "")
-        return memory.make(m.kind, k=m.k, max_events=m.max_events, tokenizer=tokenizer,
-                           max_prompt_tokens=self.max_prompt_tokens, images=m.images,
-                           image_tokens=m.image_tokens or cost, image_placeholder=placeholder)
+        return memory.make(
+            m.kind,
+            k=m.k,
+            max_events=m.max_events,
+            tokenizer=tokenizer,
+            max_prompt_tokens=self.max_prompt_tokens,
+            images=m.images,
+            image_tokens=m.image_tokens or cost,
+            image_placeholder=placeholder,
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,8 +114,14 @@ class ClientSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> ClientSpec:
-        return cls(cfg.model.path, served_model_name(cfg.model), base_model_name(cfg.model),
-                   cfg.broker.curve_keys_dir, cfg.engines.request_timeout_s, cfg.engines.stall_timeout_s)
+        return cls(
+            cfg.model.path,
+            served_model_name(cfg.model),
+            base_model_name(cfg.model),
+            cfg.broker.curve_keys_dir,
+            cfg.engines.request_timeout_s,
+            cfg.engines.stall_timeout_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -134,9 +147,17 @@ class JudgeSpec:
         j = cfg.judges
         if j.count < 1:
             return None
-        return cls(j.model or cfg.model.path, j.template, j.score_pattern, j.default_score, j.combine, j.weight,
-                   SamplingConfig(max_tokens=j.max_tokens, temperature=j.temperature, top_p=1.0), j.timeout_s,
-                   cfg.engines.max_model_len - j.max_tokens)
+        return cls(
+            j.model or cfg.model.path,
+            j.template,
+            j.score_pattern,
+            j.default_score,
+            j.combine,
+            j.weight,
+            SamplingConfig(max_tokens=j.max_tokens, temperature=j.temperature, top_p=1.0),
+            j.timeout_s,
+            cfg.engines.max_model_len - j.max_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -176,11 +197,24 @@ class ActorSpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> ActorSpec:
-        return cls(EpisodeSpec.from_config(cfg), ClientSpec.from_config(cfg), cfg.actors.episodes_per_actor,
-                   cfg.env.group_size, cfg.trainer.invalid_action_penalty, cfg.run.seed, cfg.run.log_interval_s,
-                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s, cfg.run.shutdown_timeout_s,
-                   JudgeSpec.from_config(cfg), cfg.trainer.token_reward, dict(cfg.trainer.token_reward_kwargs),
-                   cfg.actors.episode_retries, cfg.actors.max_hung_steps, cfg.actors.share_first_turn)
+        return cls(
+            EpisodeSpec.from_config(cfg),
+            ClientSpec.from_config(cfg),
+            cfg.actors.episodes_per_actor,
+            cfg.env.group_size,
+            cfg.trainer.invalid_action_penalty,
+            cfg.run.seed,
+            cfg.run.log_interval_s,
+            cfg.actors.max_unacked,
+            cfg.actors.ack_timeout_s,
+            cfg.run.shutdown_timeout_s,
+            JudgeSpec.from_config(cfg),
+            cfg.trainer.token_reward,
+            dict(cfg.trainer.token_reward_kwargs),
+            cfg.actors.episode_retries,
+            cfg.actors.max_hung_steps,
+            cfg.actors.share_first_turn,
+        )
 
 
 @dataclass(frozen=True)
@@ -211,8 +245,14 @@ class EvaluatorSpec:
         if traits.seats > 1:
             one_seat = {**episode.env.kwargs, **dict(traits.one_seat_kwargs)}
             episode = replace(episode, env=replace(episode.env, kwargs=one_seat))
-        return cls(episode, ClientSpec.from_config(cfg), cfg.validation.episodes, cfg.validation.every,
-                   cfg.trainer.total_steps, cfg.trainer.groups_per_step * cfg.env.group_size)
+        return cls(
+            episode,
+            ClientSpec.from_config(cfg),
+            cfg.validation.episodes,
+            cfg.validation.every,
+            cfg.trainer.total_steps,
+            cfg.trainer.groups_per_step * cfg.env.group_size,
+        )
 
 
 __all__ = ["ActorSpec", "ClientSpec", "EpisodeSpec", "EvaluatorSpec", "JudgeSpec"]

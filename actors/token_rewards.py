@@ -60,13 +60,16 @@ def load_function(spec: str) -> TokenRewardFn:
     """`module:function` -> the function; ValueError saying what is wrong otherwise."""
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
-        raise ValueError(f"trainer.token_reward={spec!r}: write it as module:function, e.g. "
-                         f"actors.token_rewards:after_action")
+        raise ValueError(
+            f"trainer.token_reward={spec!r}: write it as module:function, e.g. actors.token_rewards:after_action"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time error of the user's module
-        raise ValueError(f"trainer.token_reward={spec!r}: cannot import {module_name!r} ({exc!r}); it must be "
-                         f"importable by the actors (on PYTHONPATH)") from None
+        raise ValueError(
+            f"trainer.token_reward={spec!r}: cannot import {module_name!r} ({exc!r}); it must be "
+            f"importable by the actors (on PYTHONPATH)"
+        ) from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"trainer.token_reward={spec!r}: {module_name} has no function {name!r}")
@@ -84,8 +87,10 @@ def token_reward_errors(spec: str, kwargs: Mapping[str, Any]) -> list[str]:
     try:
         inspect.signature(fn).bind(None, **kwargs)
     except TypeError as exc:
-        return [f"trainer.token_reward={spec!r} cannot be called as {spec.partition(':')[2]}(step, **"
-                f"trainer.token_reward_kwargs={dict(kwargs)}): {exc}."]
+        return [
+            f"trainer.token_reward={spec!r} cannot be called as {spec.partition(':')[2]}(step, **"
+            f"trainer.token_reward_kwargs={dict(kwargs)}): {exc}."
+        ]
     except ValueError:  # no signature to read (a builtin): called as it is
         pass
     return []
@@ -125,8 +130,12 @@ class TokenRewards:
 
     def _failed(self, cause: str, detail: str) -> tuple[np.ndarray, str]:
         if not self.counters[f"token_reward_failures_{cause}"]:  # once per cause: a bad function fails every step
-            log.warning("token reward function %s %s: those steps get no token rewards (counted as "
-                        "token_reward_failures_%s)", getattr(self.fn, "__name__", self.fn), detail, cause)
+            log.warning(
+                "token reward function %s %s: those steps get no token rewards (counted as token_reward_failures_%s)",
+                getattr(self.fn, "__name__", self.fn),
+                detail,
+                cause,
+            )
         self.counters.update({"token_reward_failures": 1, f"token_reward_failures_{cause}": 1})
         return np.zeros(0, np.float32), cause
 

@@ -46,8 +46,9 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
         loop.add_signal_handler(sig, stop)
 
 
-def run_process(name: str, log: logging.Logger, start: Callable[[], Coroutine[Any, Any, int | None]],
-                log_format: str = LOG_FORMAT) -> NoReturn:
+def run_process(
+    name: str, log: logging.Logger, start: Callable[[], Coroutine[Any, Any, int | None]], log_format: str = LOG_FORMAT
+) -> NoReturn:
     """The process from its parsed command line to its exit: logging set up (`log_format`) before `start()` (the
     caller reads its config there and returns its main coroutine), then that coroutine, run to its exit code
     (None: 0); an exception that escapes either is logged with its traceback, as exit code 1. The code is logged

@@ -28,8 +28,16 @@ import torch.distributed as dist
 
 from agentstream.registry import lookup, unknown_name
 
-WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-               "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
+WIRE_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
 _ALIGN = 64  # bytes: every tensor in a bucket starts at a multiple of it, so its view has the dtype's alignment
 
 
@@ -49,8 +57,10 @@ class StreamLayout:
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
-            raise ValueError(f"a layout needs one dtype and one shape per name: {len(self.names)} names, "
-                             f"{len(self.dtype_names)} dtypes, {len(self.shapes)} shapes")
+            raise ValueError(
+                f"a layout needs one dtype and one shape per name: {len(self.names)} names, "
+                f"{len(self.dtype_names)} dtypes, {len(self.shapes)} shapes"
+            )
         unknown = sorted(set(self.dtype_names) - WIRE_DTYPES.keys())
         if unknown:  # every unknown one at once, not only the first a lookup would meet
             raise ValueError(unknown_name("wire dtypes", unknown, WIRE_DTYPES))
@@ -58,8 +68,12 @@ class StreamLayout:
             raise ValueError(f"bucket_bytes must be positive, got {self.bucket_bytes}")
 
     @classmethod
-    def of(cls, params: Iterable[tuple[str, torch.Size | list[int], torch.dtype | str]], bucket_bytes: int,
-           dtype: str | None = None) -> StreamLayout:
+    def of(
+        cls,
+        params: Iterable[tuple[str, torch.Size | list[int], torch.dtype | str]],
+        bucket_bytes: int,
+        dtype: str | None = None,
+    ) -> StreamLayout:
         """From (name, shape, dtype) triples; `dtype` (a WIRE_DTYPES name) replaces every floating dtype."""
         names, dtypes, shapes = [], [], []
         for name, shape, dt in params:
@@ -98,8 +112,12 @@ class StreamLayout:
         return sum(self.nbytes(i) for i in range(len(self.names)))
 
     def as_dict(self) -> dict:
-        return {"names": self.names, "dtype_names": self.dtype_names, "shapes": self.shapes,
-                "bucket_bytes": self.bucket_bytes}
+        return {
+            "names": self.names,
+            "dtype_names": self.dtype_names,
+            "shapes": self.shapes,
+            "bucket_bytes": self.bucket_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -120,8 +138,9 @@ class StreamSource:
         return "nccl" if self.device.type == "cuda" else "gloo"
 
 
-def open_group(host: str, port: int, rank: int, world: int, backend: str, timeout_s: float,
-               store: dist.Store | None = None) -> dist.ProcessGroup:
+def open_group(
+    host: str, port: int, rank: int, world: int, backend: str, timeout_s: float, store: dist.Store | None = None
+) -> dist.ProcessGroup:
     """Join (rank > 0) or host (rank 0, passing the `store` it made with `host_store`) the sync group.
 
     A worker says it is here (key joined/RANK) and waits for the sender's decision: "go" once every worker is
@@ -134,8 +153,10 @@ def open_group(host: str, port: int, rank: int, world: int, backend: str, timeou
         store.set(f"joined/{rank}", "1")
         store.wait(["decision"], timeout)
         if store.get("decision") != b"go":
-            raise RuntimeError("the learner gave up on this weight group (a member did not join in time); "
-                               "it forms a new one at its next update")
+            raise RuntimeError(
+                "the learner gave up on this weight group (a member did not join in time); "
+                "it forms a new one at its next update"
+            )
     else:
         try:
             store.wait([f"joined/{r}" for r in range(1, world)], timeout)
@@ -163,8 +184,9 @@ def open_group(host: str, port: int, rank: int, world: int, backend: str, timeou
 def host_store(host: str, world: int, timeout_s: float) -> dist.TCPStore:
     """The sender's TCPStore on a free port of `host` (`store.port` says which); workers connect to it. Keep it
     alive a while after giving up on its group: its workers read the "abort" there."""
-    return dist.TCPStore(host, 0, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        host, 0, world, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
 
 
 def _pack(buffer: torch.Tensor, layout: StreamLayout, bucket: range, tensors: Iterator[torch.Tensor]) -> None:
@@ -174,7 +196,7 @@ def _pack(buffer: torch.Tensor, layout: StreamLayout, bucket: range, tensors: It
         if list(t.shape) != layout.shapes[i]:
             raise ValueError(f"{layout.names[i]}: shape {list(t.shape)} differs from the layout's {layout.shapes[i]}")
         n = layout.nbytes(i)
-        view = buffer[offset:offset + n].view(WIRE_DTYPES[layout.dtype_names[i]]).view(t.shape)
+        view = buffer[offset : offset + n].view(WIRE_DTYPES[layout.dtype_names[i]]).view(t.shape)
         view.copy_(t)  # casts to the wire dtype, and moves to the buffer's device
         offset += _aligned(n)
 
@@ -183,14 +205,19 @@ def _unpack(buffer: torch.Tensor, layout: StreamLayout, bucket: range) -> list[t
     out, offset = [], 0
     for i in bucket:
         n = layout.nbytes(i)
-        out.append((layout.names[i], buffer[offset:offset + n].view(WIRE_DTYPES[layout.dtype_names[i]])
-                    .view(layout.shapes[i])))
+        out.append(
+            (
+                layout.names[i],
+                buffer[offset : offset + n].view(WIRE_DTYPES[layout.dtype_names[i]]).view(layout.shapes[i]),
+            )
+        )
         offset += _aligned(n)
     return out
 
 
-def send_buckets(group: dist.ProcessGroup | None, layout: StreamLayout, tensors: Iterable[torch.Tensor],
-                 device: torch.device) -> int:
+def send_buckets(
+    group: dist.ProcessGroup | None, layout: StreamLayout, tensors: Iterable[torch.Tensor], device: torch.device
+) -> int:
     """Pack `tensors` (full parameters, in layout order) into buckets and broadcast each from rank 0.
 
     With `group` None nothing is sent, but `tensors` is still drained: on a sharded learner every rank
@@ -224,8 +251,9 @@ def send_buckets(group: dist.ProcessGroup | None, layout: StreamLayout, tensors:
     return sent
 
 
-def receive_buckets(group: dist.ProcessGroup, layout: StreamLayout, device: torch.device
-                    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def receive_buckets(
+    group: dist.ProcessGroup, layout: StreamLayout, device: torch.device
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """The workers' end of `send_buckets`: yields each bucket's (name, tensor) pairs, views into a buffer of
     that bucket's own. Not reused: vLLM's layer-wise reload keeps the tensors of a layer until the layer is
     complete (a layer can span buckets), so a buffer lives as long as something holds a view of it."""

@@ -96,16 +96,31 @@ def drive_with_actor(url: str, cfg: Config, folder: Path, warmup_s: float, secon
     path = folder / "config.yaml"
     config_mod.save(cfg, path)
     port = free_port()
-    actor_argv = [sys.executable, "-m", "actors.actor", "--config", str(path), "--name", "actor-0",
-                  "--broker", f"tcp://127.0.0.1:{port}", "--engine", url]
-    with harness.started(harness.broker_argv(path, port), folder / "broker.log"), \
-            harness.started(actor_argv, folder / "actor.log") as actor:
+    actor_argv = [
+        sys.executable,
+        "-m",
+        "actors.actor",
+        "--config",
+        str(path),
+        "--name",
+        "actor-0",
+        "--broker",
+        f"tcp://127.0.0.1:{port}",
+        "--engine",
+        url,
+    ]
+    with (
+        harness.started(harness.broker_argv(path, port), folder / "broker.log"),
+        harness.started(actor_argv, folder / "actor.log") as actor,
+    ):
         n0 = generated_tokens(url)
         deadline = time.monotonic() + 120
         while generated_tokens(url) == n0:  # the actor imports and connects first
             if actor.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the actor did not start generating; see {folder / 'actor.log'}:\n"
-                                   f"{(folder / 'actor.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"the actor did not start generating; see {folder / 'actor.log'}:\n"
+                    f"{(folder / 'actor.log').read_text()[-2000:]}"
+                )
             time.sleep(0.5)
         return window_rate(url, warmup_s, seconds)
 
@@ -120,9 +135,14 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=8, help="env.max_steps")
     parser.add_argument("--env", default="agentstream/FrozenLake-v0")
     args = parser.parse_args()
-    model, folder = harness.begin(args.model, "bench-actor-", about=(
-        f"{args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, {args.seconds:.0f} s actor "
-        f"windows; the ceiling replays the actor's own prompts"))
+    model, folder = harness.begin(
+        args.model,
+        "bench-actor-",
+        about=(
+            f"{args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, {args.seconds:.0f} s actor "
+            f"windows; the ceiling replays the actor's own prompts"
+        ),
+    )
     cfg = bench_config(args, model, folder)
     print(f"{'path':<28} {'tokens/s':>10}", flush=True)
     direct, actor = [], []
@@ -134,12 +154,18 @@ def main() -> None:
             print(f"{'actor (+ broker)':<28} {actor[-1]:>10.0f}", flush=True)
             prompts = logged_prompts(run_dir)
             direct.append(asyncio.run(replay(url, cfg, prompts, args.episodes)))
-            print(f"{'engine driven directly':<28} {direct[-1]:>10.0f}   ({len(prompts)} prompts, "
-                  f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens)", flush=True)
+            print(
+                f"{'engine driven directly':<28} {direct[-1]:>10.0f}   ({len(prompts)} prompts, "
+                f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens)",
+                flush=True,
+            )
             rate = asyncio.run(replay(url, cfg, prompts, args.episodes, with_client=True))
             print(f"{'EngineClient.generate loops':<28} {rate:>10.0f}", flush=True)
-    print(harness.ratio_line("actor/ceiling", statistics.median(actor), statistics.median(direct), "tokens/s",
-                             target=0.90))
+    print(
+        harness.ratio_line(
+            "actor/ceiling", statistics.median(actor), statistics.median(direct), "tokens/s", target=0.90
+        )
+    )
 
 
 if __name__ == "__main__":

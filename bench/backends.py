@@ -21,8 +21,12 @@ from bench import harness
 
 def run(backend: str, steps: int, node_ip: str, overrides: list[str], out: Path) -> dict[str, float]:
     run_dir = out / backend
-    sets = [f"trainer.total_steps={steps}", f"launcher.backend={backend}",
-            "broker.dashboard_port=0", *overrides]  # 0: never the fixed default's clash
+    sets = [
+        f"trainer.total_steps={steps}",
+        f"launcher.backend={backend}",
+        "broker.dashboard_port=0",
+        *overrides,
+    ]  # 0: never the fixed default's clash
     if backend == "ray" and node_ip:
         sets.append(f"launcher.ray_node_ip={node_ip}")
     t0, wall, _ = harness.run_launcher(run_dir, sets, f"with launcher.backend={backend}", timeout_s=1800)
@@ -35,8 +39,11 @@ def run(backend: str, steps: int, node_ip: str, overrides: list[str], out: Path)
 def main() -> None:
     p = harness.arguments(__doc__)
     p.add_argument("--steps", type=int, default=10, help="learner steps per run")
-    p.add_argument("--ray-node-ip", default="",
-                   help="this host's IP for Ray (empty: the launcher's 127.0.0.2, which keeps the run on loopback)")
+    p.add_argument(
+        "--ray-node-ip",
+        default="",
+        help="this host's IP for Ray (empty: the launcher's 127.0.0.2, which keeps the run on loopback)",
+    )
     p.add_argument("overrides", nargs="*", help="config overrides for both runs (after --)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:

@@ -55,22 +55,35 @@ class Size:
         return self.tokens * 4 + self.response * 4 + (int(np.prod(self.image)) if self.image else 0)
 
 
-SIZES = {"small": Size("small", 48, 16, 1, 16), "large": Size("large", 1536, 512, 4, 4),
-         "image": Size("image", 48, 16, 1, 16, image=(96, 96, 3))}
+SIZES = {
+    "small": Size("small", 48, 16, 1, 16),
+    "large": Size("large", 1536, 512, 4, 4),
+    "image": Size("image", 48, 16, 1, 16, image=(96, 96, 3)),
+}
 
 
 def make_transition(size: Size, rng: np.random.Generator, group_id: int, traj: int, step: int):
     from agentstream.wire.messages import Transition
 
     return Transition(
-        traj_id=f"bench.g{group_id}.{traj}", group_id=group_id, actor="bench", step=step,
+        traj_id=f"bench.g{group_id}.{traj}",
+        group_id=group_id,
+        actor="bench",
+        step=step,
         prompt_ids=rng.integers(0, 400, size.prompt, dtype=np.int32),
         response_ids=rng.integers(0, 400, size.response, dtype=np.int32),
-        logprobs=-rng.random(size.response, dtype=np.float32), version_lo=0, version_hi=0,
-        reward=1.0, done=step == size.steps - 1, truncated=False, valid=True, anchor="",
+        logprobs=-rng.random(size.response, dtype=np.float32),
+        version_lo=0,
+        version_hi=0,
+        reward=1.0,
+        done=step == size.steps - 1,
+        truncated=False,
+        valid=True,
+        anchor="",
         info={"success": False},
-        images=rng.integers(0, 256, (1, *size.image), dtype=np.uint8) if size.image else np.zeros((0, 0, 0, 0),
-                                                                                                   np.uint8),
+        images=rng.integers(0, 256, (1, *size.image), dtype=np.uint8)
+        if size.image
+        else np.zeros((0, 0, 0, 0), np.uint8),
     )
 
 
@@ -89,12 +102,27 @@ def _group_transitions(size: Size, pool: list, group_id: int) -> list:
     for traj in range(GROUP_SIZE):
         for step in range(size.steps):
             src = pool[(group_id * GROUP_SIZE + traj + step) % len(pool)]
-            out.append(Transition(
-                traj_id=f"bench.g{group_id}.{traj}", group_id=group_id, actor="bench", step=step,
-                prompt_ids=src.prompt_ids, response_ids=src.response_ids, logprobs=src.logprobs, version_lo=0,
-                version_hi=0, reward=1.0, done=step == size.steps - 1, truncated=False, valid=True,
-                info={"success": False}, incarnation=0, seq=group_id * GROUP_SIZE * size.steps + len(out),
-                images=src.images))
+            out.append(
+                Transition(
+                    traj_id=f"bench.g{group_id}.{traj}",
+                    group_id=group_id,
+                    actor="bench",
+                    step=step,
+                    prompt_ids=src.prompt_ids,
+                    response_ids=src.response_ids,
+                    logprobs=src.logprobs,
+                    version_lo=0,
+                    version_hi=0,
+                    reward=1.0,
+                    done=step == size.steps - 1,
+                    truncated=False,
+                    valid=True,
+                    info={"success": False},
+                    incarnation=0,
+                    seq=group_id * GROUP_SIZE * size.steps + len(out),
+                    images=src.images,
+                )
+            )
     return out
 
 
@@ -240,8 +268,9 @@ def broker_config(size: Size, n: int, folder: Path, overrides: tuple[str, ...] =
     return path
 
 
-def run_broker(size: Size, n: int, folder: Path, profile: Path | None = None,
-               overrides: tuple[str, ...] = (), bundle: bool = True) -> tuple[float, float]:
+def run_broker(
+    size: Size, n: int, folder: Path, profile: Path | None = None, overrides: tuple[str, ...] = (), bundle: bool = True
+) -> tuple[float, float]:
     """(transitions/s, the broker's CPU seconds per transition). `profile`: run the broker under cProfile
     and write its stats there."""
     per_group = GROUP_SIZE * size.steps
@@ -294,14 +323,27 @@ def _round_up(n: int, k: int) -> int:
 
 def main() -> None:
     parser = harness.arguments(__doc__)
-    parser.add_argument("--transitions", type=int, default=20_000, help="small (and image) transitions per measurement "
-                        "(large ones: a quarter of this)")
+    parser.add_argument(
+        "--transitions",
+        type=int,
+        default=20_000,
+        help="small (and image) transitions per measurement (large ones: a quarter of this)",
+    )
     parser.add_argument("--sizes", default="small,large", help="comma-separated: small, large, image")
     parser.add_argument("--repeats", type=int, default=2, help="measurements of each path (median reported)")
-    parser.add_argument("--one-per-message", action="store_true", help="send each transition as its own "
-                        "Transition message (both paths) instead of each group's as one Transitions message")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="broker config override, e.g. --set broker.wal=false --set broker.wal_fsync=true")
+    parser.add_argument(
+        "--one-per-message",
+        action="store_true",
+        help="send each transition as its own "
+        "Transition message (both paths) instead of each group's as one Transitions message",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="broker config override, e.g. --set broker.wal=false --set broker.wal_fsync=true",
+    )
     args = parser.parse_args()
     harness.stop_on_sigterm()
     names = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -309,11 +351,17 @@ def main() -> None:
     if unknown:
         parser.error(f"--sizes: unknown {unknown}; known: {sorted(SIZES)}")
     bundle = not args.one_per_message
-    print(f"# messages: {'one Transitions message per group' if bundle else 'one Transition message per transition'}"
-          f" (same payloads on both paths)", flush=True)
+    print(
+        f"# messages: {'one Transitions message per group' if bundle else 'one Transition message per transition'}"
+        f" (same payloads on both paths)",
+        flush=True,
+    )
     print(harness.load_line(), flush=True)
-    print(f"{'size':<6} {'tokens':>6} {'n':>7} {'raw tr/s':>10} {'broker tr/s':>12} {'raw MB/s':>9} "
-          f"{'broker MB/s':>11} {'broker us/tr':>12} {'ratio':>6}", flush=True)
+    print(
+        f"{'size':<6} {'tokens':>6} {'n':>7} {'raw tr/s':>10} {'broker tr/s':>12} {'raw MB/s':>9} "
+        f"{'broker MB/s':>11} {'broker us/tr':>12} {'ratio':>6}",
+        flush=True,
+    )
     ratios = {}
     with tempfile.TemporaryDirectory(prefix="bench-broker-") as tmp:
         for name in names:
@@ -328,8 +376,11 @@ def main() -> None:
             raw, brk = statistics.median(raws), statistics.median(brokers)
             mb = size.payload_bytes
             ratios[name] = brk / raw
-            print(f"{name:<6} {size.tokens:>6} {n:>7} {raw:>10.0f} {brk:>12.0f} {raw * mb / 1e6:>9.1f} "
-                  f"{brk * mb / 1e6:>11.1f} {statistics.median(cpus) * 1e6:>12.1f} {brk / raw:>6.3f}", flush=True)
+            print(
+                f"{name:<6} {size.tokens:>6} {n:>7} {raw:>10.0f} {brk:>12.0f} {raw * mb / 1e6:>9.1f} "
+                f"{brk * mb / 1e6:>11.1f} {statistics.median(cpus) * 1e6:>12.1f} {brk / raw:>6.3f}",
+                flush=True,
+            )
     print("ratio broker/raw: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()) + " (target >= 0.50)")
 
 

@@ -48,16 +48,22 @@ COMPARISONS: dict[str, tuple[Arm, ...]] = {
         Arm("async 4, TIS", ("trainer.max_staleness=4", "algorithm.off_policy=tis")),
         Arm("async 4, no correction", ("trainer.max_staleness=4", "algorithm.off_policy=none")),
     ),
-    "algorithm": (
-        Arm("GRPO", ("algorithm=grpo",)),
-        Arm("GiGPO", ("algorithm=gigpo",)),
-    ),
+    "algorithm": (Arm("GRPO", ("algorithm=grpo",)), Arm("GiGPO", ("algorithm=gigpo",))),
     "memory": (  # long episodes: a 6x6 lake, 30 steps; `full` repeats every step so far in each prompt
         Arm("last-k (k=2)", ("memory.kind=last_k", "memory.k=2", "env.kwargs.map_size=6", "env.max_steps=30")),
         Arm("full history", ("memory.kind=full", "env.kwargs.map_size=6", "env.max_steps=30")),
     ),
 }
-FIELDS = ("arm", "seed", "version", "trajectories_trained", "wall_s", "val_success_rate", "val_return", "val_invalid_rate")
+FIELDS = (
+    "arm",
+    "seed",
+    "version",
+    "trajectories_trained",
+    "wall_s",
+    "val_success_rate",
+    "val_return",
+    "val_invalid_rate",
+)
 
 
 def slug(label: str) -> str:
@@ -72,18 +78,31 @@ def first_reaching(rows: list[dict[str, float]], target: float, key: str) -> flo
 def key_figures(label: str, rows: list[dict[str, float]], target: float, wall_s: float) -> dict[str, object]:
     """Start, end and best validation success, and when (seconds, trajectories) the target was first reached."""
     rates = [r["val_success_rate"] for r in rows]
-    return {"arm": label, "start": rates[0] if rates else None, "end": rates[-1] if rates else None,
-            "best": max(rates) if rates else None, "target": target,
-            "time_to_target_s": first_reaching(rows, target, "wall_s"),
-            "trajectories_to_target": first_reaching(rows, target, "trajectories_trained"),
-            "final_version": rows[-1]["version"] if rows else None, "run_wall_s": round(wall_s, 1)}
+    return {
+        "arm": label,
+        "start": rates[0] if rates else None,
+        "end": rates[-1] if rates else None,
+        "best": max(rates) if rates else None,
+        "target": target,
+        "time_to_target_s": first_reaching(rows, target, "wall_s"),
+        "trajectories_to_target": first_reaching(rows, target, "trajectories_trained"),
+        "final_version": rows[-1]["version"] if rows else None,
+        "run_wall_s": round(wall_s, 1),
+    }
 
 
 def shared_step_frac(run_dir: Path) -> float | None:
     """Mean over the run's learner steps of GiGPO's share of steps in a step group of more than one (None: not logged)."""
     path = run_dir / "learner_metrics.jsonl"
-    values = [row["adv_step_in_shared_group_frac"] for row in map(json.loads, path.read_text().splitlines())
-              if "adv_step_in_shared_group_frac" in row] if path.is_file() else []
+    values = (
+        [
+            row["adv_step_in_shared_group_frac"]
+            for row in map(json.loads, path.read_text().splitlines())
+            if "adv_step_in_shared_group_frac" in row
+        ]
+        if path.is_file()
+        else []
+    )
     return round(sum(values) / len(values), 3) if values else None
 
 
@@ -109,8 +128,14 @@ def mean_figures(label: str, per_seed: list[dict[str, object]]) -> dict[str, obj
 
 def run_arm(arm: Arm, run_dir: Path, steps: int, every: int, extra: list[str]) -> float:
     """One launcher run; returns its wall time. Raises if the launcher fails (its output tail in the message)."""
-    overrides = ["preset=learn_frozenlake", f"trainer.total_steps={steps}", f"validation.every={every}",
-                 "broker.dashboard_port=0", *arm.overrides, *extra]
+    overrides = [
+        "preset=learn_frozenlake",
+        f"trainer.total_steps={steps}",
+        f"validation.every={every}",
+        "broker.dashboard_port=0",
+        *arm.overrides,
+        *extra,
+    ]
     print(f"[compare] {arm.label}: run.output_dir={run_dir} {' '.join(overrides)}", flush=True)
     return harness.run_launcher(run_dir, overrides, f"of {arm.label}").wall_s
 
@@ -125,11 +150,21 @@ def plot(curves: dict[str, list[list[dict[str, float]]]], x: str, xlabel: str, t
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
     for label, runs in curves.items():
         rows = mean_curve(runs) if len(runs) > 1 else runs[0]
-        line, = ax.plot([r[x] for r in rows], [r["val_success_rate"] for r in rows], marker="o", markersize=3,
-                        label=f"{label} (mean of {len(runs)} seeds)" if len(runs) > 1 else label)
+        (line,) = ax.plot(
+            [r[x] for r in rows],
+            [r["val_success_rate"] for r in rows],
+            marker="o",
+            markersize=3,
+            label=f"{label} (mean of {len(runs)} seeds)" if len(runs) > 1 else label,
+        )
         for run in runs if len(runs) > 1 else ():
-            ax.plot([r[x] for r in run], [r["val_success_rate"] for r in run], color=line.get_color(), alpha=0.3,
-                    linewidth=0.8)
+            ax.plot(
+                [r[x] for r in run],
+                [r["val_success_rate"] for r in run],
+                color=line.get_color(),
+                alpha=0.3,
+                linewidth=0.8,
+            )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation success rate")
     ax.set_ylim(-0.02, 1.02)
@@ -176,8 +211,13 @@ def main() -> int:
             rows = read_rows(run_dir / CSV_NAME)
             curves.setdefault(arm.label, []).append(rows)
             rows_out += [{"arm": arm.label, "seed": seed, **r} for r in rows]
-            per_seed.append({**key_figures(arm.label, rows, args.target, float(summary.get("launcher_wall_s", 0.0))),
-                             "seed": seed, "shared_step_frac": shared_step_frac(run_dir)})
+            per_seed.append(
+                {
+                    **key_figures(arm.label, rows, args.target, float(summary.get("launcher_wall_s", 0.0))),
+                    "seed": seed,
+                    "shared_step_frac": shared_step_frac(run_dir),
+                }
+            )
             print(f"[compare] {json.dumps(per_seed[-1])}", flush=True)
         figures += per_seed
         if args.seeds > 1:
@@ -185,8 +225,11 @@ def main() -> int:
             print(f"[compare] {json.dumps(figures[-1])}", flush=True)
     write_csv(out / "curves.csv", rows_out, list(FIELDS))
     write_csv(out / "key_figures.csv", figures, list(dict.fromkeys(k for f in figures for k in f)))
-    title = f"{args.comparison}: FrozenLake 5x5, tiny model, CPU" if args.comparison != "memory" else \
-        "memory: FrozenLake 6x6, 30 steps, tiny model, CPU"
+    title = (
+        f"{args.comparison}: FrozenLake 5x5, tiny model, CPU"
+        if args.comparison != "memory"
+        else "memory: FrozenLake 6x6, 30 steps, tiny model, CPU"
+    )
     plot(curves, "trajectories_trained", "trajectories trained", title, out / "success_vs_samples.png")
     plot(curves, "wall_s", "wall-clock seconds since launch", title, out / "success_vs_time.png")
     print(f"[compare] wrote {out}/curves.csv, key_figures.csv, success_vs_samples.png, success_vs_time.png", flush=True)

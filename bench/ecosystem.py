@@ -41,7 +41,6 @@ CPU s per rollout, so the actors' CPU per rollout over a path's bounds that path
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -65,8 +64,13 @@ SAMPLE_S = 0.25
 """Seconds between two readings of a run's CPU."""
 VF_PYTHON = REPO_ROOT / ".cache" / "verifiers-venv" / "bin" / "python"
 VF_ENV_NAME = "agentstream_shop"
-ROLES = (("openai_agents_sdk.py", "agent (Agents SDK)"), ("langgraph_agent.py", "agent (LangGraph)"),
-         ("openai_agent.py", "agent (openai)"), ("verifiers_env.py", "agent (verifiers)"), *harness.ROLES)
+ROLES = (
+    ("openai_agents_sdk.py", "agent (Agents SDK)"),
+    ("langgraph_agent.py", "agent (LangGraph)"),
+    ("openai_agent.py", "agent (openai)"),
+    ("verifiers_env.py", "agent (verifiers)"),
+    *harness.ROLES,
+)
 """The agent's own process by its script, then the run's processes (`harness.ROLES`)."""
 SHOP = "the shop question of gateway/shop_task.py (system prompt + question; tools sent, not rendered)"
 
@@ -87,10 +91,17 @@ WAYS = (
     Way(BASELINE, "agentstream/Reasoning-v0 basic_arithmetic, one attempt (instructions + question)"),
     Way("openai", f"{SHOP}; the plain openai client", "examples/openai_agent.py"),
     Way("agents-sdk", f"{SHOP}; the OpenAI Agents SDK's Runner", "examples/openai_agents_sdk.py", ("agents",)),
-    Way("langgraph", f"{SHOP}; LangGraph's create_react_agent", "examples/langgraph_agent.py",
-        ("langgraph", "langchain_openai")),
-    Way("verifiers", f"{SHOP} as a verifiers 0.3.1 ToolEnv, max_turns 1, scored by its rubric",
-        "examples/verifiers_env.py"),
+    Way(
+        "langgraph",
+        f"{SHOP}; LangGraph's create_react_agent",
+        "examples/langgraph_agent.py",
+        ("langgraph", "langchain_openai"),
+    ),
+    Way(
+        "verifiers",
+        f"{SHOP} as a verifiers 0.3.1 ToolEnv, max_turns 1, scored by its rubric",
+        "examples/verifiers_env.py",
+    ),
 )
 BY_NAME = {w.name: w for w in WAYS}
 
@@ -155,11 +166,16 @@ def steady(rows: Sequence[dict], rollouts_per_step: int, skip: int) -> Steady:
     their summed step times."""
     ordered = sorted((r for r in rows if "version" in r), key=lambda r: r["version"])[skip:]
     if not ordered:
-        raise ValueError(f"{len(rows)} learner steps, all of them among the first {skip}: nothing steady to measure "
-                         "(more --steps)")
+        raise ValueError(
+            f"{len(rows)} learner steps, all of them among the first {skip}: nothing steady to measure (more --steps)"
+        )
     seconds = sum(r["step_time_s"] for r in ordered)
-    return Steady(len(ordered), seconds, len(ordered) * rollouts_per_step / seconds,
-                  sum(r["batch_wait_s"] for r in ordered) / seconds)
+    return Steady(
+        len(ordered),
+        seconds,
+        len(ordered) * rollouts_per_step / seconds,
+        sum(r["batch_wait_s"] for r in ordered) / seconds,
+    )
 
 
 @dataclass(frozen=True)
@@ -184,8 +200,9 @@ def played(calls: Iterable[tuple[str, int, int, bool]]) -> Played:
     kept = [c for traj in ended for c in by_traj[traj]]
     if not kept:
         return Played(0, math.nan, math.nan, math.nan)
-    return Played(len(ended), len(kept) / len(ended), sum(p for p, _ in kept) / len(kept),
-                  sum(a for _, a in kept) / len(kept))
+    return Played(
+        len(ended), len(kept) / len(ended), sum(p for p, _ in kept) / len(kept), sum(a for _, a in kept) / len(kept)
+    )
 
 
 def cpu_ms_per_rollout(cores: dict[str, float], rollouts_per_s: float) -> dict[str, float]:
@@ -202,8 +219,10 @@ class Result:
     cpu_ms: dict[str, float]  # per rollout, by role, most first (empty: too few readings)
 
 
-HEADER = (f"{'path':<10} {'calls/rollout':>13} {'prompt tok':>10} {'answer tok':>10} {'start-up s':>10} "
-          f"{'steady s':>8} {'wait':>5} {'rollouts/s':>10} {'CPU ms/rollout':>14} {'vs actors':>9}")
+HEADER = (
+    f"{'path':<10} {'calls/rollout':>13} {'prompt tok':>10} {'answer tok':>10} {'start-up s':>10} "
+    f"{'steady s':>8} {'wait':>5} {'rollouts/s':>10} {'CPU ms/rollout':>14} {'vs actors':>9}"
+)
 
 
 def ratio(r: Result, baseline: Result) -> float:
@@ -214,9 +233,11 @@ def ratio(r: Result, baseline: Result) -> float:
 def row_line(r: Result, baseline: Result) -> str:
     """A path's line of the table: what it played, its figures, its ratio to the actors last."""
     cpu = sum(r.cpu_ms.values()) if r.cpu_ms else float("nan")
-    return (f"{r.way.name:<10} {r.played.calls_per_rollout:>13.2f} {r.played.prompt_tokens:>10.1f} "
-            f"{r.played.answer_tokens:>10.1f} {r.startup_s:>10.1f} {r.steady.seconds:>8.2f} "
-            f"{r.steady.wait_frac:>5.0%} {r.steady.rollouts_per_s:>10.2f} {cpu:>14.1f} {ratio(r, baseline):>8.2f}x")
+    return (
+        f"{r.way.name:<10} {r.played.calls_per_rollout:>13.2f} {r.played.prompt_tokens:>10.1f} "
+        f"{r.played.answer_tokens:>10.1f} {r.startup_s:>10.1f} {r.steady.seconds:>8.2f} "
+        f"{r.steady.wait_frac:>5.0%} {r.steady.rollouts_per_s:>10.2f} {cpu:>14.1f} {ratio(r, baseline):>8.2f}x"
+    )
 
 
 def cpu_line(r: Result) -> str:
@@ -233,15 +254,17 @@ def cpu_ratio_line(results: Sequence[Result]) -> str:
     total = {r.way.name: sum(r.cpu_ms.values()) if r.cpu_ms else float("nan") for r in results}
     parts = [f"{name} {total[BASELINE] / ms:.2f}x" for name, ms in total.items() if name != base.way.name]
     return "# the actors' CPU ms per rollout over each path's (its ratio with every core busy): " + (
-        ", ".join(parts) if parts else "no other path ran")
+        ", ".join(parts) if parts else "no other path ran"
+    )
 
 
 def last_line(results: Sequence[Result]) -> str:
     """The last line: every path's steady rollouts/s over the actors' (measured in this run)."""
     base = next(r for r in results if r.way.name == BASELINE)
     others = [f"{r.way.name} {ratio(r, base):.2f}x" for r in results if r is not base]
-    return (f"steady rollouts/s against the project's own actors ({base.steady.rollouts_per_s:.2f}/s): "
-            + (", ".join(others) if others else "no other path ran"))
+    return f"steady rollouts/s against the project's own actors ({base.steady.rollouts_per_s:.2f}/s): " + (
+        ", ".join(others) if others else "no other path ran"
+    )
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -255,16 +278,29 @@ def skip_reason(way: Way) -> str:
 
 def run_overrides(model: str, steps: int) -> list[str]:
     """The launcher overrides every path shares: the model, one learner rank, the groups, the sampling."""
-    return [f"model.path={model}", "learner.world_size=1", f"env.group_size={G}",
-            f"trainer.groups_per_step={GROUPS_PER_STEP}", f"trainer.total_steps={steps}",
-            f"sampling.max_tokens={MAX_TOKENS}", f"sampling.temperature={TEMPERATURE}", "broker.dashboard_port=0",
-            "run.shutdown_timeout_s=5"]
+    return [
+        f"model.path={model}",
+        "learner.world_size=1",
+        f"env.group_size={G}",
+        f"trainer.groups_per_step={GROUPS_PER_STEP}",
+        f"trainer.total_steps={steps}",
+        f"sampling.max_tokens={MAX_TOKENS}",
+        f"sampling.temperature={TEMPERATURE}",
+        "broker.dashboard_port=0",
+        "run.shutdown_timeout_s=5",
+    ]
 
 
 def actor_overrides() -> list[str]:
     """The baseline's task and player: one actor, IN_FLIGHT episodes at a time, one answer per episode."""
-    return ["env.name=agentstream/Reasoning-v0", "+env.kwargs.dataset=basic_arithmetic", "+env.kwargs.max_attempts=1",
-            "env.max_steps=1", "actors.count=1", f"actors.episodes_per_actor={IN_FLIGHT}"]
+    return [
+        "env.name=agentstream/Reasoning-v0",
+        "+env.kwargs.dataset=basic_arithmetic",
+        "+env.kwargs.max_attempts=1",
+        "env.max_steps=1",
+        "actors.count=1",
+        f"actors.episodes_per_actor={IN_FLIGHT}",
+    ]
 
 
 def agent_argv(way: Way, overrides: list[str], env_dir: Path) -> list[str]:
@@ -272,12 +308,44 @@ def agent_argv(way: Way, overrides: list[str], env_dir: Path) -> list[str]:
     the model's own chat template (the example's launch sets one that renders tools; this override comes later)."""
     overrides = [*overrides, "gateway.chat_template="]
     if way.name == "verifiers":
-        return [str(VF_PYTHON), way.script, "--env", VF_ENV_NAME, "--env-dir", str(env_dir), "--launch",
-                "--launcher-python", sys.executable, "--group-size", str(G), "--concurrency", str(IN_FLIGHT // G),
-                "--max-tokens", str(MAX_TOKENS), "--temperature", str(TEMPERATURE), *overrides]
-    return [sys.executable, way.script, "--launch", "--group-size", str(G), "--concurrency", str(IN_FLIGHT),
-            "--max-turns", "1", "--first-tool-choice", "auto", "--max-tokens", str(MAX_TOKENS),
-            "--temperature", str(TEMPERATURE), *overrides]
+        return [
+            str(VF_PYTHON),
+            way.script,
+            "--env",
+            VF_ENV_NAME,
+            "--env-dir",
+            str(env_dir),
+            "--launch",
+            "--launcher-python",
+            sys.executable,
+            "--group-size",
+            str(G),
+            "--concurrency",
+            str(IN_FLIGHT // G),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--temperature",
+            str(TEMPERATURE),
+            *overrides,
+        ]
+    return [
+        sys.executable,
+        way.script,
+        "--launch",
+        "--group-size",
+        str(G),
+        "--concurrency",
+        str(IN_FLIGHT),
+        "--max-turns",
+        "1",
+        "--first-tool-choice",
+        "auto",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--temperature",
+        str(TEMPERATURE),
+        *overrides,
+    ]
 
 
 def run_agent(argv: list[str], log: Path, timeout_s: float) -> harness.Launched:
@@ -299,8 +367,13 @@ def run_way(way: Way, model: str, steps: int, folder: Path, timeout_s: float) ->
     run_dir = folder / way.name / "run"
     overrides = run_overrides(model, steps)
     if way.name == BASELINE:
-        done = harness.run_launcher(run_dir, [*overrides, *actor_overrides()], f"of the {way.name} path", timeout_s,
-                                    watch=lambda pid: harness.CpuSampler(pid, SAMPLE_S, ROLES))
+        done = harness.run_launcher(
+            run_dir,
+            [*overrides, *actor_overrides()],
+            f"of the {way.name} path",
+            timeout_s,
+            watch=lambda pid: harness.CpuSampler(pid, SAMPLE_S, ROLES),
+        )
     else:
         env_dir = folder / "verifiers-env"
         if way.name == "verifiers":
@@ -317,40 +390,57 @@ def measure(way: Way, run_dir: Path, steps: int, done: harness.Launched) -> Resu
 
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary.get("status") != "finished" or summary.get("learner_version") != steps:
-        raise RuntimeError(f"the {way.name} run did not train its {steps} steps: status {summary.get('status')}, "
-                           f"learner version {summary.get('learner_version')}: {summary.get('reason')}")
+        raise RuntimeError(
+            f"the {way.name} run did not train its {steps} steps: status {summary.get('status')}, "
+            f"learner version {summary.get('learner_version')}: {summary.get('reason')}"
+        )
     bound = config_mod.load(run_dir / "config.yaml").trainer.max_staleness
     rows = harness.learner_rows(run_dir)
     s = steady(rows, GROUPS_PER_STEP * G, skip=bound + 1)
     last_step_end = (run_dir / "learner_metrics.jsonl").stat().st_mtime  # its row is the file's last write
     first_step_end = last_step_end - sum(r["step_time_s"] for r in rows if r.get("version", 0) > 1)
     steady_from = last_step_end - s.seconds
-    calls = ((t.traj_id, len(t.prompt_ids), len(t.response_ids), bool(t.done or t.truncated))
-             for t in logged_transitions(run_dir / "broker-wal") if ABANDON not in t.info)
+    calls = (
+        (t.traj_id, len(t.prompt_ids), len(t.response_ids), bool(t.done or t.truncated))
+        for t in logged_transitions(run_dir / "broker-wal")
+        if ABANDON not in t.info
+    )
     cores = done.watched.cores(steady_from, last_step_end)
     return Result(way, first_step_end - done.started, s, played(calls), cpu_ms_per_rollout(cores, s.rollouts_per_s))
 
 
 def main() -> None:
     parser = harness.arguments(__doc__)
-    parser.add_argument("--steps", type=int, default=20,
-                        help="learner steps per path (steady: after the first 1 + the staleness bound)")
-    parser.add_argument("--paths", default=",".join(BY_NAME),
-                        help=f"a comma list of {', '.join(BY_NAME)} (the baseline, {BASELINE}, always runs)")
+    parser.add_argument(
+        "--steps", type=int, default=20, help="learner steps per path (steady: after the first 1 + the staleness bound)"
+    )
+    parser.add_argument(
+        "--paths",
+        default=",".join(BY_NAME),
+        help=f"a comma list of {', '.join(BY_NAME)} (the baseline, {BASELINE}, always runs)",
+    )
     parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument("--run-timeout-s", type=float, default=900.0, help="the most one path's run may take")
     args = parser.parse_args()
     if args.steps < 5:
-        parser.error("--steps must be at least 5: step 1 holds the start-up, the next 2 (the staleness bound) what "
-                     "was made meanwhile")
+        parser.error(
+            "--steps must be at least 5: step 1 holds the start-up, the next 2 (the staleness bound) what "
+            "was made meanwhile"
+        )
     try:
         names = parse_paths(args.paths)
     except ValueError as exc:
         parser.error(str(exc))
-    model, folder = harness.begin("", "bench-ecosystem-", args.keep, about=(
-        f"each path a training run of {args.steps} learner steps, the tiny model: groups of {G}, {GROUPS_PER_STEP} "
-        f"groups a step, {IN_FLIGHT} episodes in flight, one call of <= {MAX_TOKENS} tokens a rollout at temperature "
-        f"{TEMPERATURE}; 1 vLLM engine, 1 learner rank, the config's staleness bound"))
+    model, folder = harness.begin(
+        "",
+        "bench-ecosystem-",
+        args.keep,
+        about=(
+            f"each path a training run of {args.steps} learner steps, the tiny model: groups of {G}, {GROUPS_PER_STEP} "
+            f"groups a step, {IN_FLIGHT} episodes in flight, one call of <= {MAX_TOKENS} tokens a rollout at temperature "
+            f"{TEMPERATURE}; 1 vLLM engine, 1 learner rank, the config's staleness bound"
+        ),
+    )
     print(f"# runs in {folder}", flush=True)
     for name in names:
         print(f"# {name}: plays {BY_NAME[name].played}", flush=True)

@@ -61,15 +61,19 @@ async def play(http, client, gateway: str, task_id: str, turns: int, max_tokens:
     episode = client.with_options(api_key=ep["api_key"])
     messages = [{"role": "user", "content": f"Task {task_id}: describe the next move in a few words."}]
     for turn in range(turns):
-        r = await episode.chat.completions.create(model="policy", messages=messages, max_tokens=max_tokens,
-                                                  temperature=1.0)
-        messages += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                     {"role": "user", "content": f"Step {turn + 1} done. And then?"}]
+        r = await episode.chat.completions.create(
+            model="policy", messages=messages, max_tokens=max_tokens, temperature=1.0
+        )
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content or ""},
+            {"role": "user", "content": f"Step {turn + 1} done. And then?"},
+        ]
     (await http.post(f"{gateway}/episodes/{ep['id']}/finish", json={"reward": 0.0})).raise_for_status()
 
 
-async def drive_gateway(gateway: str, engine: str, episodes: int, rounds: int, turns: int, max_tokens: int,
-                        pids: dict[str, int]) -> tuple[float, dict[str, float]]:
+async def drive_gateway(
+    gateway: str, engine: str, episodes: int, rounds: int, turns: int, max_tokens: int, pids: dict[str, int]
+) -> tuple[float, dict[str, float]]:
     """K = `episodes` lanes, each playing `rounds` episodes one after another; G lanes share each task id.
     Returns tokens/s and the CPU seconds each process of the path used meanwhile (this one: the agent side)."""
     import httpx
@@ -80,9 +84,15 @@ async def drive_gateway(gateway: str, engine: str, episodes: int, rounds: int, t
             await play(http, client, gateway, f"r{r}-t{i // G}", turns, max_tokens)
 
     limits = httpx.Limits(max_connections=4 * episodes, max_keepalive_connections=4 * episodes)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http, openai.AsyncOpenAI(
-            base_url=f"{gateway}/v1", api_key="-", max_retries=0, http_client=httpx.AsyncClient(
-                timeout=600, limits=limits)) as client:
+    async with (
+        httpx.AsyncClient(timeout=600, limits=limits) as http,
+        openai.AsyncOpenAI(
+            base_url=f"{gateway}/v1",
+            api_key="-",
+            max_retries=0,
+            http_client=httpx.AsyncClient(timeout=600, limits=limits),
+        ) as client,
+    ):
         await asyncio.to_thread(reset_prefix_cache, engine)
         pids = {**pids, "agent (openai client)": os.getpid()}
         c0 = {name: cpu_s(pid) for name, pid in pids.items()}
@@ -102,13 +112,21 @@ async def replay_openai(engine: str, prompts: list[list[int]], concurrency: int,
     await asyncio.to_thread(reset_prefix_cache, engine)
     todo = iter(prompts)
     limits = httpx.Limits(max_connections=2 * concurrency, max_keepalive_connections=2 * concurrency)
-    async with openai.AsyncOpenAI(base_url=f"{engine}/v1", api_key="-", max_retries=0,
-                                  http_client=httpx.AsyncClient(timeout=600, limits=limits)) as client:
+    async with openai.AsyncOpenAI(
+        base_url=f"{engine}/v1", api_key="-", max_retries=0, http_client=httpx.AsyncClient(timeout=600, limits=limits)
+    ) as client:
+
         async def loop() -> None:
             for prompt in todo:  # shared: each prompt goes out once
-                await client.completions.create(model="policy", prompt=prompt, max_tokens=max_tokens,
-                                                temperature=1.0, top_p=1.0, logprobs=0,
-                                                extra_body={"return_token_ids": True})
+                await client.completions.create(
+                    model="policy",
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                    top_p=1.0,
+                    logprobs=0,
+                    extra_body={"return_token_ids": True},
+                )
 
         n0, t0 = await asyncio.to_thread(generated_tokens, engine), time.time()
         await asyncio.gather(*(loop() for _ in range(concurrency)))
@@ -125,9 +143,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.episodes % G:
         parser.error(f"--episodes must be a multiple of {G} (whole groups)")
-    model, folder = harness.begin(args.model, "bench-gateway-", about=(
-        f"{args.episodes} concurrent episodes/requests, {args.rounds} rounds x {args.turns} calls, {args.max_tokens} "
-        f"tokens/response; the ceiling replays the gateway's own prompts"))
+    model, folder = harness.begin(
+        args.model,
+        "bench-gateway-",
+        about=(
+            f"{args.episodes} concurrent episodes/requests, {args.rounds} rounds x {args.turns} calls, {args.max_tokens} "
+            f"tokens/response; the ceiling replays the gateway's own prompts"
+        ),
+    )
     cfg = bench_config(args, model, folder)
     print(f"{'path':<32} {'tokens/s':>10}", flush=True)
     through, direct = [], []
@@ -141,15 +164,29 @@ def main() -> None:
             through.append(gateway_path(args, cfg, run_dir, engine))
             prompts = logged_prompts(run_dir)
             direct.append(asyncio.run(replay_openai(engine, prompts, args.episodes, args.max_tokens)))
-            print(f"{'engine driven directly':<32} {direct[-1]:>10.0f}   ({len(prompts)} prompts, "
-                  f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens; the same openai client)", flush=True)
+            print(
+                f"{'engine driven directly':<32} {direct[-1]:>10.0f}   ({len(prompts)} prompts, "
+                f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens; the same openai client)",
+                flush=True,
+            )
         raw = asyncio.run(replay(engine, cfg, prompts, args.episodes))
         print(f"{'engine, raw HTTP (aiohttp)':<32} {raw:>10.0f}   (the same prompts; no openai client)", flush=True)
         versioned = asyncio.run(replay(engine, cfg, prompts, args.episodes, with_client=True))
-        print(f"{'EngineClient.generate loops':<32} {versioned:>10.0f}   (the gateway's engine client and route: "
-              f"/inference/v1/generate)", flush=True)
-    print(harness.ratio_line("gateway/ceiling", statistics.median(through), statistics.median(direct), "tokens/s",
-                             target=0.85, note=f"medians of {args.repeats}"))
+        print(
+            f"{'EngineClient.generate loops':<32} {versioned:>10.0f}   (the gateway's engine client and route: "
+            f"/inference/v1/generate)",
+            flush=True,
+        )
+    print(
+        harness.ratio_line(
+            "gateway/ceiling",
+            statistics.median(through),
+            statistics.median(direct),
+            "tokens/s",
+            target=0.85,
+            note=f"medians of {args.repeats}",
+        )
+    )
 
 
 def gateway_path(args: argparse.Namespace, cfg: Config, run_dir: Path, engine: str) -> float:
@@ -159,19 +196,46 @@ def gateway_path(args: argparse.Namespace, cfg: Config, run_dir: Path, engine: s
     path = run_dir / "config.yaml"
     config_mod.save(cfg, path)
     port, gw_port = free_port(), free_port()
-    gw_argv = [sys.executable, "-m", "gateway", "--config", str(path), "--name", "gateway-0",
-               "--broker", f"tcp://127.0.0.1:{port}", "--engine", engine, "--port", str(gw_port)]
+    gw_argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "--config",
+        str(path),
+        "--name",
+        "gateway-0",
+        "--broker",
+        f"tcp://127.0.0.1:{port}",
+        "--engine",
+        engine,
+        "--port",
+        str(gw_port),
+    ]
     # leaving the block stops the gateway first: it drains, every transition is in the broker's log before it stops
-    with harness.started(harness.broker_argv(path, port), run_dir / "broker.log") as broker, \
-            harness.started(gw_argv, run_dir / "gateway.log") as gw:
+    with (
+        harness.started(harness.broker_argv(path, port), run_dir / "broker.log") as broker,
+        harness.started(gw_argv, run_dir / "gateway.log") as gw,
+    ):
         url = f"http://127.0.0.1:{gw_port}"
         harness.wait_healthy(f"{url}/health", gw, run_dir / "gateway.log", "the gateway")
         # the gateway answers /health whether or not its broker is up: without one, the first episode gets 429
         harness.wait_listening(port, "the broker", proc=broker, log=run_dir / "broker.log")
-        rate, cpu = asyncio.run(drive_gateway(url, engine, args.episodes, args.rounds, args.turns, args.max_tokens,
-                                              {"gateway": gw.pid, "broker": broker.pid}))
-        print(f"{'gateway (openai client)':<32} {rate:>10.0f}   (CPU s meanwhile: "
-              f"{', '.join(f'{k} {v:.1f}' for k, v in cpu.items())})", flush=True)
+        rate, cpu = asyncio.run(
+            drive_gateway(
+                url,
+                engine,
+                args.episodes,
+                args.rounds,
+                args.turns,
+                args.max_tokens,
+                {"gateway": gw.pid, "broker": broker.pid},
+            )
+        )
+        print(
+            f"{'gateway (openai client)':<32} {rate:>10.0f}   (CPU s meanwhile: "
+            f"{', '.join(f'{k} {v:.1f}' for k, v in cpu.items())})",
+            flush=True,
+        )
         return rate
 
 

@@ -59,8 +59,9 @@ def prompts_of(shape: Shape, length: int, vocab: int, seed: int = 0) -> list[lis
     return [rng.integers(10, vocab, size=length).tolist() for _ in range(shape.prompts)]
 
 
-async def engine_times(url: str, model_dir: str, shapes: list[Shape], batches: list[list[list[list[int]]]],
-                       tokens: int) -> list[list[float]]:
+async def engine_times(
+    url: str, model_dir: str, shapes: list[Shape], batches: list[list[list[list[int]]]], tokens: int
+) -> list[list[float]]:
     """Wall seconds of each shape's batches on the vLLM server at `url`, the first a warm-up left out: a batch is
     its prompts sent at once, the shape's answers each, through the actors' client (token ids out, decoded here)."""
     import aiohttp
@@ -89,8 +90,9 @@ async def engine_times(url: str, model_dir: str, shapes: list[Shape], batches: l
     return out
 
 
-def hf_times(model_dir: str, shapes: list[Shape], batches: list[list[list[list[int]]]], tokens: int, threads: int
-             ) -> list[list[float]]:
+def hf_times(
+    model_dir: str, shapes: list[Shape], batches: list[list[list[list[int]]]], tokens: int, threads: int
+) -> list[list[float]]:
     """The same batches through Hugging Face `generate` on `threads` torch threads, as TRL samples a step's
     prompts (one call, num_return_sequences answers each; equal-length prompts need no padding)."""
     import torch
@@ -103,9 +105,18 @@ def hf_times(model_dir: str, shapes: list[Shape], batches: list[list[list[list[i
         ids = torch.tensor(prompts)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens, num_return_sequences=n,
-                                 pad_token_id=model.config.pad_token_id)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                num_return_sequences=n,
+                pad_token_id=model.config.pad_token_id,
+            )
         wall = time.perf_counter() - t0
         if out.shape != (len(prompts) * n, ids.shape[1] + tokens):
             raise RuntimeError(f"HF generate gave {tuple(out.shape)} for {len(prompts)} x {n} answers of {tokens}")
@@ -120,8 +131,10 @@ def table(shapes: list[Shape], engine: list[list[float]], hf: list[list[float]],
     ratios = []
     for shape, e, h in zip(shapes, engine, hf, strict=True):
         e_ms, h_ms = statistics.median(e) * 1000, statistics.median(h) * 1000
-        rows.append(f"{str(shape):>6} {shape.prompts * shape.answers:>7} {e_ms:>8.0f} {h_ms:>8.0f} "
-                    f"{e_ms / tokens:>13.2f} {h_ms / tokens:>11.2f}")
+        rows.append(
+            f"{str(shape):>6} {shape.prompts * shape.answers:>7} {e_ms:>8.0f} {h_ms:>8.0f} "
+            f"{e_ms / tokens:>13.2f} {h_ms / tokens:>11.2f}"
+        )
         ratios.append(f"{shape}: {e_ms / h_ms:.2f}x")
     rows.append("vLLM's time over HF generate's (above 1: the engine is slower): " + ", ".join(ratios))
     return rows
@@ -144,15 +157,21 @@ def main() -> None:
     model = harness.model_dir(args.model)
     vocab = AutoConfig.from_pretrained(model).vocab_size
     # new prompts for every batch, the same for both (vLLM's prefix cache never holds a prompt it is timed on)
-    batches = [[prompts_of(s, args.prompt_tokens, vocab, seed=i * 1000 + k) for k in range(args.repeats + 1)]
-               for i, s in enumerate(shapes)]
+    batches = [
+        [prompts_of(s, args.prompt_tokens, vocab, seed=i * 1000 + k) for k in range(args.repeats + 1)]
+        for i, s in enumerate(shapes)
+    ]
     print(harness.load_line(), flush=True)
     engine = f"at {args.engine_url}" if args.engine_url else "as the launcher starts it (1 compute thread on CPU)"
-    print(f"# {Path(model).name}: {args.prompt_tokens}-token prompts, {args.tokens} tokens per answer, "
-          f"temperature 1.0; vLLM {engine}, HF generate on {args.hf_threads} threads; medians of {args.repeats}",
-          flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-generate-") as folder, \
-            harness.vllm_server(model, Path(folder), args.engine_url) as url:
+    print(
+        f"# {Path(model).name}: {args.prompt_tokens}-token prompts, {args.tokens} tokens per answer, "
+        f"temperature 1.0; vLLM {engine}, HF generate on {args.hf_threads} threads; medians of {args.repeats}",
+        flush=True,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-generate-") as folder,
+        harness.vllm_server(model, Path(folder), args.engine_url) as url,
+    ):
         times = asyncio.run(engine_times(url, model, shapes, batches, args.tokens))
     hf = hf_times(model, shapes, batches, args.tokens, args.hf_threads)  # with the server gone
     print("\n".join(table(shapes, times, hf, args.tokens)), flush=True)

@@ -30,10 +30,24 @@ import torch.distributed as dist
 from bench import harness
 
 # Qwen2.5-0.5B's shape (494M parameters with its tied 151,936-token embedding); tiny for the dry run.
-QWEN2_05B = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-             "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True}
-TINY = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}
+QWEN2_05B = {
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
+TINY = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
 
 
 def make_model_dir(shape: dict, folder: Path) -> Path:
@@ -53,13 +67,26 @@ def make_batch(rank: int, n_seqs: int, prompt: int, response: int, vocab: int, g
     rng = np.random.default_rng(rank)
     i32 = lambda x: np.asarray(x, dtype=np.int32)
     n = n_seqs
-    return Batch(step=0, rank=rank, learner_version=0, group_size=group_size,
-                 group_index=i32(np.arange(n) // group_size), traj_index=i32(np.arange(n)), step_index=i32([0] * n),
-                 prompt_lens=i32([prompt] * n), response_lens=i32([response] * n),
-                 rewards=rng.random(n, dtype=np.float32), dones=np.ones(n, bool), valid=np.ones(n, bool),
-                 version_lo=i32([0] * n), version_hi=i32([0] * n),
-                 prompt_ids=i32(rng.integers(0, vocab, n * prompt)), response_ids=i32(rng.integers(0, vocab, n * response)),
-                 logprobs=-rng.uniform(10, 12, n * response).astype(np.float32), anchors=[""] * n)
+    return Batch(
+        step=0,
+        rank=rank,
+        learner_version=0,
+        group_size=group_size,
+        group_index=i32(np.arange(n) // group_size),
+        traj_index=i32(np.arange(n)),
+        step_index=i32([0] * n),
+        prompt_lens=i32([prompt] * n),
+        response_lens=i32([response] * n),
+        rewards=rng.random(n, dtype=np.float32),
+        dones=np.ones(n, bool),
+        valid=np.ones(n, bool),
+        version_lo=i32([0] * n),
+        version_hi=i32([0] * n),
+        prompt_ids=i32(rng.integers(0, vocab, n * prompt)),
+        response_ids=i32(rng.integers(0, vocab, n * response)),
+        logprobs=-rng.uniform(10, 12, n * response).astype(np.float32),
+        anchors=[""] * n,
+    )
 
 
 def matmul_ceiling(device: torch.device, dtype: torch.dtype, size: int, repeats: int) -> float:
@@ -111,13 +138,21 @@ def main() -> None:
     torch.set_num_threads(1 if not gpu else torch.get_num_threads())
     rank, world, device = init_distributed("nccl" if gpu else "gloo")
     shape, dtype = (QWEN2_05B, "bfloat16") if gpu else (TINY, "float32")
-    seqs, prompt, response = args.seqs or (32 if gpu else 8), args.prompt or (512 if gpu else 32), args.response or (512 if gpu else 32)
+    seqs, prompt, response = (
+        args.seqs or (32 if gpu else 8),
+        args.prompt or (512 if gpu else 32),
+        args.response or (512 if gpu else 32),
+    )
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
-    log(f"device {torch.cuda.get_device_name(device) if gpu else 'cpu (dry run)'}, world {world}, {dtype}, "
-        f"torch {torch.__version__}")
+    log(
+        f"device {torch.cuda.get_device_name(device) if gpu else 'cpu (dry run)'}, world {world}, {dtype}, "
+        f"torch {torch.__version__}"
+    )
     # One folder every rank reads (kept for a rerun: writing 2 GB again costs time).
-    folder = Path(os.environ.get("GPU_CHECK_MODEL_DIR") or Path(tempfile.gettempdir()) /
-                  f"agentstream-gpu-check-{'qwen2-0.5b' if gpu else 'tiny'}")
+    folder = Path(
+        os.environ.get("GPU_CHECK_MODEL_DIR")
+        or Path(tempfile.gettempdir()) / f"agentstream-gpu-check-{'qwen2-0.5b' if gpu else 'tiny'}"
+    )
     t0 = time.perf_counter()
     if rank == 0 and not (folder / "model.safetensors").exists():
         make_model_dir(shape, folder)
@@ -125,8 +160,10 @@ def main() -> None:
     model = load_policy(str(folder), dtype, device, world)
     n_params = sum(p.numel() for p in model.parameters())  # sharded DTensors report the full count
     log(f"model: {n_params / 1e6:.1f}M parameters, made and sharded in {time.perf_counter() - t0:.1f}s")
-    opts = StepOptions.from_config(LearnerConfig(micro_batch_tokens=args.micro_batch_tokens,
-                                                 logprob_chunk_tokens=args.logprob_chunk_tokens), AlgorithmConfig())
+    opts = StepOptions.from_config(
+        LearnerConfig(micro_batch_tokens=args.micro_batch_tokens, logprob_chunk_tokens=args.logprob_chunk_tokens),
+        AlgorithmConfig(),
+    )
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
     batch = make_batch(rank, seqs, prompt, response, shape["vocab_size"])
     if gpu:
@@ -140,7 +177,9 @@ def main() -> None:
     _sync(device)
     step_s = (time.perf_counter() - t0) / args.steps
     tokens = seqs * (prompt + response) * world  # every token goes through forward and backward
-    achieved = step_flops(n_params, shape["num_hidden_layers"], shape["hidden_size"], tokens, prompt + response) / step_s
+    achieved = (
+        step_flops(n_params, shape["num_hidden_layers"], shape["hidden_size"], tokens, prompt + response) / step_s
+    )
     ceiling = matmul_ceiling(device, torch.bfloat16 if gpu else torch.float32, 8192 if gpu else 512, 20 if gpu else 5)
     peak = peak_memory_gib(device)
     dist.barrier()
@@ -148,12 +187,16 @@ def main() -> None:
     state = full_state_dict(model)
     gather_s = time.perf_counter() - t0
     gathered = sum(v.numel() * v.element_size() for v in state.values()) if rank == 0 else 0
-    log(f"train step: {step_s:.3f}s for {tokens} tokens ({world} ranks x {seqs} x ({prompt}+{response})), "
+    log(
+        f"train step: {step_s:.3f}s for {tokens} tokens ({world} ranks x {seqs} x ({prompt}+{response})), "
         f"log-prob chunks {args.logprob_chunk_tokens or 'none'}, "
-        f"{metrics['micro_batches']:.0f} micro-batches/rank, loss {metrics['loss']:.4f}")
+        f"{metrics['micro_batches']:.0f} micro-batches/rank, loss {metrics['loss']:.4f}"
+    )
     log(f"tokens/s: {tokens / step_s:,.0f}")
-    log(f"MFU: {achieved / (ceiling * world):.1%} (model {achieved / 1e12:.2f} TFLOP/s; measured matmul ceiling "
-        f"{ceiling / 1e12:.2f} TFLOP/s per device)")
+    log(
+        f"MFU: {achieved / (ceiling * world):.1%} (model {achieved / 1e12:.2f} TFLOP/s; measured matmul ceiling "
+        f"{ceiling / 1e12:.2f} TFLOP/s per device)"
+    )
     log(f"peak memory: {peak:.2f} GiB ({'torch.cuda.max_memory_allocated' if gpu else 'peak RSS'}, rank 0)")
     log(f"gather full weights: {gather_s:.3f}s for {gathered / 1e6:.0f} MB ({gathered / gather_s / 1e9:.2f} GB/s)")
     del state

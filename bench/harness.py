@@ -40,23 +40,36 @@ from agentstream.wire.addresses import free_port
 
 LAUNCH = REPO_ROOT / "scripts" / "launch.py"
 """The launcher's command: every launcher run of a benchmark is a real run of it."""
-ROLES = (("EngineCore", "vLLM engine core"), ("VLLM::Worker", "vLLM worker"), ("api_server", "vLLM API server"),
-         ("torch.distributed.run", "torchrun"), ("learner.train", "learner"), ("actors.actor", "actor"),
-         ("actors.evaluate", "evaluator"), ("-m gateway", "gateway"), ("broker.server", "broker"),
-         ("engines.sidecar", "sidecar"), ("scripts/launch.py", "launcher"))
+ROLES = (
+    ("EngineCore", "vLLM engine core"),
+    ("VLLM::Worker", "vLLM worker"),
+    ("api_server", "vLLM API server"),
+    ("torch.distributed.run", "torchrun"),
+    ("learner.train", "learner"),
+    ("actors.actor", "actor"),
+    ("actors.evaluate", "evaluator"),
+    ("-m gateway", "gateway"),
+    ("broker.server", "broker"),
+    ("engines.sidecar", "sidecar"),
+    ("scripts/launch.py", "launcher"),
+)
 """(a word of a process's command line, the role it is reported under), first match wins: torchrun's command line
 names learner.train too. Most command lines hold the run folder's path, so a word must be one a folder's name is
 unlikely to hold ("-m gateway", not "gateway")."""
 
 
 # ------------------------------------------------------------------------------------ command line
-def arguments(doc: str, *, model: bool = False, engine_url: bool = False,
-              default_model: str = "the tiny local model") -> argparse.ArgumentParser:
+def arguments(
+    doc: str, *, model: bool = False, engine_url: bool = False, default_model: str = "the tiny local model"
+) -> argparse.ArgumentParser:
     """A benchmark's parser: `doc` (its module docstring) as `--help`'s text; `model`: `--model DIR` (default:
     `default_model`, the benchmark's own choice, else the tiny local model, `model_dir`); `engine_url`: `--engine-url URL`, a vLLM server of that model already up."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)  # run as `python -m bench.NAME`: say so in its usage
-    parser = argparse.ArgumentParser(prog=f"python -m {spec.name}" if spec else None, description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {spec.name}" if spec else None,
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if model:
         parser.add_argument("--model", default="", help=f"model directory (default: {default_model})")
     if engine_url:
@@ -100,20 +113,25 @@ def run_folder(keep: str, prefix: str) -> Path:
 # ------------------------------------------------------------------------------------ what it prints
 def load_line() -> str:
     """A benchmark's first line: the machine's load, which slows every path alike."""
-    return (f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows "
-            f"every path; compare ratios within one run)")
+    return (
+        f"# load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine slows "
+        f"every path; compare ratios within one run)"
+    )
 
 
 def ratio_line(label: str, measured: float, baseline: float, unit: str, target: float, note: str = "") -> str:
     """A benchmark's last line: `label: measured/baseline (measured / baseline unit[, note]; target >= target)`."""
-    return (f"{label}: {measured / baseline:.2f} ({measured:.0f} / {baseline:.0f} {unit}{f', {note}' if note else ''}; "
-            f"target >= {target:.2f})")
+    return (
+        f"{label}: {measured / baseline:.2f} ({measured:.0f} / {baseline:.0f} {unit}{f', {note}' if note else ''}; "
+        f"target >= {target:.2f})"
+    )
 
 
 # ------------------------------------------------------------------------------------ processes
 @contextmanager
-def started(argv: list[str], log: Path, grace_s: float = 10.0, env: dict[str, str] | None = None
-            ) -> Iterator[subprocess.Popen]:
+def started(
+    argv: list[str], log: Path, grace_s: float = 10.0, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
     """`argv` in a session of its own (from the repository), output to `log`; its whole group stopped when the block
     ends (SIGTERM, SIGKILL after `grace_s`)."""
     from launcher.procs import start, stop
@@ -126,14 +144,16 @@ def started(argv: list[str], log: Path, grace_s: float = 10.0, env: dict[str, st
 
 
 @contextmanager
-def child(argv: list[str], log: Path, stop_signal: int = signal.SIGTERM, grace_s: float = 30) -> Iterator[
-        subprocess.Popen]:
+def child(
+    argv: list[str], log: Path, stop_signal: int = signal.SIGTERM, grace_s: float = 30
+) -> Iterator[subprocess.Popen]:
     """A child process in its own session, output to `log`; stopped with `stop_signal` (then its group killed after
     `grace_s`) if it is still running when the block ends, also on SIGTERM or Ctrl-C here. For a process that
     stops its own children on `stop_signal` (the launcher on SIGINT), unlike `started`, which signals the group."""
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         try:
             yield proc
         finally:
@@ -150,8 +170,18 @@ def broker_argv(config: Path, port: int, python_args: Sequence[str] = ()) -> lis
     """The broker's command (`python -m broker.server`) for the config file `config`, listening on `port`, its
     dashboard on a port the OS picks as it binds (0: a port chosen here beforehand could be taken by then, and the
     broker would die); `python_args` go before `-m` (e.g. `-m cProfile -o FILE`)."""
-    return [sys.executable, *python_args, "-m", "broker.server", "--config", str(config), "--port", str(port),
-            "--dashboard-port", "0"]
+    return [
+        sys.executable,
+        *python_args,
+        "-m",
+        "broker.server",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--dashboard-port",
+        "0",
+    ]
 
 
 def start_vllm(cfg: Config, log: Path) -> tuple[subprocess.Popen, str]:
@@ -205,8 +235,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, what: str, timeout
     raise RuntimeError(f"{what} did not answer within {timeout_s:.0f}s; see {log}")
 
 
-def wait_listening(port: int, what: str, timeout_s: float = 60, proc: subprocess.Popen | None = None,
-                   log: Path | None = None) -> None:
+def wait_listening(
+    port: int, what: str, timeout_s: float = 60, proc: subprocess.Popen | None = None, log: Path | None = None
+) -> None:
     """Until something accepts connections on `port` of this host; fails at once, with the tail of its `log`, when
     `proc` (`what`) exits."""
     deadline = time.monotonic() + timeout_s
@@ -324,8 +355,14 @@ class Launched(NamedTuple):
     watched: Any  # what `watch` gave while it ran (None without one)
 
 
-def run_launcher(run_dir: Path, overrides: Sequence[str], what: str, timeout_s: float | None = None,
-                 watch: Callable[[int], AbstractContextManager] | None = None, stop_ok: bool = False) -> Launched:
+def run_launcher(
+    run_dir: Path,
+    overrides: Sequence[str],
+    what: str,
+    timeout_s: float | None = None,
+    watch: Callable[[int], AbstractContextManager] | None = None,
+    stop_ok: bool = False,
+) -> Launched:
     """One whole run of the launcher, `scripts/launch.py run.output_dir=RUN_DIR OVERRIDES`, to its end, its output
     to `launch-<run folder's name>.log` beside the run folder. Past `timeout_s`, and when the benchmark stops, it
     is stopped as Ctrl-C stops it (SIGINT: the launcher stops its children; its group is killed 90 s later);
@@ -337,7 +374,7 @@ def run_launcher(run_dir: Path, overrides: Sequence[str], what: str, timeout_s: 
     argv = [sys.executable, str(LAUNCH), f"run.output_dir={run_dir}", *overrides]
     t0 = time.time()
     stopped = False
-    with child(argv, log, signal.SIGINT, 90) as proc, (watch(proc.pid) if watch else nullcontext()) as watched:
+    with child(argv, log, signal.SIGINT, 90) as proc, watch(proc.pid) if watch else nullcontext() as watched:
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -345,8 +382,9 @@ def run_launcher(run_dir: Path, overrides: Sequence[str], what: str, timeout_s: 
     wall = time.time() - t0
     ended = proc.returncode == 0 or (stop_ok and stopped and proc.returncode == 130)
     if not ended or not (run_dir / "summary.json").exists():
-        raise RuntimeError(f"the launcher run {what} failed (exit {proc.returncode}); it printed:\n"
-                           f"{log.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"the launcher run {what} failed (exit {proc.returncode}); it printed:\n{log.read_text()[-3000:]}"
+        )
     return Launched(t0, wall, watched)
 
 
@@ -388,7 +426,16 @@ def measure(bound: int, wall: float, run_dir: Path, samples: list[tuple[float, f
     busy = sum(1 for r in window if r > 0) / len(window) if window else float("nan")
     hist = {int(k): v for k, v in summary.get("staleness_hist", {}).items()}
     n = sum(hist.values())
-    return RunResult(bound=bound, wall_s=wall, train_s=train_s, idle_frac=idle, engine_busy=busy,
-                     staleness_mean=sum(k * v for k, v in hist.items()) / n if n else float("nan"),
-                     transitions=int(summary.get("transitions_trained", 0)), status=str(summary.get("status")),
-                     samples=samples, wait_s=wait_s, busy_s=train_s - wait_s)
+    return RunResult(
+        bound=bound,
+        wall_s=wall,
+        train_s=train_s,
+        idle_frac=idle,
+        engine_busy=busy,
+        staleness_mean=sum(k * v for k, v in hist.items()) / n if n else float("nan"),
+        transitions=int(summary.get("transitions_trained", 0)),
+        status=str(summary.get("status")),
+        samples=samples,
+        wait_s=wait_s,
+        busy_s=train_s - wait_s,
+    )

@@ -63,13 +63,26 @@ def make_batch(w: Workload, vocab: int) -> object:
     n = w.groups * GROUP_SIZE
     prompts = [rng.integers(10, vocab, w.prompt, dtype=np.int32) for _ in range(w.groups)]
     i32 = lambda a: np.asarray(a, dtype=np.int32)  # noqa: E731
-    return Batch(step=0, rank=0, learner_version=0, group_size=GROUP_SIZE, group_index=i32(np.arange(n) // GROUP_SIZE),
-                 traj_index=i32(np.arange(n)), step_index=np.zeros(n, np.int32), prompt_lens=i32([w.prompt] * n),
-                 response_lens=i32([w.response] * n), rewards=np.asarray(REWARDS * w.groups, np.float32),
-                 dones=np.ones(n, bool), valid=np.ones(n, bool), version_lo=np.zeros(n, np.int32),
-                 version_hi=np.zeros(n, np.int32), prompt_ids=np.concatenate([prompts[i // GROUP_SIZE] for i in range(n)]),
-                 response_ids=rng.integers(10, vocab, n * w.response, dtype=np.int32),
-                 logprobs=np.full(n * w.response, -3.0, np.float32), anchors=[""] * n)
+    return Batch(
+        step=0,
+        rank=0,
+        learner_version=0,
+        group_size=GROUP_SIZE,
+        group_index=i32(np.arange(n) // GROUP_SIZE),
+        traj_index=i32(np.arange(n)),
+        step_index=np.zeros(n, np.int32),
+        prompt_lens=i32([w.prompt] * n),
+        response_lens=i32([w.response] * n),
+        rewards=np.asarray(REWARDS * w.groups, np.float32),
+        dones=np.ones(n, bool),
+        valid=np.ones(n, bool),
+        version_lo=np.zeros(n, np.int32),
+        version_hi=np.zeros(n, np.int32),
+        prompt_ids=np.concatenate([prompts[i // GROUP_SIZE] for i in range(n)]),
+        response_ids=rng.integers(10, vocab, n * w.response, dtype=np.int32),
+        logprobs=np.full(n * w.response, -3.0, np.float32),
+        anchors=[""] * n,
+    )
 
 
 def one_variant(model_dir: str, variant: str, w: Workload) -> dict[str, float]:
@@ -84,17 +97,23 @@ def one_variant(model_dir: str, variant: str, w: Workload) -> dict[str, float]:
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     upto = VARIANTS.index(variant)
-    learner = LearnerConfig(micro_batch_tokens=w.micro_batch_tokens,
-                            logprob_chunk_tokens=512 if upto >= VARIANTS.index("chunked") else 0,
-                            activation_checkpointing=upto >= VARIANTS.index("checkpoint"))
-    lora = lora_spec(16, 32.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 0.0) \
-        if upto >= VARIANTS.index("lora") else None
+    learner = LearnerConfig(
+        micro_batch_tokens=w.micro_batch_tokens,
+        logprob_chunk_tokens=512 if upto >= VARIANTS.index("chunked") else 0,
+        activation_checkpointing=upto >= VARIANTS.index("checkpoint"),
+    )
+    lora = (
+        lora_spec(16, 32.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 0.0)
+        if upto >= VARIANTS.index("lora")
+        else None
+    )
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     device = init_distributed("gloo")[2]
     try:
         t0 = time.perf_counter()
-        model = load_policy(model_dir, "float32", device, 1, lora=lora,
-                            activation_checkpointing=learner.activation_checkpointing)
+        model = load_policy(
+            model_dir, "float32", device, 1, lora=lora, activation_checkpointing=learner.activation_checkpointing
+        )
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-6)
         load_s = time.perf_counter() - t0
         batch = make_batch(w, vocab_size(model))
@@ -111,12 +130,19 @@ def one_variant(model_dir: str, variant: str, w: Workload) -> dict[str, float]:
     finally:
         dist.destroy_process_group()
     peak = max(load_peak, step_peak)  # the whole process's, load included
-    return {"load_s": load_s, "step_s": times[-1], "peak_gb": peak / 2**30, "step_peak_gb": step_peak / 2**30,
-            "loss": float(metrics.get("loss", float("nan")))}
+    return {
+        "load_s": load_s,
+        "step_s": times[-1],
+        "peak_gb": peak / 2**30,
+        "step_peak_gb": step_peak / 2**30,
+        "loss": float(metrics.get("loss", float("nan"))),
+    }
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__, model=True, default_model="SmolLM2-135M-Instruct (.cache/smollm2-135m-instruct)")
+    parser = harness.arguments(
+        __doc__, model=True, default_model="SmolLM2-135M-Instruct (.cache/smollm2-135m-instruct)"
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--groups", type=int, default=8)
@@ -139,27 +165,56 @@ def main() -> None:
         raise SystemExit(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     tokens = w.groups * GROUP_SIZE * (w.prompt + w.response)
     print(harness.load_line())
-    print(f"model {args.model}; {w.groups * GROUP_SIZE} samples x ({w.prompt} prompt + {w.response} response) = "
-          f"{tokens} tokens (prompts shared within a group), micro_batch_tokens {w.micro_batch_tokens}, "
-          f"{w.steps} step(s), {os.environ.get('BENCH_THREADS', '2')} threads")
+    print(
+        f"model {args.model}; {w.groups * GROUP_SIZE} samples x ({w.prompt} prompt + {w.response} response) = "
+        f"{tokens} tokens (prompts shared within a group), micro_batch_tokens {w.micro_batch_tokens}, "
+        f"{w.steps} step(s), {os.environ.get('BENCH_THREADS', '2')} threads"
+    )
     print(f"{'variant':<11} {'load s':>7} {'step s':>7} {'peak GB':>8} {'steps GB':>9} {'loss':>9}")
     rows = {}
     for v in variants:
-        argv = [sys.executable, "-m", "bench.learner_memory", "--model", args.model, "--one", v, "--steps",
-                str(w.steps), "--groups", str(w.groups), "--prompt", str(w.prompt), "--response", str(w.response),
-                "--micro-batch-tokens", str(w.micro_batch_tokens)]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.learner_memory",
+            "--model",
+            args.model,
+            "--one",
+            v,
+            "--steps",
+            str(w.steps),
+            "--groups",
+            str(w.groups),
+            "--prompt",
+            str(w.prompt),
+            "--response",
+            str(w.response),
+            "--micro-batch-tokens",
+            str(w.micro_batch_tokens),
+        ]
         out = subprocess.run(argv, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"{v:<11} failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
             continue
         r = rows[v] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{v:<11} {r['load_s']:7.1f} {r['step_s']:7.1f} {r['peak_gb']:8.2f} {r['step_peak_gb']:9.2f} "
-              f"{r['loss']:9.4f}", flush=True)
+        print(
+            f"{v:<11} {r['load_s']:7.1f} {r['step_s']:7.1f} {r['peak_gb']:8.2f} {r['step_peak_gb']:9.2f} "
+            f"{r['loss']:9.4f}",
+            flush=True,
+        )
     if len(rows) >= 2:
         first, last = rows[next(iter(rows))], rows[list(rows)[-1]]
-        print(harness.ratio_line(f"learner peak RSS {next(iter(rows))}/{list(rows)[-1]}", first["peak_gb"] * 1024,
-                                 last["peak_gb"] * 1024, "MB", target=first["peak_gb"] / 4.0,
-                                 note=f"target: {list(rows)[-1]} at most 4096 MB"))
+        print(
+            harness.ratio_line(
+                f"learner peak RSS {next(iter(rows))}/{list(rows)[-1]}",
+                first["peak_gb"] * 1024,
+                last["peak_gb"] * 1024,
+                "MB",
+                target=first["peak_gb"] / 4.0,
+                note=f"target: {list(rows)[-1]} at most 4096 MB",
+            )
+        )
+
 
 if __name__ == "__main__":
     main()

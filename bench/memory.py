@@ -39,18 +39,31 @@ def broker_bytes_per_transition(prompt: int, response: int, n: int) -> tuple[flo
 
     rng = np.random.default_rng(0)
     group_size = 4
-    buf = ReplayBuffer(group_size=group_size, groups_per_step=1, world_size=1, max_staleness=10**6,
-                       max_buffered_transitions=10**9)
+    buf = ReplayBuffer(
+        group_size=group_size, groups_per_step=1, world_size=1, max_staleness=10**6, max_buffered_transitions=10**9
+    )
     for _ in range(n // 64 + 1):
         buf.admit("actor-0")
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for i in range(n):  # trajectories never end: every transition stays in an open group
-        t = Transition(traj_id=f"actor-0.0.g{i // 64}.{i % group_size}", group_id=i // 64, actor="actor-0",
-                       step=(i % 64) // group_size, prompt_ids=rng.integers(0, 400, prompt, dtype=np.int32),
-                       response_ids=rng.integers(0, 400, response, dtype=np.int32),
-                       logprobs=-rng.random(response, dtype=np.float32), version_lo=0, version_hi=0, reward=0.0,
-                       done=False, truncated=False, valid=True, anchor="", info={"success": False})
+        t = Transition(
+            traj_id=f"actor-0.0.g{i // 64}.{i % group_size}",
+            group_id=i // 64,
+            actor="actor-0",
+            step=(i % 64) // group_size,
+            prompt_ids=rng.integers(0, 400, prompt, dtype=np.int32),
+            response_ids=rng.integers(0, 400, response, dtype=np.int32),
+            logprobs=-rng.random(response, dtype=np.float32),
+            version_lo=0,
+            version_hi=0,
+            reward=0.0,
+            done=False,
+            truncated=False,
+            valid=True,
+            anchor="",
+            info={"success": False},
+        )
         frames = [bytes(f) for f in encode(t)]  # what arrives from the socket
         buf.add(decode(frames))  # the broker keeps the decoded message (its arrays view the frames)
         del t, frames
@@ -67,12 +80,26 @@ def _micro_batch(tokens: int, vocab: int):
     rng = np.random.default_rng(0)
     n, r = 4, tokens // 4
     i32 = lambda x: np.asarray(x, dtype=np.int32)
-    batch = Batch(step=0, rank=0, learner_version=0, group_size=4, group_index=i32([0] * n), traj_index=i32(range(n)),
-                  step_index=i32([0] * n), prompt_lens=i32([r] * n), response_lens=i32([r] * n),
-                  rewards=np.zeros(n, np.float32), dones=np.ones(n, bool), valid=np.ones(n, bool),
-                  version_lo=i32([0] * n), version_hi=i32([0] * n), prompt_ids=i32(rng.integers(0, vocab, n * r)),
-                  response_ids=i32(rng.integers(0, vocab, n * r)), logprobs=np.zeros(n * r, np.float32),
-                  anchors=[""] * n)
+    batch = Batch(
+        step=0,
+        rank=0,
+        learner_version=0,
+        group_size=4,
+        group_index=i32([0] * n),
+        traj_index=i32(range(n)),
+        step_index=i32([0] * n),
+        prompt_lens=i32([r] * n),
+        response_lens=i32([r] * n),
+        rewards=np.zeros(n, np.float32),
+        dones=np.ones(n, bool),
+        valid=np.ones(n, bool),
+        version_lo=i32([0] * n),
+        version_hi=i32([0] * n),
+        prompt_ids=i32(rng.integers(0, vocab, n * r)),
+        response_ids=i32(rng.integers(0, vocab, n * r)),
+        logprobs=np.zeros(n * r, np.float32),
+        anchors=[""] * n,
+    )
     (mb,) = make_micro_batches(Sequences.from_batch(batch), torch.zeros(n), token_budget=10**9)
     return mb
 
@@ -85,8 +112,17 @@ def learner_child(variant: str, tokens: int, vocab: int, chunk: int) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     mb = _micro_batch(tokens, vocab)
     with torch.no_grad():  # a small warm-up: allocator and kernels, not counted
         response_logprobs(model, _micro_batch(64, vocab))
@@ -98,8 +134,10 @@ def learner_child(variant: str, tokens: int, vocab: int, chunk: int) -> dict:
 
 
 def learner_peak(variant: str, tokens: int, vocab: int, chunk: int) -> dict:
-    code = (f"import json; from bench import memory as b; "
-            f"print(json.dumps(b.learner_child({variant!r}, {tokens}, {vocab}, {chunk})))")
+    code = (
+        f"import json; from bench import memory as b; "
+        f"print(json.dumps(b.learner_child({variant!r}, {tokens}, {vocab}, {chunk})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the {variant} learner measurement failed:\n{out.stderr[-2000:]}")
@@ -122,12 +160,18 @@ def main() -> None:
     rows = {}
     for variant in ("full", "chunked"):
         r = rows[variant] = learner_peak(variant, args.tokens, args.vocab, args.chunk)
-        label = "learner response_logprobs" if variant == "full" else f"chunked ({args.chunk} tokens)"  # tests read these
-        print(f"{label:<26} {r['tokens']:>11} {r['peak_growth'] / 1e6:>11.1f} {r['peak_growth'] / r['tokens']:>11.0f}",
-              flush=True)
+        label = (
+            "learner response_logprobs" if variant == "full" else f"chunked ({args.chunk} tokens)"
+        )  # tests read these
+        print(
+            f"{label:<26} {r['tokens']:>11} {r['peak_growth'] / 1e6:>11.1f} {r['peak_growth'] / r['tokens']:>11.0f}",
+            flush=True,
+        )
     same = abs(rows["full"]["logp_sum"] - rows["chunked"]["logp_sum"]) <= 1e-3 * abs(rows["full"]["logp_sum"])
-    print(f"learner peak without/with chunking: {rows['full']['peak_growth'] / max(rows['chunked']['peak_growth'], 1):.2f}x"
-          f" (same log-probs: {same})")
+    print(
+        f"learner peak without/with chunking: {rows['full']['peak_growth'] / max(rows['chunked']['peak_growth'], 1):.2f}x"
+        f" (same log-probs: {same})"
+    )
 
 
 if __name__ == "__main__":

@@ -45,12 +45,22 @@ def launch_overrides(args: argparse.Namespace, model: str, url: str, bound: int)
     """The one config every run shares, but for the staleness bound."""
     slots = (max(int(b) for b in args.bounds.split(",")) + 1) * args.groups_per_step  # groups in flight at most
     return [
-        f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
-        "learner.world_size=1", "actors.count=1", f"actors.episodes_per_actor={slots * args.group_size}",
-        f"env.name={args.env}", f"env.group_size={args.group_size}", f"env.max_steps={args.max_steps}",
-        f"env.step_latency_mean_s={args.latency_ms / 1000}", f"sampling.max_tokens={args.max_tokens}",
-        f"trainer.groups_per_step={args.groups_per_step}", f"trainer.total_steps={args.steps}",
-        f"trainer.max_staleness={bound}", f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5",
+        f"model.path={model}",
+        "engines.count=1",
+        f"engines.external_urls=[{url}]",
+        "learner.world_size=1",
+        "actors.count=1",
+        f"actors.episodes_per_actor={slots * args.group_size}",
+        f"env.name={args.env}",
+        f"env.group_size={args.group_size}",
+        f"env.max_steps={args.max_steps}",
+        f"env.step_latency_mean_s={args.latency_ms / 1000}",
+        f"sampling.max_tokens={args.max_tokens}",
+        f"trainer.groups_per_step={args.groups_per_step}",
+        f"trainer.total_steps={args.steps}",
+        f"trainer.max_staleness={bound}",
+        f"broker.dashboard_port={free_port()}",
+        "run.shutdown_timeout_s=5",
         *args.override,
     ]
 
@@ -63,8 +73,9 @@ def run_once(args: argparse.Namespace, model: str, url: str, bound: int, folder:
     sampler = threading.Thread(target=sample_running, args=(url, stop, samples), daemon=True)
     sampler.start()
     try:
-        wall = harness.run_launcher(run_dir, launch_overrides(args, model, url, bound), f"at bound {bound}",
-                                    args.run_timeout_s).wall_s
+        wall = harness.run_launcher(
+            run_dir, launch_overrides(args, model, url, bound), f"at bound {bound}", args.run_timeout_s
+        ).wall_s
     finally:
         stop.set()
         sampler.join(5)
@@ -88,35 +99,58 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="sampling.max_tokens")
     parser.add_argument("--latency-ms", type=float, default=50.0, help="mean env step latency (log-normal)")
     parser.add_argument("--env", default="agentstream/FrozenLake-v0")
-    parser.add_argument("--engine-cores", default="", help="engines.cpu_threads_bind of the server started here, "
-                        "e.g. 0: its compute threads on core 0, the other cores left to the learner")
+    parser.add_argument(
+        "--engine-cores",
+        default="",
+        help="engines.cpu_threads_bind of the server started here, "
+        "e.g. 0: its compute threads on core 0, the other cores left to the learner",
+    )
     parser.add_argument("--run-timeout-s", type=float, default=300.0)
     parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument("override", nargs="*", help="more launcher overrides, applied to every run")
     args = parser.parse_args()
     bounds = [int(b) for b in args.bounds.split(",")]
-    model, folder = harness.begin(args.model, "bench-async-", args.keep, about=(
-        f"{args.steps} steps x {args.groups_per_step} groups x {args.group_size} episodes, <= {args.max_steps} env "
-        f"steps, {args.latency_ms:.0f} ms mean env latency, {args.max_tokens} tokens/response, engine cores "
-        f"{args.engine_cores or 'all'}"))
-    print(f"{'bound':>5} {'wall s':>7} {'train s':>8} {'speed-up':>8} {'learner idle':>12} {'engine busy':>11} "
-          f"{'staleness':>9} {'trained':>7} {'status':>8}", flush=True)
+    model, folder = harness.begin(
+        args.model,
+        "bench-async-",
+        args.keep,
+        about=(
+            f"{args.steps} steps x {args.groups_per_step} groups x {args.group_size} episodes, <= {args.max_steps} env "
+            f"steps, {args.latency_ms:.0f} ms mean env latency, {args.max_tokens} tokens/response, engine cores "
+            f"{args.engine_cores or 'all'}"
+        ),
+    )
+    print(
+        f"{'bound':>5} {'wall s':>7} {'train s':>8} {'speed-up':>8} {'learner idle':>12} {'engine busy':>11} "
+        f"{'staleness':>9} {'trained':>7} {'status':>8}",
+        flush=True,
+    )
     results: list[RunResult] = []
     with harness.vllm_server(model, folder, args.engine_url, args.engine_cores) as url:
         for bound in bounds:
             r = run_once(args, model, url, bound, folder)
             results.append(r)
             speed = results[0].train_s / r.train_s
-            print(f"{r.bound:>5} {r.wall_s:>7.1f} {r.train_s:>8.2f} {speed:>7.2f}x {r.idle_frac:>12.1%} "
-                  f"{r.engine_busy:>11.1%} {r.staleness_mean:>9.2f} {r.transitions:>7} {r.status:>8}", flush=True)
+            print(
+                f"{r.bound:>5} {r.wall_s:>7.1f} {r.train_s:>8.2f} {speed:>7.2f}x {r.idle_frac:>12.1%} "
+                f"{r.engine_busy:>11.1%} {r.staleness_mean:>9.2f} {r.transitions:>7} {r.status:>8}",
+                flush=True,
+            )
     base = results[0]
     ideal = ideal_speedup(base)
-    print(f"ideal overlap: bound {base.bound}'s {base.train_s:.1f} s / max(generating {base.wait_s:.1f} s, training "
-          f"{base.busy_s:.1f} s) = {ideal:.2f}x; reached: " + ", ".join(
-              f"bound {r.bound} {base.train_s / r.train_s / ideal:.0%}" for r in results[1:]) + " (target >= 90%)")
-    print(f"speed-up over bound {base.bound}: " + ", ".join(
-        f"bound {r.bound} {base.train_s / r.train_s:.2f}x (learner idle {r.idle_frac:.0%})" for r in results[1:])
-        + " (target >= 2.5x at bound 4, learner idle < 10%)")
+    print(
+        f"ideal overlap: bound {base.bound}'s {base.train_s:.1f} s / max(generating {base.wait_s:.1f} s, training "
+        f"{base.busy_s:.1f} s) = {ideal:.2f}x; reached: "
+        + ", ".join(f"bound {r.bound} {base.train_s / r.train_s / ideal:.0%}" for r in results[1:])
+        + " (target >= 90%)"
+    )
+    print(
+        f"speed-up over bound {base.bound}: "
+        + ", ".join(
+            f"bound {r.bound} {base.train_s / r.train_s:.2f}x (learner idle {r.idle_frac:.0%})" for r in results[1:]
+        )
+        + " (target >= 2.5x at bound 4, learner idle < 10%)"
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,15 @@ PEER_VENV = REPO_ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
 DATASET = "basic_arithmetic"
 TARGETS = {("sync", 16): 1.0, ("sync", 64): 1.0, ("async", 64): 1.5}  # agentstream/TRL, issue 25
-LEARN_KWARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["*"],
-                "allow_parentheses": False, "allow_negation": False}
+LEARN_KWARGS = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["*"],
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
 """--learn's arithmetic: a product of two numbers from 0 to 10; one in six is 0 (a 0 in the question), so there is
 something to learn fast: that 0 is often right, then when."""
 LEARN_MODEL = REPO_ROOT / ".cache" / "tiny-model-warm-arithmetic"
@@ -106,8 +113,10 @@ def cpu_line(cores: dict[str, float], rate: float) -> tuple[str, float]:
     used = sum(cores.values())
     per = used / rate
     parts = ", ".join(f"{name} {c:.2f}" for name, c in cores.items() if c >= 0.005)
-    return (f"CPU cores used in the steady steps: {parts} = {used:.2f} of {os.cpu_count()}; "
-            f"{1000 * per:.1f} CPU ms per completion (at every core: {os.cpu_count() / per:.0f} completions/s)"), per
+    return (
+        f"CPU cores used in the steady steps: {parts} = {used:.2f} of {os.cpu_count()}; "
+        f"{1000 * per:.1f} CPU ms per completion (at every core: {os.cpu_count() / per:.0f} completions/s)"
+    ), per
 
 
 @dataclass(frozen=True)
@@ -136,11 +145,19 @@ class Result:
 def workload_overrides(w: Workload) -> list[str]:
     """The launcher overrides that set the workload (the same for the prompts written for TRL)."""
     return [
-        f"model.path={w.model}", "model.dtype=float32", "env.name=agentstream/Reasoning-v0",
-        f"+env.kwargs.dataset={DATASET}", "+env.kwargs.max_attempts=1", "env.max_steps=1",
-        f"env.group_size={w.group_size}", f"sampling.max_tokens={w.max_tokens}",
-        f"sampling.temperature={w.temperature}", f"learner.lr={w.lr}", f"trainer.groups_per_step={w.groups}",
-        f"trainer.total_steps={w.steps}", f"run.seed={w.seed}",
+        f"model.path={w.model}",
+        "model.dtype=float32",
+        "env.name=agentstream/Reasoning-v0",
+        f"+env.kwargs.dataset={DATASET}",
+        "+env.kwargs.max_attempts=1",
+        "env.max_steps=1",
+        f"env.group_size={w.group_size}",
+        f"sampling.max_tokens={w.max_tokens}",
+        f"sampling.temperature={w.temperature}",
+        f"learner.lr={w.lr}",
+        f"trainer.groups_per_step={w.groups}",
+        f"trainer.total_steps={w.steps}",
+        f"run.seed={w.seed}",
         *([f"+env.kwargs.dataset_kwargs={hydra_value(w.dataset_kwargs)}"] if w.dataset_kwargs else []),
     ]
 
@@ -200,8 +217,18 @@ def write_prompts(w: Workload, path: Path) -> int:
                 env.close()
             turn = turns[-1]
             text = tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, tokenize=False)
-            f.write(json.dumps({"seed": seed_base + g, "dataset": DATASET, "kwargs": w.dataset_kwargs, "prompt": text,
-                                "prompt_ids": turn.prompt_ids}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "seed": seed_base + g,
+                        "dataset": DATASET,
+                        "kwargs": w.dataset_kwargs,
+                        "prompt": text,
+                        "prompt_ids": turn.prompt_ids,
+                    }
+                )
+                + "\n"
+            )
     return len(turns[0].prompt_ids or [])
 
 
@@ -209,8 +236,12 @@ def peer_python(log: IO[str]) -> tuple[Path, float]:
     """The peer venv's python, made (or remade) when it does not import TRL; (python, seconds spent making it)."""
     python = PEER_VENV / "bin" / "python"
     pins = {p: installed_version(p) for p in ("torch", "transformers", "reasoning_gym")}
-    check = [str(python), "-c", f"import reasoning_gym, torch, transformers, trl; assert trl.__version__ == "
-             f"{TRL_VERSION!r} and transformers.__version__ == {pins['transformers']!r}"]
+    check = [
+        str(python),
+        "-c",
+        f"import reasoning_gym, torch, transformers, trl; assert trl.__version__ == "
+        f"{TRL_VERSION!r} and transformers.__version__ == {pins['transformers']!r}",
+    ]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python, 0.0
     t0 = time.time()
@@ -233,11 +264,33 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     """TRL's GRPOTrainer on the prompts agentstream's actors would send."""
     folder.mkdir(parents=True, exist_ok=True)
     prompt_tokens = write_prompts(w, folder / "prompts.jsonl")
-    argv = [str(python), "-m", "bench.peer_trl", "--prompts", str(folder / "prompts.jsonl"),
-            "--model", w.model, "--out", str(folder / "trl-out"), "--batch", str(w.batch), "--steps", str(w.steps),
-            "--group-size", str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature",
-            str(w.temperature), "--lr", str(w.lr), "--invalid-penalty", str(invalid_penalty()),
-            "--seed", str(w.seed + w.peer_seed_offset)]
+    argv = [
+        str(python),
+        "-m",
+        "bench.peer_trl",
+        "--prompts",
+        str(folder / "prompts.jsonl"),
+        "--model",
+        w.model,
+        "--out",
+        str(folder / "trl-out"),
+        "--batch",
+        str(w.batch),
+        "--steps",
+        str(w.steps),
+        "--group-size",
+        str(w.group_size),
+        "--max-tokens",
+        str(w.max_tokens),
+        "--temperature",
+        str(w.temperature),
+        "--lr",
+        str(w.lr),
+        "--invalid-penalty",
+        str(invalid_penalty()),
+        "--seed",
+        str(w.seed + w.peer_seed_offset),
+    ]
     t0 = time.time()
     with harness.child(argv, folder / "trl.log") as proc, CpuSampler(proc.pid) as cpu:
         proc.wait(timeout_s)
@@ -245,19 +298,32 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
     events = [json.loads(line) for line in lines if line.startswith('{"event"')]  # TRL prints its logs as dicts
     steps = [e for e in events if e["event"] == "step"]
     if proc.returncode != 0 or len(steps) != w.steps:
-        raise RuntimeError(f"the TRL run failed (exit {proc.returncode}, {len(steps)} of {w.steps} steps); "
-                           f"{folder / 'trl.log'} ends:\n{(folder / 'trl.log').read_text()[-3000:]}")
+        raise RuntimeError(
+            f"the TRL run failed (exit {proc.returncode}, {len(steps)} of {w.steps} steps); "
+            f"{folder / 'trl.log'} ends:\n{(folder / 'trl.log').read_text()[-3000:]}"
+        )
     steady = steps[1:]
     step_s = sum(e["t"] - e["t_begin"] for e in steady) / len(steady)
     gen_s = sum(e["t_generated"] - e["t_begin"] for e in steady) / len(steady)
     ready = next(e["t"] for e in events if e["event"] == "ready")
     rewards = [e["reward_mean"] for e in sorted((e for e in events if e["event"] == "log"), key=lambda e: e["step"])]
-    detail = (f"TRL step {step_s:.3f} s = generate {gen_s:.3f} + reward/loss/backward/optimizer "
-              f"{step_s - gen_s:.3f}; start-up: trainer built {ready - t0:.1f} s after launch; {prompt_tokens} "
-              f"prompt tokens; mean reward {mean(rewards) if rewards else 0.0:.3f}")
+    detail = (
+        f"TRL step {step_s:.3f} s = generate {gen_s:.3f} + reward/loss/backward/optimizer "
+        f"{step_s - gen_s:.3f}; start-up: trainer built {ready - t0:.1f} s after launch; {prompt_tokens} "
+        f"prompt tokens; mean reward {mean(rewards) if rewards else 0.0:.3f}"
+    )
     steady_s = steps[-1]["t"] - steps[0]["t"]
-    return Result("TRL", "sync", w.batch, w.steps, steps[0]["t"] - t0, steady_s, detail, tuple(rewards),
-                  *cpu_line(cpu.cores(steps[0]["t"], steps[-1]["t"]), (w.steps - 1) * w.batch / steady_s))
+    return Result(
+        "TRL",
+        "sync",
+        w.batch,
+        w.steps,
+        steps[0]["t"] - t0,
+        steady_s,
+        detail,
+        tuple(rewards),
+        *cpu_line(cpu.cores(steps[0]["t"], steps[-1]["t"]), (w.steps - 1) * w.batch / steady_s),
+    )
 
 
 def invalid_penalty() -> float:
@@ -265,37 +331,57 @@ def invalid_penalty() -> float:
     return TrainerConfig().invalid_action_penalty
 
 
-def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s: float,
-                    extra: list[str]) -> Result:
+def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s: float, extra: list[str]) -> Result:
     """The real launcher: broker, one vLLM engine it starts, one learner rank, one actor, at staleness `bound`;
     `extra`: more launcher overrides."""
     run_dir = folder / f"agentstream-{mode}-{w.batch}"
     episodes = (bound + 1) * w.groups * w.group_size  # every group the bound lets be in flight
-    overrides = [*workload_overrides(w), "engines.count=1", "learner.world_size=1", "actors.count=1",
-                 f"actors.episodes_per_actor={episodes}", f"trainer.max_staleness={bound}",
-                 f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5",
-                 *(o for o in extra if not o.startswith("trainer.max_staleness="))]  # the mode sets the bound
+    overrides = [
+        *workload_overrides(w),
+        "engines.count=1",
+        "learner.world_size=1",
+        "actors.count=1",
+        f"actors.episodes_per_actor={episodes}",
+        f"trainer.max_staleness={bound}",
+        f"broker.dashboard_port={free_port()}",
+        "run.shutdown_timeout_s=5",
+        *(o for o in extra if not o.startswith("trainer.max_staleness=")),
+    ]  # the mode sets the bound
     t0, wall, cpu = harness.run_launcher(run_dir, overrides, f"({mode}, batch {w.batch})", timeout_s, watch=CpuSampler)
     m = harness.measure(bound, wall, run_dir, [])
     metrics = run_dir / "learner_metrics.jsonl"
     every = sorted((r for r in harness.learner_rows(run_dir) if "version" in r), key=lambda r: r["version"])
     rows = every[1:]
     first_step_end = metrics.stat().st_mtime - m.train_s  # the learner wrote step N's row train_s after step 1's
-    avg = {k: sum(r.get(k, 0.0) for r in rows) / len(rows)
-           for k in ("step_time_s", "batch_wait_s", "compute_s", "publish_s")}
+    avg = {
+        k: sum(r.get(k, 0.0) for r in rows) / len(rows)
+        for k in ("step_time_s", "batch_wait_s", "compute_s", "publish_s")
+    }
     train = avg["step_time_s"] - avg["batch_wait_s"] - avg["publish_s"]
-    detail = (f"learner step {avg['step_time_s']:.3f} s = batch wait {avg['batch_wait_s']:.3f} + train "
-              f"{train:.3f} (compute {avg['compute_s']:.3f}) + publish {avg['publish_s']:.3f}; staleness "
-              f"{m.staleness_mean:.2f}; trained {m.transitions} transitions; {m.status}; wall {wall:.1f} s")
+    detail = (
+        f"learner step {avg['step_time_s']:.3f} s = batch wait {avg['batch_wait_s']:.3f} + train "
+        f"{train:.3f} (compute {avg['compute_s']:.3f}) + publish {avg['publish_s']:.3f}; staleness "
+        f"{m.staleness_mean:.2f}; trained {m.transitions} transitions; {m.status}; wall {wall:.1f} s"
+    )
     rate = (w.steps - 1) * w.batch / m.train_s
-    return Result("agentstream", mode, w.batch, w.steps, first_step_end - t0, m.train_s, detail,
-                  tuple(r["reward_mean"] for r in every), *cpu_line(cpu.cores(first_step_end, metrics.stat().st_mtime),
-                                                                    rate))
+    return Result(
+        "agentstream",
+        mode,
+        w.batch,
+        w.steps,
+        first_step_end - t0,
+        m.train_s,
+        detail,
+        tuple(r["reward_mean"] for r in every),
+        *cpu_line(cpu.cores(first_step_end, metrics.stat().st_mtime), rate),
+    )
 
 
 def print_result(r: Result) -> None:
-    print(f"{r.system:>11} {r.mode:>5} {r.batch:>5} {r.steps:>5} {r.startup_s:>10.1f} {r.steady_s:>8.2f} "
-          f"{r.rate:>13.1f}", flush=True)
+    print(
+        f"{r.system:>11} {r.mode:>5} {r.batch:>5} {r.steps:>5} {r.startup_s:>10.1f} {r.steady_s:>8.2f} {r.rate:>13.1f}",
+        flush=True,
+    )
     print(f"# {r.detail}", flush=True)
     if r.cpu:
         print(f"# {r.cpu}", flush=True)
@@ -305,8 +391,11 @@ def cpu_bounds(results: list[Result]) -> list[str]:
     """Per (mode, batch): TRL's CPU s per completion over agentstream's, the most agentstream/TRL can reach on
     this machine when both keep every core busy."""
     peer = {r.batch: r for r in results if r.system == "TRL"}
-    return [f"{r.mode} at {r.batch}: {peer[r.batch].cpu_per_completion / r.cpu_per_completion:.2f}x"
-            for r in results if r.system == "agentstream" and r.batch in peer]
+    return [
+        f"{r.mode} at {r.batch}: {peer[r.batch].cpu_per_completion / r.cpu_per_completion:.2f}x"
+        for r in results
+        if r.system == "agentstream" and r.batch in peer
+    ]
 
 
 def ratios(results: list[Result]) -> list[str]:
@@ -316,15 +405,29 @@ def ratios(results: list[Result]) -> list[str]:
     for r in results:
         if r.system == "agentstream" and r.batch in peer:
             target = TARGETS.get((r.mode, r.batch))
-            out.append(f"{r.mode} at {r.batch}: {r.rate / peer[r.batch].rate:.2f}x"
-                       + (f" (target >= {target:.1f}x)" if target else " (no target)"))
+            out.append(
+                f"{r.mode} at {r.batch}: {r.rate / peer[r.batch].rate:.2f}x"
+                + (f" (target >= {target:.1f}x)" if target else " (no target)")
+            )
     return out
 
 
 def warm_model(log: Path) -> Path:
     """--learn's starting weights (made once; launcher.warm_start redoes them only when an input changed)."""
-    argv = [sys.executable, "-m", "launcher.warm_start", "--env", "agentstream/Reasoning-v0", "--dataset", DATASET,
-            "--dataset-kwargs", json.dumps(LEARN_KWARGS), *LEARN_WARM_START, "--out", str(LEARN_MODEL)]
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.warm_start",
+        "--env",
+        "agentstream/Reasoning-v0",
+        "--dataset",
+        DATASET,
+        "--dataset-kwargs",
+        json.dumps(LEARN_KWARGS),
+        *LEARN_WARM_START,
+        "--out",
+        str(LEARN_MODEL),
+    ]
     with log.open("w") as out:
         if subprocess.run(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
             raise RuntimeError(f"the warm start failed; {log} ends:\n{log.read_text()[-3000:]}")
@@ -336,7 +439,7 @@ def paired_interval(a: list[float], b: list[float], draws: int = 10_000, seed: i
     (seeds drawn with replacement, `draws` times; the 2.5th and 97.5th percentiles of the resampled means)."""
     import numpy as np
 
-    d = np.asarray(a[:len(b)]) - np.asarray(b[:len(a)])
+    d = np.asarray(a[: len(b)]) - np.asarray(b[: len(a)])
     means = d[np.random.default_rng(seed).integers(0, len(d), (draws, len(d)))].mean(axis=1)
     return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
@@ -351,16 +454,20 @@ def learning_lines(curves: dict[str, list[tuple[float, ...]]], batch: int, every
     steps = min(len(c) for runs in curves.values() for c in runs)
     lines = [f"{'step':>5} {'completions':>11} " + " ".join(f"{label:>16}" for label in labels)]
     for i in [*range(0, steps - 1, every), steps - 1]:
-        lines.append(f"{i + 1:>5} {(i + 1) * batch:>11} "
-                     + " ".join(f"{mean(c[i] for c in curves[label]):>16.3f}" for label in labels))
+        lines.append(
+            f"{i + 1:>5} {(i + 1) * batch:>11} "
+            + " ".join(f"{mean(c[i] for c in curves[label]):>16.3f}" for label in labels)
+        )
     areas = {label: [mean(c[:steps]) for c in runs] for label, runs in curves.items()}
 
     def spread(xs: list[float]) -> float:
         return stdev(xs) if len(xs) > 1 else 0.0
 
     for label, xs in areas.items():
-        lines.append(f"# {label}: mean reward over the run {mean(xs):+.4f} +- {spread(xs):.4f} over {len(xs)} seeds "
-                     f"({', '.join(f'{x:+.4f}' for x in xs)}); at step 1 {mean(c[0] for c in curves[label]):+.4f}")
+        lines.append(
+            f"# {label}: mean reward over the run {mean(xs):+.4f} +- {spread(xs):.4f} over {len(xs)} seeds "
+            f"({', '.join(f'{x:+.4f}' for x in xs)}); at step 1 {mean(c[0] for c in curves[label]):+.4f}"
+        )
     peer, rest = labels[0], labels[1:]
     diffs, ratios_ = [], []
     for label in rest:
@@ -382,45 +489,81 @@ def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], fo
     with (folder / "peer-venv.log").open("w") as log:
         python, _ = peer_python(log)
     steps = args.steps or 40
-    print(f"# learning: {DATASET} {json.dumps(LEARN_KWARGS)}, from {model} (format-only warm start); "
-          f"{steps} steps, {args.seeds} seeds, lr {args.lr:g}; runs in {folder}", flush=True)
+    print(
+        f"# learning: {DATASET} {json.dumps(LEARN_KWARGS)}, from {model} (format-only warm start); "
+        f"{steps} steps, {args.seeds} seeds, lr {args.lr:g}; runs in {folder}",
+        flush=True,
+    )
     for batch in (int(b) for b in args.batch.split(",")):
         curves: dict[str, list[tuple[float, ...]]] = {}
         for seed in range(args.seeds):
-            w = Workload(str(model), batch, steps, dataset_kwargs=LEARN_KWARGS, seed=seed, lr=args.lr,
-                         peer_seed_offset=args.peer_seed_offset)
-            runs = [] if args.agentstream_only else [
-                run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
-            runs += [run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s,
-                                     args.override) for mode in modes]
+            w = Workload(
+                str(model),
+                batch,
+                steps,
+                dataset_kwargs=LEARN_KWARGS,
+                seed=seed,
+                lr=args.lr,
+                peer_seed_offset=args.peer_seed_offset,
+            )
+            runs = (
+                []
+                if args.agentstream_only
+                else [run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
+            )
+            runs += [
+                run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s, args.override)
+                for mode in modes
+            ]
             for r in runs:
                 curves.setdefault(f"{r.system} {r.mode}", []).append(r.rewards)
-                print(f"# seed {seed}: {r.system} {r.mode} {batch}: mean reward {mean(r.rewards):+.4f}, "
-                      f"{r.rate:.1f} completions/s", flush=True)
+                print(
+                    f"# seed {seed}: {r.system} {r.mode} {batch}: mean reward {mean(r.rewards):+.4f}, "
+                    f"{r.rate:.1f} completions/s",
+                    flush=True,
+                )
         for line in learning_lines(curves, batch, every=max(1, steps // 8)):
             print(line, flush=True)
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__, model=True, default_model=f"{SMALL_MODEL_DIR}, made if missing; --learn: "
-                               "the tiny model's arithmetic warm start")
+    parser = harness.arguments(
+        __doc__,
+        model=True,
+        default_model=f"{SMALL_MODEL_DIR}, made if missing; --learn: the tiny model's arithmetic warm start",
+    )
     parser.add_argument("--batch", default="16,64", help="completions per optimizer step, a comma list")
-    parser.add_argument("--steps", type=int, default=0, help="optimizer steps per run (steady state: 2..N); "
-                        "default 8, with --learn 40")
-    parser.add_argument("--learn", action="store_true", help="compare learning (reward against completions) "
-                        "from the same warm start instead of speed")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="optimizer steps per run (steady state: 2..N); default 8, with --learn 40"
+    )
+    parser.add_argument(
+        "--learn",
+        action="store_true",
+        help="compare learning (reward against completions) from the same warm start instead of speed",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="--learn: runs per system")
     parser.add_argument("--lr", type=float, default=Workload.lr, help="--learn: both systems' learning rate")
-    parser.add_argument("--peer-seed-offset", type=int, default=0,
-                        help="--learn: TRL's seed is the questions' seed plus this (other sampling, same questions)")
-    parser.add_argument("--modes", default="sync,async", help="agentstream's modes: sync (max_staleness=0), "
-                        "async (the config's default bound)")
+    parser.add_argument(
+        "--peer-seed-offset",
+        type=int,
+        default=0,
+        help="--learn: TRL's seed is the questions' seed plus this (other sampling, same questions)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="sync,async",
+        help="agentstream's modes: sync (max_staleness=0), async (the config's default bound)",
+    )
     parser.add_argument("--peer-only", action="store_true", help="run TRL only")
     parser.add_argument("--agentstream-only", action="store_true", help="run agentstream only")
     parser.add_argument("--run-timeout-s", type=float, default=600.0)
     parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
-    parser.add_argument("override", nargs="*", help="more launcher overrides for every agentstream run, e.g. "
-                        "learner.torch_threads=2 (trainer.max_staleness=K: the async bound)")
+    parser.add_argument(
+        "override",
+        nargs="*",
+        help="more launcher overrides for every agentstream run, e.g. "
+        "learner.torch_threads=2 (trainer.max_staleness=K: the async bound)",
+    )
     args = parser.parse_args()
     if args.steps and args.steps < 2:
         parser.error("--steps must be at least 2: step 1 holds the start-up")
@@ -442,11 +585,17 @@ def main() -> None:
             python, made_s = peer_python(log)
         if made_s:
             print(f"# peer venv made in {made_s:.0f} s", flush=True)
-    print(f"# {DATASET} single-turn on {model}, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; TRL {TRL_VERSION} "
-          f"(HF generate, 2 torch threads); agentstream: 1 vLLM engine, 1 learner rank, 1 actor; async = "
-          f"max_staleness {bounds['async']}; runs in {folder}", flush=True)
-    print(f"{'system':>11} {'mode':>5} {'batch':>5} {'steps':>5} {'start-up s':>10} {'steady s':>8} "
-          f"{'completions/s':>13}", flush=True)
+    print(
+        f"# {DATASET} single-turn on {model}, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; TRL {TRL_VERSION} "
+        f"(HF generate, 2 torch threads); agentstream: 1 vLLM engine, 1 learner rank, 1 actor; async = "
+        f"max_staleness {bounds['async']}; runs in {folder}",
+        flush=True,
+    )
+    print(
+        f"{'system':>11} {'mode':>5} {'batch':>5} {'steps':>5} {'start-up s':>10} {'steady s':>8} "
+        f"{'completions/s':>13}",
+        flush=True,
+    )
     results: list[Result] = []
     for batch in (int(b) for b in args.batch.split(",")):
         w = Workload(model, batch, args.steps)
@@ -460,8 +609,10 @@ def main() -> None:
             print_result(results[-1])
     cpu_ratios = cpu_bounds(results)
     if cpu_ratios:
-        print("# TRL's CPU s per completion over agentstream's (agentstream/TRL at every core busy): "
-              + ", ".join(cpu_ratios))
+        print(
+            "# TRL's CPU s per completion over agentstream's (agentstream/TRL at every core busy): "
+            + ", ".join(cpu_ratios)
+        )
     lines = ratios(results)
     if lines:
         print("agentstream/TRL completions/s: " + ", ".join(lines))

@@ -47,11 +47,18 @@ def sample(model: Any, prompts: list[dict[str, Any]], w: Workload, seed: int) ->
     for row in prompts:
         ids = torch.tensor([row["prompt_ids"]])
         with torch.no_grad():
-            seqs = model.generate(ids, do_sample=True, temperature=w.temperature, top_k=0, top_p=1.0,
-                                  max_new_tokens=w.max_tokens, num_return_sequences=w.group_size,
-                                  pad_token_id=next(iter(eos)))
+            seqs = model.generate(
+                ids,
+                do_sample=True,
+                temperature=w.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=w.max_tokens,
+                num_return_sequences=w.group_size,
+                pad_token_id=next(iter(eos)),
+            )
         group = []
-        for s in seqs[:, ids.shape[1]:].tolist():
+        for s in seqs[:, ids.shape[1] :].tolist():
             cut = next((i + 1 for i, t in enumerate(s) if t in eos), len(s))
             group.append(s[:cut])
         out.append(group)
@@ -67,17 +74,36 @@ def make_batch(prompts: list[dict[str, Any]], completions: list[list[list[int]]]
         for c, r in zip(group, rs, strict=True):
             p_ids += row["prompt_ids"]
             r_ids += c
-            for k, v in (("group", g), ("traj", len(cols["traj"])), ("plen", len(row["prompt_ids"])),
-                         ("rlen", len(c)), ("reward", r)):
+            for k, v in (
+                ("group", g),
+                ("traj", len(cols["traj"])),
+                ("plen", len(row["prompt_ids"])),
+                ("rlen", len(c)),
+                ("reward", r),
+            ):
                 cols[k].append(v)
     n = len(cols["traj"])
     i32 = lambda k: np.asarray(cols[k], dtype=np.int32)  # noqa: E731
-    return Batch(step=0, rank=0, learner_version=0, group_size=len(completions[0]), group_index=i32("group"),
-                 traj_index=i32("traj"), step_index=np.zeros(n, np.int32), prompt_lens=i32("plen"),
-                 response_lens=i32("rlen"), rewards=np.asarray(cols["reward"], np.float32), dones=np.ones(n, bool),
-                 valid=np.ones(n, bool), version_lo=np.zeros(n, np.int32), version_hi=np.zeros(n, np.int32),
-                 prompt_ids=np.asarray(p_ids, np.int32), response_ids=np.asarray(r_ids, np.int32),
-                 logprobs=np.zeros(len(r_ids), np.float32), anchors=[""] * n)
+    return Batch(
+        step=0,
+        rank=0,
+        learner_version=0,
+        group_size=len(completions[0]),
+        group_index=i32("group"),
+        traj_index=i32("traj"),
+        step_index=np.zeros(n, np.int32),
+        prompt_lens=i32("plen"),
+        response_lens=i32("rlen"),
+        rewards=np.asarray(cols["reward"], np.float32),
+        dones=np.ones(n, bool),
+        valid=np.ones(n, bool),
+        version_lo=np.zeros(n, np.int32),
+        version_hi=np.zeros(n, np.int32),
+        prompt_ids=np.asarray(p_ids, np.int32),
+        response_ids=np.asarray(r_ids, np.int32),
+        logprobs=np.zeros(len(r_ids), np.float32),
+        anchors=[""] * n,
+    )
 
 
 def agentstream_step(model_dir: str, batch: Any, cfg: Config) -> dict[str, Any]:
@@ -109,12 +135,19 @@ def agentstream_step(model_dir: str, batch: Any, cfg: Config) -> dict[str, Any]:
                 return super().step(closure)
 
         l = cfg.learner
-        optimizer = Recording(trainable_parameters(model), lr=l.lr, betas=tuple(l.betas), eps=l.eps,
-                              weight_decay=l.weight_decay)
-        metrics = train_step(model, optimizer, dataclasses.replace(batch, logprobs=behav),
-                             StepOptions.from_config(l, cfg.algorithm), version=0, world_size=1, device=device)
-        return {"metrics": metrics, "grads": grads,
-                "weights": {n: full(p) for n, p in model.named_parameters()}}
+        optimizer = Recording(
+            trainable_parameters(model), lr=l.lr, betas=tuple(l.betas), eps=l.eps, weight_decay=l.weight_decay
+        )
+        metrics = train_step(
+            model,
+            optimizer,
+            dataclasses.replace(batch, logprobs=behav),
+            StepOptions.from_config(l, cfg.algorithm),
+            version=0,
+            world_size=1,
+            device=device,
+        )
+        return {"metrics": metrics, "grads": grads, "weights": {n: full(p) for n, p in model.named_parameters()}}
     finally:
         dist.destroy_process_group()
 
@@ -150,7 +183,7 @@ def main() -> None:
     model = str(warm_model(folder / "warm-start.log"))
     w = Workload(model, args.batch, 1, dataset_kwargs=LEARN_KWARGS, seed=args.seed, lr=args.lr)
     write_prompts(w, folder / "prompts.jsonl")
-    prompts = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()][:w.groups]
+    prompts = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()][: w.groups]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
@@ -158,31 +191,70 @@ def main() -> None:
     completions = sample(hf, prompts, w, args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model)
     kwargs = json.dumps(LEARN_KWARGS, sort_keys=True)
-    rewards = [[score(tokenizer.decode(c, skip_special_tokens=True), row["dataset"], row["seed"], kwargs,
-                      invalid_penalty()) for c in group] for row, group in zip(prompts, completions, strict=True)]
+    rewards = [
+        [
+            score(tokenizer.decode(c, skip_special_tokens=True), row["dataset"], row["seed"], kwargs, invalid_penalty())
+            for c in group
+        ]
+        for row, group in zip(prompts, completions, strict=True)
+    ]
     with (folder / "completions.jsonl").open("w") as f:
         for row, group in zip(prompts, completions, strict=True):
             f.write(json.dumps({"prompt_ids": row["prompt_ids"], "completions": group}) + "\n")
     flat = [r for rs in rewards for r in rs]
     lengths = [len(c) for group in completions for c in group]
     group_std = [float(np.std(rs)) for rs in rewards]
-    print(f"# seed {args.seed}: {w.groups} prompts x {w.group_size} completions from {model}; mean reward "
-          f"{np.mean(flat):+.4f}, {np.mean(lengths):.1f} tokens, {sum(s == 0 for s in group_std)} groups with equal "
-          f"rewards; lr {args.lr:g}; files in {folder}", flush=True)
+    print(
+        f"# seed {args.seed}: {w.groups} prompts x {w.group_size} completions from {model}; mean reward "
+        f"{np.mean(flat):+.4f}, {np.mean(lengths):.1f} tokens, {sum(s == 0 for s in group_std)} groups with equal "
+        f"rewards; lr {args.lr:g}; files in {folder}",
+        flush=True,
+    )
 
     with (folder / "peer-venv.log").open("w") as log:
         python, _ = peer_python(log)
-    argv = [str(python), "-m", "bench.peer_trl", "--prompts", str(folder / "prompts.jsonl"), "--model", model,
-            "--out", str(folder / "trl-out"), "--batch", str(w.batch), "--steps", "1", "--group-size",
-            str(w.group_size), "--max-tokens", str(w.max_tokens), "--temperature", str(w.temperature), "--lr",
-            str(w.lr), "--invalid-penalty", str(invalid_penalty()), "--seed", str(args.seed), "--completions",
-            str(folder / "completions.jsonl"), "--dump", str(folder / "trl.pt")]
+    argv = [
+        str(python),
+        "-m",
+        "bench.peer_trl",
+        "--prompts",
+        str(folder / "prompts.jsonl"),
+        "--model",
+        model,
+        "--out",
+        str(folder / "trl-out"),
+        "--batch",
+        str(w.batch),
+        "--steps",
+        "1",
+        "--group-size",
+        str(w.group_size),
+        "--max-tokens",
+        str(w.max_tokens),
+        "--temperature",
+        str(w.temperature),
+        "--lr",
+        str(w.lr),
+        "--invalid-penalty",
+        str(invalid_penalty()),
+        "--seed",
+        str(args.seed),
+        "--completions",
+        str(folder / "completions.jsonl"),
+        "--dump",
+        str(folder / "trl.pt"),
+    ]
     with (folder / "trl.log").open("w") as log:
         if subprocess.run(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            raise SystemExit(f"the TRL step failed; {folder / 'trl.log'} ends:\n{(folder / 'trl.log').read_text()[-3000:]}")
+            raise SystemExit(
+                f"the TRL step failed; {folder / 'trl.log'} ends:\n{(folder / 'trl.log').read_text()[-3000:]}"
+            )
     trl = torch.load(folder / "trl.pt")
-    trl_reward = next(json.loads(line)["reward_mean"] for line in (folder / "trl.log").read_text().splitlines()
-                      if line.startswith('{"event": "log"'))
+    trl_reward = next(
+        json.loads(line)["reward_mean"]
+        for line in (folder / "trl.log").read_text().splitlines()
+        if line.startswith('{"event": "log"')
+    )
 
     from bench.peer import compose, workload_overrides
 
@@ -192,14 +264,19 @@ def main() -> None:
     m = ours["metrics"]
     print(f"# mean reward of the step: TRL {trl_reward:+.4f}, agentstream {m.get('reward_mean', np.mean(flat)):+.4f}")
     print(f"# loss: TRL {trl['logs'].get('loss', float('nan')):+.6f}, agentstream {m['loss']:+.6f}")
-    print(f"# gradient norm before clipping: TRL {trl['logs'].get('grad_norm', float('nan')):.6f}, agentstream "
-          f"{m['grad_norm']:.6f}")
+    print(
+        f"# gradient norm before clipping: TRL {trl['logs'].get('grad_norm', float('nan')):.6f}, agentstream "
+        f"{m['grad_norm']:.6f}"
+    )
     cos, rel, worst, worst_rel = compare(ours["grads"], trl["grads"])
     print(f"# clipped gradients: cosine {cos:.6f}; the parameter that differs most: {worst} ({worst_rel:.2e})")
-    ucos, urel, uworst, uworst_rel = compare({n: ours["weights"][n] - before[n] for n in before},
-                                             {n: trl["weights"][n] - before[n] for n in before})
-    print(f"# the step's weight updates: cosine {ucos:.6f}, relative L2 difference {urel:.2e}; most: {uworst} "
-          f"({uworst_rel:.2e})")
+    ucos, urel, uworst, uworst_rel = compare(
+        {n: ours["weights"][n] - before[n] for n in before}, {n: trl["weights"][n] - before[n] for n in before}
+    )
+    print(
+        f"# the step's weight updates: cosine {ucos:.6f}, relative L2 difference {urel:.2e}; most: {uworst} "
+        f"({uworst_rel:.2e})"
+    )
     print(f"relative L2 difference of the clipped gradients, agentstream vs TRL: {rel:.2e}")
 
 

@@ -70,8 +70,10 @@ def load_prompts(path: Path, tokenizer: Any) -> list[dict[str, Any]]:
     for row in rows:
         ids = tokenizer(text=row["prompt"])["input_ids"]
         if ids != row["prompt_ids"]:
-            raise SystemExit(f"seed {row['seed']}: the tokenizer gives {len(ids)} ids for the prompt text, "
-                             f"agentstream's engine gets {len(row['prompt_ids'])} different ones")
+            raise SystemExit(
+                f"seed {row['seed']}: the tokenizer gives {len(ids)} ids for the prompt text, "
+                f"agentstream's engine gets {len(row['prompt_ids'])} different ones"
+            )
     return rows
 
 
@@ -90,8 +92,11 @@ def main() -> None:
     parser.add_argument("--invalid-penalty", type=float, default=-0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--completions", type=Path, help="train on these completions instead of generating")
-    parser.add_argument("--dump", type=Path, help="save the clipped gradients, the weights after the last step and "
-                        "TRL's logged grad norm and loss here")
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        help="save the clipped gradients, the weights after the last step and TRL's logged grad norm and loss here",
+    )
     args = parser.parse_args()
 
     import torch
@@ -105,26 +110,42 @@ def main() -> None:
     if len(rows) < args.steps * args.batch // args.group_size:
         raise SystemExit(f"{len(rows)} prompts for {args.steps} steps of {args.batch // args.group_size} groups")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "task": r["dataset"], "seed": r["seed"],
-                                  "kwargs": json.dumps(r.get("kwargs") or {}, sort_keys=True)} for r in rows])
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": r["prompt"],
+                "task": r["dataset"],
+                "seed": r["seed"],
+                "kwargs": json.dumps(r.get("kwargs") or {}, sort_keys=True),
+            }
+            for r in rows
+        ]
+    )
     marks: dict[str, float] = {}
     dumped: dict[str, Any] = {}
 
     def reward(completions: list[str], task: list[str], seed: list[int], kwargs: list[str], **_: Any) -> list[float]:
         marks["generated"] = time.time()
-        return [score(c, d, s, k, args.invalid_penalty)
-                for c, d, s, k in zip(completions, task, seed, kwargs, strict=True)]
+        return [
+            score(c, d, s, k, args.invalid_penalty) for c, d, s, k in zip(completions, task, seed, kwargs, strict=True)
+        ]
 
     class Timings(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
             marks["begin"] = time.time()
 
         def on_step_end(self, _args: Any, state: Any, *_: Any, **__: Any) -> None:
-            emit(event="step", step=state.global_step, t_begin=marks.get("begin"), t_generated=marks.get("generated"),
-                 t=time.time())
+            emit(
+                event="step",
+                step=state.global_step,
+                t_begin=marks.get("begin"),
+                t_generated=marks.get("generated"),
+                t=time.time(),
+            )
 
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None,
-                   **__: Any) -> None:
+        def on_log(
+            self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None, **__: Any
+        ) -> None:
             if logs and "reward" in logs:  # TRL's mean reward of the step's completions
                 emit(event="log", step=state.global_step, reward_mean=logs["reward"])
             if logs and args.dump and "grad_norm" in logs:  # a step's log, not the run's summary
@@ -132,20 +153,48 @@ def main() -> None:
 
         def on_pre_optimizer_step(self, *_: Any, model: Any = None, **__: Any) -> None:  # after clipping
             if args.dump:
-                dumped["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+                dumped["grads"] = {
+                    n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
+                }
 
     config = GRPOConfig(
-        output_dir=str(args.out), use_cpu=True, bf16=False, fp16=False, seed=args.seed,
-        max_steps=args.steps, per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
-        num_generations=args.group_size, max_completion_length=args.max_tokens, temperature=args.temperature,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, epsilon=0.2, epsilon_high=0.28,  # agentstream's algorithm.clip_low/clip_high
-        use_vllm=False, gradient_checkpointing=False, shuffle_dataset=False,
-        report_to="none", logging_steps=1, save_strategy="no", eval_strategy="no", disable_tqdm=True,
+        output_dir=str(args.out),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=args.seed,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=1,
+        num_generations=args.group_size,
+        max_completion_length=args.max_tokens,
+        temperature=args.temperature,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,  # agentstream's algorithm.clip_low/clip_high
+        use_vllm=False,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Timings()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timings()],
+    )
     if args.completions:
         trainer._generate_single_turn = replay(args.completions)
     emit(event="ready", t=time.time())

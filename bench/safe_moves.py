@@ -49,9 +49,11 @@ def main() -> None:
     for b in sorted(counts):
         c = counts[b]
         n = sum(c.values())
-        print(f"v{b * args.bucket}-{b * args.bucket + args.bucket - 1}: {n} decisions, safe {c['safe'] / n:.2f}, "
-              f"hole {c['hole'] / n:.2f}, other {c['other'] / n:.2f}; "
-              f"safe/(safe+hole) {c['safe'] / max(1, c['safe'] + c['hole']):.2f}")
+        print(
+            f"v{b * args.bucket}-{b * args.bucket + args.bucket - 1}: {n} decisions, safe {c['safe'] / n:.2f}, "
+            f"hole {c['hole'] / n:.2f}, other {c['other'] / n:.2f}; "
+            f"safe/(safe+hole) {c['safe'] / max(1, c['safe'] + c['hole']):.2f}"
+        )
 
 
 if __name__ == "__main__":

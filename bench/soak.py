@@ -106,8 +106,11 @@ def after_warmup(samples: Sequence[Sample], warmup_frac: float) -> list[Sample]:
 
 def with_total(samples: Sequence[Sample]) -> list[Sample]:
     """`samples` with one more role, `ALL`: every process of the run together."""
-    return [Sample(s.t, s.step, s.buffered, s.wal_bytes, {**s.roles, ALL: Usage(*map(sum, zip(*s.roles.values())))})
-            for s in samples if s.roles]
+    return [
+        Sample(s.t, s.step, s.buffered, s.wal_bytes, {**s.roles, ALL: Usage(*map(sum, zip(*s.roles.values())))})
+        for s in samples
+        if s.roles
+    ]
 
 
 def role_growth(samples: Sequence[Sample], role: str) -> RoleGrowth:
@@ -123,16 +126,25 @@ def role_growth(samples: Sequence[Sample], role: str) -> RoleGrowth:
         return 1000 * slope(steps, values)
 
     rss_per_k = per_k([u.rss / MIB for _, u in seen])
-    return RoleGrowth(role, last.procs, (first.rss / MIB, last.rss / MIB), rss_per_k,
-                      100 * rss_per_k / (first.rss / MIB) if first.rss else math.nan,
-                      (first.fds, last.fds), per_k([float(u.fds) for _, u in seen]),
-                      (first.threads, last.threads), per_k([float(u.threads) for _, u in seen]))
+    return RoleGrowth(
+        role,
+        last.procs,
+        (first.rss / MIB, last.rss / MIB),
+        rss_per_k,
+        100 * rss_per_k / (first.rss / MIB) if first.rss else math.nan,
+        (first.fds, last.fds),
+        per_k([float(u.fds) for _, u in seen]),
+        (first.threads, last.threads),
+        per_k([float(u.threads) for _, u in seen]),
+    )
 
 
 def growth_table(samples: Sequence[Sample]) -> list[RoleGrowth]:
     """Every role seen in `samples` (after the warm-up), largest RSS first, the whole run last."""
-    roles = sorted({r for s in samples for r in s.roles} - {ALL},
-                   key=lambda r: -max(s.roles[r].rss for s in samples if r in s.roles))
+    roles = sorted(
+        {r for s in samples for r in s.roles} - {ALL},
+        key=lambda r: -max(s.roles[r].rss for s in samples if r in s.roles),
+    )
     return [role_growth(samples, r) for r in [*roles, ALL] if any(r in s.roles for s in samples)]
 
 
@@ -142,13 +154,17 @@ def _signed(x: float, fmt: str) -> str:
 
 def table_lines(rows: Sequence[RoleGrowth]) -> list[str]:
     """The table: per role, its value at the end of the warm-up -> at the last sample, and growth per 1,000 steps."""
-    out = [f"{'role':<17} {'procs':>5} {'RSS MiB':>17} {'MiB/1k':>8} {'%/1k':>7} {'open files':>11} {'/1k':>7} "
-           f"{'threads':>11} {'/1k':>7}"]
+    out = [
+        f"{'role':<17} {'procs':>5} {'RSS MiB':>17} {'MiB/1k':>8} {'%/1k':>7} {'open files':>11} {'/1k':>7} "
+        f"{'threads':>11} {'/1k':>7}"
+    ]
     for r in rows:
-        out.append(f"{r.role:<17} {r.procs:>5} {r.rss[0]:>7.1f} -> {r.rss[1]:>7.1f} {_signed(r.rss_per_k, '.2f'):>8} "
-                   f"{_signed(r.rss_pct_per_k, '.2f'):>7} {r.fds[0]:>4} -> {r.fds[1]:>4} "
-                   f"{_signed(r.fds_per_k, '.1f'):>7} {r.threads[0]:>4} -> {r.threads[1]:>4} "
-                   f"{_signed(r.threads_per_k, '.1f'):>7}")
+        out.append(
+            f"{r.role:<17} {r.procs:>5} {r.rss[0]:>7.1f} -> {r.rss[1]:>7.1f} {_signed(r.rss_per_k, '.2f'):>8} "
+            f"{_signed(r.rss_pct_per_k, '.2f'):>7} {r.fds[0]:>4} -> {r.fds[1]:>4} "
+            f"{_signed(r.fds_per_k, '.1f'):>7} {r.threads[0]:>4} -> {r.threads[1]:>4} "
+            f"{_signed(r.threads_per_k, '.1f'):>7}"
+        )
     return out
 
 
@@ -156,8 +172,10 @@ def wal_line(samples: Sequence[Sample]) -> str:
     """The write-ahead log's size after the warm-up: first, max, last, and how often it shrank (a compaction)."""
     sizes = [s.wal_bytes for s in samples]
     shrank = sum(1 for a, b in zip(sizes, sizes[1:]) if b < a)
-    return (f"WAL on disk (MiB): first {sizes[0] / MIB:.2f}, max {max(sizes) / MIB:.2f}, last {sizes[-1] / MIB:.2f}; "
-            f"shrank {shrank} times (compactions)")
+    return (
+        f"WAL on disk (MiB): first {sizes[0] / MIB:.2f}, max {max(sizes) / MIB:.2f}, last {sizes[-1] / MIB:.2f}; "
+        f"shrank {shrank} times (compactions)"
+    )
 
 
 def buffered_line(samples: Sequence[Sample]) -> str:
@@ -172,15 +190,19 @@ def last_line(rows: Sequence[RoleGrowth], steps: tuple[int, int]) -> str:
     roles = [r for r in rows if r.role != ALL]
     measured = [r for r in roles if not math.isnan(r.rss_pct_per_k)]
     if not measured:
-        return (f"soak RSS growth per 1000 learner steps: not measured (learner steps {steps[0]}..{steps[1]} after "
-                f"the warm-up; run longer); target < {RSS_TARGET_PCT:.0f}%")
+        return (
+            f"soak RSS growth per 1000 learner steps: not measured (learner steps {steps[0]}..{steps[1]} after "
+            f"the warm-up; run longer); target < {RSS_TARGET_PCT:.0f}%"
+        )
     worst = max(measured, key=lambda r: r.rss_pct_per_k)
     fds = max(measured, key=lambda r: r.fds_per_k)
     threads = max(measured, key=lambda r: r.threads_per_k)
     met = "met" if worst.rss_pct_per_k < RSS_TARGET_PCT else "not met"
-    return (f"soak RSS growth per 1000 learner steps, worst role: {worst.rss_pct_per_k:.2f}% ({worst.role}; "
-            f"target < {RSS_TARGET_PCT:.0f}%: {met}); open files {fds.fds_per_k:+.1f} ({fds.role}), threads "
-            f"{threads.threads_per_k:+.1f} ({threads.role}) per 1000 steps (target 0); steps {steps[0]}..{steps[1]}")
+    return (
+        f"soak RSS growth per 1000 learner steps, worst role: {worst.rss_pct_per_k:.2f}% ({worst.role}; "
+        f"target < {RSS_TARGET_PCT:.0f}%: {met}); open files {fds.fds_per_k:+.1f} ({fds.role}), threads "
+        f"{threads.threads_per_k:+.1f} ({threads.role}) per 1000 steps (target 0); steps {steps[0]}..{steps[1]}"
+    )
 
 
 def report(samples: Sequence[Sample], warmup_frac: float) -> list[str]:
@@ -190,9 +212,14 @@ def report(samples: Sequence[Sample], warmup_frac: float) -> list[str]:
         return [f"soak: {len(kept)} samples after the warm-up (of {len(samples)}): run longer or sample more often"]
     rows = growth_table(kept)
     steps = (kept[0].step or 0, kept[-1].step or 0)
-    return [f"# {len(kept)} samples of {len(samples)} after the warm-up ({kept[0].t:.0f} s..{kept[-1].t:.0f} s), "
-            f"learner steps {steps[0]}..{steps[1]}", *table_lines(rows), wal_line(kept), buffered_line(kept),
-            last_line(rows, steps)]
+    return [
+        f"# {len(kept)} samples of {len(samples)} after the warm-up ({kept[0].t:.0f} s..{kept[-1].t:.0f} s), "
+        f"learner steps {steps[0]}..{steps[1]}",
+        *table_lines(rows),
+        wal_line(kept),
+        buffered_line(kept),
+        last_line(rows, steps),
+    ]
 
 
 # ------------------------------------------------------------------------------------ the readings
@@ -239,8 +266,9 @@ class Sampler(harness.Periodic):
         except psutil.Error:  # the launcher exited
             return False
         step, buffered = self._broker()
-        self.samples.append(Sample(time.time() - self.t0, step, buffered,
-                                   folder_bytes(self.run_dir / WAL_FOLDER), roles))
+        self.samples.append(
+            Sample(time.time() - self.t0, step, buffered, folder_bytes(self.run_dir / WAL_FOLDER), roles)
+        )
         return True
 
     def _broker(self) -> tuple[int | None, int | None]:
@@ -263,24 +291,38 @@ def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--minutes", type=float, default=60.0, help="how long the job runs (default 60)")
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples (default 10)")
-    parser.add_argument("--warmup-frac", type=float, default=0.2,
-                        help="the first part of the run left out of the figures (default 0.2)")
+    parser.add_argument(
+        "--warmup-frac", type=float, default=0.2, help="the first part of the run left out of the figures (default 0.2)"
+    )
     parser.add_argument("--keep", default="", help="folder for the run (default: a new temporary folder)")
     parser.add_argument("overrides", nargs="*", help="launcher overrides, after `--` (e.g. actors.count=2)")
     args = parser.parse_args()
     if not 0 <= args.warmup_frac < 1 or args.minutes <= 0 or args.sample_s <= 0:
         parser.error("--minutes and --sample-s must be > 0 and --warmup-frac in [0, 1)")
-    _, folder = harness.begin("", "bench-soak-", args.keep,
-                              about=f"the default job for {args.minutes:g} min, sampled every {args.sample_s:g} s; "
-                                    f"growth per 1000 learner steps after the first {args.warmup_frac:.0%}")
+    _, folder = harness.begin(
+        "",
+        "bench-soak-",
+        args.keep,
+        about=f"the default job for {args.minutes:g} min, sampled every {args.sample_s:g} s; "
+        f"growth per 1000 learner steps after the first {args.warmup_frac:.0%}",
+    )
     run_dir = folder / "run"
     overrides = [f"trainer.total_steps={FOREVER_STEPS}", "broker.dashboard_port=0", *args.overrides]
     print(f"# run folder {run_dir}; launcher overrides: {' '.join(overrides)}", flush=True)
-    done = harness.run_launcher(run_dir, overrides, "of the soak", timeout_s=args.minutes * 60, stop_ok=True,
-                                watch=lambda pid: Sampler(pid, run_dir, args.sample_s))
+    done = harness.run_launcher(
+        run_dir,
+        overrides,
+        "of the soak",
+        timeout_s=args.minutes * 60,
+        stop_ok=True,
+        watch=lambda pid: Sampler(pid, run_dir, args.sample_s),
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
-    print(f"# ran {done.wall_s:.0f} s, {summary.get('status')} at learner step {summary.get('learner_version')}; "
-          f"processes left: {summary.get('processes_left') or 'none'}", flush=True)
+    print(
+        f"# ran {done.wall_s:.0f} s, {summary.get('status')} at learner step {summary.get('learner_version')}; "
+        f"processes left: {summary.get('processes_left') or 'none'}",
+        flush=True,
+    )
     for line in report(done.watched.samples, args.warmup_frac):
         print(line, flush=True)
 

@@ -40,9 +40,11 @@ from agentstream.wire.addresses import free_port
 from bench import harness
 from launcher.procs import start, stop
 
-SIZES = {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
-         "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4},
-         "large": {"hidden_size": 1024, "num_layers": 12, "num_heads": 16, "num_kv_heads": 4}}  # 107M parameters
+SIZES = {
+    "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
+    "small": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 4},
+    "large": {"hidden_size": 1024, "num_layers": 12, "num_heads": 16, "num_kv_heads": 4},
+}  # 107M parameters
 LORA_RANK = 8
 
 
@@ -135,9 +137,15 @@ class Traffic:
     async def _run(self) -> None:
         import aiohttp
 
-        body = {"model": self.model, "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 8, "temperature": 1.0,
-                "ignore_eos": True}
+        body = {
+            "model": self.model,
+            "prompt": [1, 2, 3, 4, 5, 6, 7, 8],
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "ignore_eos": True,
+        }
         async with aiohttp.ClientSession() as session:
+
             async def loop() -> None:
                 while not self._stop.is_set():
                     try:
@@ -147,6 +155,7 @@ class Traffic:
                                 self.done.append(time.time())
                     except aiohttp.ClientError:
                         await asyncio.sleep(0.05)
+
             await asyncio.gather(*(loop() for _ in range(self.n)))
 
     def pause_s(self, t0: float, t1: float) -> float:
@@ -166,8 +175,7 @@ def init_one_rank() -> None:
 
     if dist.is_initialized():
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("gloo")
 
 
@@ -200,8 +208,9 @@ class Servers:
             self.urls.append(url)
         config_mod.save(self.cfg, folder / "config.yaml")
         self.broker_port = free_port()
-        self.procs.append(start(harness.broker_argv(folder / "config.yaml", self.broker_port), folder / "broker.log",
-                                cwd=REPO_ROOT))
+        self.procs.append(
+            start(harness.broker_argv(folder / "config.yaml", self.broker_port), folder / "broker.log", cwd=REPO_ROOT)
+        )
         for url in self.urls:
             asyncio.run(wait_ready(url, 600))
 
@@ -209,12 +218,30 @@ class Servers:
         """Sidecars for the first `n` servers, registered with `publisher` (those of an earlier mode stopped)."""
         for p in self.sidecar_procs:
             stop(p, 15)
-        self.sidecar_procs = [start([
-            sys.executable, "-m", "engines.sidecar", "--name", f"engine-{i}", "--url", url, "--learner",
-            publisher.address, "--broker", f"tcp://127.0.0.1:{self.broker_port}", "--stream-workers",
-            "1" if stream else "0", "--workdir", str(self.folder / "weights" / f"engine-{i}")],
-            self.folder / f"sidecar-{i}-{'stream' if stream else 'file'}.log", cwd=REPO_ROOT)
-            for i, url in enumerate(self.urls[:n])]
+        self.sidecar_procs = [
+            start(
+                [
+                    sys.executable,
+                    "-m",
+                    "engines.sidecar",
+                    "--name",
+                    f"engine-{i}",
+                    "--url",
+                    url,
+                    "--learner",
+                    publisher.address,
+                    "--broker",
+                    f"tcp://127.0.0.1:{self.broker_port}",
+                    "--stream-workers",
+                    "1" if stream else "0",
+                    "--workdir",
+                    str(self.folder / "weights" / f"engine-{i}"),
+                ],
+                self.folder / f"sidecar-{i}-{'stream' if stream else 'file'}.log",
+                cwd=REPO_ROOT,
+            )
+            for i, url in enumerate(self.urls[:n])
+        ]
         publisher.wait_for(0, n, 120)  # registered
 
     def close(self) -> None:
@@ -280,9 +307,20 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
                 rows.append((t1 - t0, t2 - t1, t3 - t0, traffic.pause_s(t0, t3), extra, payload))
         med = lambda i: statistics.median(r[i] for r in rows)
         payload = rows[-1][5]
-        return SyncResult(size, mode, engines, params, payload / 1e6, med(0), med(1), med(2), med(3),
-                          max(r[4] for r in rows),
-                          loopback_mb_s(payload), bucket_mb if mode == "stream" else 0)
+        return SyncResult(
+            size,
+            mode,
+            engines,
+            params,
+            payload / 1e6,
+            med(0),
+            med(1),
+            med(2),
+            med(3),
+            max(r[4] for r in rows),
+            loopback_mb_s(payload),
+            bucket_mb if mode == "stream" else 0,
+        )
     finally:
         publisher.close()
 
@@ -292,17 +330,27 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="weight updates per case (median reported)")
     parser.add_argument("--sizes", default="tiny,small,large", help=f"comma-separated: {', '.join(SIZES)}")
     parser.add_argument("--modes", default="file,stream", help="comma-separated: file, stream, lora")
-    parser.add_argument("--engines", type=int, default=2,
-                        help="also stream to this many engines at the last size (a broadcast: compare with 1)")
-    parser.add_argument("--bucket-mb", type=int, default=Config().engines.weight_bucket_mb,
-                        help="the stream path's bucket size (engines.weight_bucket_mb)")
+    parser.add_argument(
+        "--engines",
+        type=int,
+        default=2,
+        help="also stream to this many engines at the last size (a broadcast: compare with 1)",
+    )
+    parser.add_argument(
+        "--bucket-mb",
+        type=int,
+        default=Config().engines.weight_bucket_mb,
+        help="the stream path's bucket size (engines.weight_bucket_mb)",
+    )
     parser.add_argument("--model", default="", help="a model directory instead of --sizes' tiny models")
     parser.add_argument("--engine-url", default="", help="a vLLM server of --model already up (not with lora)")
     args = parser.parse_args()
     modes = args.modes.split(",")
     if args.engine_url and (not args.model or "lora" in modes):
-        parser.error("--engine-url needs --model (the server's model), and no lora mode (LoRA needs a server started "
-                     "with LoRA enabled: leave --engine-url out and the benchmark starts one)")
+        parser.error(
+            "--engine-url needs --model (the server's model), and no lora mode (LoRA needs a server started "
+            "with LoRA enabled: leave --engine-url out and the benchmark starts one)"
+        )
     harness.stop_on_sigterm()
     torch.set_num_threads(1)
     exact_rss()
@@ -311,11 +359,17 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     print(harness.load_line(), flush=True)
-    print(f"{'size':<6} {'mode':<6} {'eng':>3} {'params':>8} {'MB':>7} {'gather s':>8} {'send s':>7} "
-          f"{'step->serve s':>13} {'pause s':>8} {'extra MB':>8} {'MB/s':>8} {'loopback MB/s':>13}", flush=True)
+    print(
+        f"{'size':<6} {'mode':<6} {'eng':>3} {'params':>8} {'MB':>7} {'gather s':>8} {'send s':>7} "
+        f"{'step->serve s':>13} {'pause s':>8} {'extra MB':>8} {'MB/s':>8} {'loopback MB/s':>13}",
+        flush=True,
+    )
     results = []
-    models = {"given": Path(args.model)} if args.model else {
-        size: make_tiny_model(folder / f"model-{size}", **SIZES[size]) for size in args.sizes.split(",")}
+    models = (
+        {"given": Path(args.model)}
+        if args.model
+        else {size: make_tiny_model(folder / f"model-{size}", **SIZES[size]) for size in args.sizes.split(",")}
+    )
     for k, (size, model_dir) in enumerate(models.items()):
         cases = [(mode, 1) for mode in modes if mode != "lora"]
         if k == len(models) - 1 and args.engines > 1 and "stream" in modes:
@@ -324,15 +378,23 @@ def main() -> None:
         for lora, group in groups:
             if not group:
                 continue
-            servers = Servers(model_dir, folder / f"{size}{'-lora' if lora else ''}", max(n for _, n in group), lora,
-                              [args.engine_url] if args.engine_url else [])
+            servers = Servers(
+                model_dir,
+                folder / f"{size}{'-lora' if lora else ''}",
+                max(n for _, n in group),
+                lora,
+                [args.engine_url] if args.engine_url else [],
+            )
             try:
                 for mode, n in group:
                     r = bench_case(size, mode, servers, n, args.updates, args.bucket_mb)
                     results.append(r)
-                    print(f"{r.size:<6} {r.mode:<6} {r.engines:>3} {r.params / 1e6:>7.2f}M {r.payload_mb:>7.2f} "
-                          f"{r.gather_s:>8.3f} {r.publish_s:>7.3f} {r.total_s:>13.3f} {r.pause_s:>8.3f} "
-                          f"{r.extra_mb:>8.1f} {r.rate:>8.1f} {r.loopback_mb_s:>13.0f}", flush=True)
+                    print(
+                        f"{r.size:<6} {r.mode:<6} {r.engines:>3} {r.params / 1e6:>7.2f}M {r.payload_mb:>7.2f} "
+                        f"{r.gather_s:>8.3f} {r.publish_s:>7.3f} {r.total_s:>13.3f} {r.pause_s:>8.3f} "
+                        f"{r.extra_mb:>8.1f} {r.rate:>8.1f} {r.loopback_mb_s:>13.0f}",
+                        flush=True,
+                    )
             finally:
                 servers.close()
     report(results)
@@ -341,20 +403,26 @@ def main() -> None:
 def report(results: list[SyncResult]) -> None:
     """The ratios the stream path is judged by, each against a baseline measured in this run, ratios last."""
     by = {(r.size, r.mode, r.engines): r for r in results}
-    print("step->serving: " + ", ".join(f"{r.size}/{r.mode}x{r.engines} {r.total_s:.2f}s (pause {r.pause_s:.2f}s)"
-                                         for r in results))
+    print(
+        "step->serving: "
+        + ", ".join(f"{r.size}/{r.mode}x{r.engines} {r.total_s:.2f}s (pause {r.pause_s:.2f}s)" for r in results)
+    )
     for r in results:
         if r.mode == "stream" and r.engines == 1:
             file = by.get((r.size, "file", 1))
             vs_file = f", file path {file.rate / file.loopback_mb_s:.2f} of loopback" if file else ""
-            print(f"{r.size}: stream {r.rate:.0f} MB/s = {r.rate / r.loopback_mb_s:.2f} of loopback{vs_file}; sender's "
-                  f"extra memory {r.extra_mb:.0f} MiB = {r.extra_mb / r.payload_mb * 1.048576:.2f} x the weights"
-                  f"{f' = {r.extra_mb / r.bucket_mb:.2f} buckets' if r.bucket_mb else ''}")
+            print(
+                f"{r.size}: stream {r.rate:.0f} MB/s = {r.rate / r.loopback_mb_s:.2f} of loopback{vs_file}; sender's "
+                f"extra memory {r.extra_mb:.0f} MiB = {r.extra_mb / r.payload_mb * 1.048576:.2f} x the weights"
+                f"{f' = {r.extra_mb / r.bucket_mb:.2f} buckets' if r.bucket_mb else ''}"
+            )
     many = [r for r in results if r.mode == "stream" and r.engines > 1]
     for r in many:
         one = by[(r.size, "stream", 1)]
-        print(f"{r.size}: stream to {r.engines} engines takes {r.total_s:.2f}s, 1 engine {one.total_s:.2f}s: "
-              f"{r.total_s / one.total_s:.2f}x")
+        print(
+            f"{r.size}: stream to {r.engines} engines takes {r.total_s:.2f}s, 1 engine {one.total_s:.2f}s: "
+            f"{r.total_s / one.total_s:.2f}x"
+        )
     last = [r for r in results if r.mode == "stream" and r.engines == 1][-1:]
     if last:
         print(f"stream/loopback at {last[0].size}: {last[0].rate / last[0].loopback_mb_s:.2f}")

@@ -112,8 +112,19 @@ def build_batch(step: int, rank: int, learner_version: int, group_size: int, gro
             traj += 1
     # Measured by bench/broker.py: one row tuple per transition, transposed once; token arrays concatenated
     # straight into their dtype (they arrive as int32/float32: no second copy)
-    rows = [(t.step, t.prompt_ids.size, t.response_ids.size, t.reward, t.done or t.truncated, t.valid, t.version_lo,
-             t.version_hi) for t in ts]
+    rows = [
+        (
+            t.step,
+            t.prompt_ids.size,
+            t.response_ids.size,
+            t.reward,
+            t.done or t.truncated,
+            t.valid,
+            t.version_lo,
+            t.version_hi,
+        )
+        for t in ts
+    ]
     cols = list(zip(*rows)) if rows else [()] * 8
 
     def cat(arrays: list[np.ndarray], dtype: str) -> np.ndarray:
@@ -121,25 +132,49 @@ def build_batch(step: int, rank: int, learner_version: int, group_size: int, gro
 
     image_shapes, image_data = image_columns(ts)
     return Batch(
-        step=step, rank=rank, learner_version=learner_version, group_size=group_size,
-        group_index=np.array(group_index, np.int32), traj_index=np.array(traj_index, np.int32),
-        step_index=np.array(cols[0], np.int32), prompt_lens=np.array(cols[1], np.int32),
-        response_lens=np.array(cols[2], np.int32), rewards=np.array(cols[3], np.float32),
-        dones=np.array(cols[4], bool), valid=np.array(cols[5], bool), version_lo=np.array(cols[6], np.int32),
+        step=step,
+        rank=rank,
+        learner_version=learner_version,
+        group_size=group_size,
+        group_index=np.array(group_index, np.int32),
+        traj_index=np.array(traj_index, np.int32),
+        step_index=np.array(cols[0], np.int32),
+        prompt_lens=np.array(cols[1], np.int32),
+        response_lens=np.array(cols[2], np.int32),
+        rewards=np.array(cols[3], np.float32),
+        dones=np.array(cols[4], bool),
+        valid=np.array(cols[5], bool),
+        version_lo=np.array(cols[6], np.int32),
         version_hi=np.array(cols[7], np.int32),
-        prompt_ids=cat([t.prompt_ids for t in ts], "int32"), response_ids=cat([t.response_ids for t in ts], "int32"),
-        logprobs=cat([t.logprobs for t in ts], "float32"), anchors=[t.anchor for t in ts],
-        token_rewards=token_rewards_column(ts), image_shapes=image_shapes, image_data=image_data,
+        prompt_ids=cat([t.prompt_ids for t in ts], "int32"),
+        response_ids=cat([t.response_ids for t in ts], "int32"),
+        logprobs=cat([t.logprobs for t in ts], "float32"),
+        anchors=[t.anchor for t in ts],
+        token_rewards=token_rewards_column(ts),
+        image_shapes=image_shapes,
+        image_data=image_data,
     )
 
 
 class ReplayBuffer:
     """Groups in assembly, complete groups, formed batches, and the counts that account for all of them."""
 
-    def __init__(self, group_size: int, groups_per_step: int, world_size: int, max_staleness: int,
-                 max_buffered_transitions: int, seed_base: int = 0, drop_zero_variance: bool = False,
-                 retain_formed: bool = False, partial_groups: str = "drop", min_partial: int = 2,
-                 track_keys: bool = False, max_samples_per_group: int = 1, samples_per_insert: float = 0.0):
+    def __init__(
+        self,
+        group_size: int,
+        groups_per_step: int,
+        world_size: int,
+        max_staleness: int,
+        max_buffered_transitions: int,
+        seed_base: int = 0,
+        drop_zero_variance: bool = False,
+        retain_formed: bool = False,
+        partial_groups: str = "drop",
+        min_partial: int = 2,
+        track_keys: bool = False,
+        max_samples_per_group: int = 1,
+        samples_per_insert: float = 0.0,
+    ):
         self.group_size = group_size
         self.groups_per_step = groups_per_step
         self.world_size = world_size
@@ -180,8 +215,12 @@ class ReplayBuffer:
         step = self.live_admitted // self.groups_per_step
         if step > self.learner_version + self.max_staleness:
             return False
-        held = (self.counts["transitions_ingested"] - self.counts["transitions_trained"] - self.dropped_total
-                + self.reused_held())
+        held = (
+            self.counts["transitions_ingested"]
+            - self.counts["transitions_trained"]
+            - self.dropped_total
+            + self.reused_held()
+        )
         if held >= self.max_buffered:
             return False
         need = max(0, step - self.max_staleness)
@@ -237,7 +276,9 @@ class ReplayBuffer:
         steps = group.trajectories.get(t.traj_id)
         if steps is None:
             if len(group.trajectories) >= self.group_size:
-                raise RejectedTransition("group_overflow", f"group {t.group_id} already has {self.group_size} trajectories")
+                raise RejectedTransition(
+                    "group_overflow", f"group {t.group_id} already has {self.group_size} trajectories"
+                )
             steps = group.trajectories[t.traj_id] = []
         if t.traj_id in group.finished:
             raise RejectedTransition("after_done", f"trajectory {t.traj_id} already ended")
@@ -327,8 +368,10 @@ class ReplayBuffer:
         formed = self.formed.get(step)
         if formed is None:
             if step < self.next_step:
-                raise ValueError(f"batch {step} was already served and released (the broker is at step "
-                                 f"{self.next_step}); a learner that resumes must resume from its latest checkpoint")
+                raise ValueError(
+                    f"batch {step} was already served and released (the broker is at step "
+                    f"{self.next_step}); a learner that resumes must resume from its latest checkpoint"
+                )
             return None
         if rank in formed.served and not self.retain_formed:
             raise ValueError(f"rank {rank} already received step {step}")
@@ -404,23 +447,39 @@ class ReplayBuffer:
         return sum(g.transitions for f in self.formed.values() for share in f.shares for g in share)
 
     def dropped(self) -> dict[str, int]:
-        return {k.removeprefix("transitions_dropped_"): v for k, v in self.counts.items() if k.startswith("transitions_dropped_")}
+        return {
+            k.removeprefix("transitions_dropped_"): v
+            for k, v in self.counts.items()
+            if k.startswith("transitions_dropped_")
+        }
 
     # ------------------------------------------------------------------ durability (broker.state snapshots)
     def to_state(self, encode_transition) -> dict:  # noqa: ANN001
         """Everything needed to rebuild this buffer, as msgpack-able values; transitions as their frames."""
 
         def group(g: Group) -> dict:
-            return {"id": g.group_id, "seed": g.seed, "owner": g.owner, "samples": g.samples,
-                    "steps": [encode_transition(t) for steps in g.trajectories.values() for t in steps]}
+            return {
+                "id": g.group_id,
+                "seed": g.seed,
+                "owner": g.owner,
+                "samples": g.samples,
+                "steps": [encode_transition(t) for steps in g.trajectories.values() for t in steps],
+            }
 
         return {
-            "counts": dict(self.counts), "staleness_hist": dict(self.staleness_hist),
-            "shapes": dict(self.trained_group_shapes), "learner_version": self.learner_version,
-            "next_step": self.next_step, "next_group_id": self.next_group_id, "live_admitted": self.live_admitted,
-            "open": [group(g) for g in self.open.values()], "ready": [group(g) for g in self.ready],
-            "formed": [[s, f.version, sorted(f.served), [[group(g) for g in share] for share in f.shares]]
-                       for s, f in self.formed.items()],
+            "counts": dict(self.counts),
+            "staleness_hist": dict(self.staleness_hist),
+            "shapes": dict(self.trained_group_shapes),
+            "learner_version": self.learner_version,
+            "next_step": self.next_step,
+            "next_group_id": self.next_group_id,
+            "live_admitted": self.live_admitted,
+            "open": [group(g) for g in self.open.values()],
+            "ready": [group(g) for g in self.ready],
+            "formed": [
+                [s, f.version, sorted(f.served), [[group(g) for g in share] for share in f.shares]]
+                for s, f in self.formed.items()
+            ],
             "reuse": [group(g) for g in self.reuse],
             "fates": self.fates,
         }
@@ -445,8 +504,10 @@ class ReplayBuffer:
         self.next_group_id, self.live_admitted = state["next_group_id"], state["live_admitted"]
         self.open = {d["id"]: group(d) for d in state["open"]}
         self.ready = deque(group(d) for d in state["ready"])
-        self.formed = {s: FormedStep(v, [[group(d) for d in share] for share in shares], set(served))
-                       for s, v, served, shares in state["formed"]}
+        self.formed = {
+            s: FormedStep(v, [[group(d) for d in share] for share in shares], set(served))
+            for s, v, served, shares in state["formed"]
+        }
         self.reuse = deque(group(d) for d in state.get("reuse", []))
         if self.fates is not None and state.get("fates") is not None:
             self.fates = dict(state["fates"])

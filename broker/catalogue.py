@@ -49,7 +49,13 @@ from __future__ import annotations
 
 from broker.stats import GATEWAY_REJECT_CODES
 
-MISMATCH_KEYS = ("mismatch_logp_abs_mean", "mismatch_logp_abs_max", "mismatch_kl", "mismatch_tokens", "mismatch_version")
+MISMATCH_KEYS = (
+    "mismatch_logp_abs_mean",
+    "mismatch_logp_abs_max",
+    "mismatch_kl",
+    "mismatch_tokens",
+    "mismatch_version",
+)
 """The learner's train-inference mismatch metrics (learner/step.py `mismatch_metrics`), shown as learner_<key>; the
 last measurement stays until the next (mismatch_version: the learner version it was measured on)."""
 
@@ -63,7 +69,7 @@ GATEWAY_HELP: dict[str, str] = {
     "gateway_episodes_opened": "Episodes opened at the gateway.",
     "gateway_episodes_finished": "Episodes finished at the gateway (also counted in episodes).",
     "gateway_episodes_abandoned": "Gateway episodes given up, their group dropped: no request for "
-                                  "gateway.episode_idle_timeout_s, or the agent gave up (POST /episodes/<id>/abandon).",
+    "gateway.episode_idle_timeout_s, or the agent gave up (POST /episodes/<id>/abandon).",
     "gateway_prompt_tokens": "Prompt tokens of the gateway's model calls.",
     "gateway_tool_calls": "Tool calls the gateway parsed from answers and returned as OpenAI tool_calls.",
     "gateway_tool_parse_failures": "Answers whose tool calls did not parse (returned as text; the step is invalid).",
@@ -71,10 +77,14 @@ GATEWAY_HELP: dict[str, str] = {
     "gateway_prompts_rendered_anew": "Gateway calls rendered whole again (history edited, tools changed).",
     "gateway_internal_errors": "Gateway requests that failed inside it (500, logged with the trace).",
     "gateway_rejected": "Gateway requests refused with a 4xx (all codes).",
-    **{f"gateway_tool_parse_{r}": f"Gateway answers whose tool calls did not parse: {r}." for r in
-       ("truncated", "bad_json", "bad_call", "unknown_tool")},
-    **{f"gateway_rejected_{c}": f"Gateway requests refused with code {c} (docs/gateway.md, Bad input)."
-       for c in GATEWAY_REJECT_CODES},
+    **{
+        f"gateway_tool_parse_{r}": f"Gateway answers whose tool calls did not parse: {r}."
+        for r in ("truncated", "bad_json", "bad_call", "unknown_tool")
+    },
+    **{
+        f"gateway_rejected_{c}": f"Gateway requests refused with code {c} (docs/gateway.md, Bad input)."
+        for c in GATEWAY_REJECT_CODES
+    },
 }
 
 # HELP text per name (without prefix and without `_total`); an unknown name gets a generic line.
@@ -142,7 +152,7 @@ HELP: dict[str, str] = {
     "learner_loss": "Loss of the last learner step.",
     "learner_publish_s": "Seconds the learner took to publish the last weights.",
     "learner_mismatch_logp_abs_mean": "Mean |engine log-prob - learner log-prob| of the last step's tokens sampled on "
-                                      "the learner's weights (train-inference mismatch; ~1e-6 in fp32).",
+    "the learner's weights (train-inference mismatch; ~1e-6 in fp32).",
     "learner_mismatch_logp_abs_max": "Largest |engine log-prob - learner log-prob| of those tokens.",
     "learner_mismatch_kl": "Mean per-token KL(engine || learner) of those tokens (k3 estimator).",
     "learner_mismatch_tokens": "Tokens of the last step sampled on the learner's current weights (the mismatch's sample).",

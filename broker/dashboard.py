@@ -61,8 +61,13 @@ _STOP = web.AppKey("stop", asyncio.Event)
 _GALLERY = web.AppKey("gallery", Gallery)
 
 
-def make_app(state_fn: StateFn, history_fn: HistoryFn | None = None, history_s: float = 600,
-             stream_interval_s: float = 1.0, gallery: Gallery | None = None) -> web.Application:
+def make_app(
+    state_fn: StateFn,
+    history_fn: HistoryFn | None = None,
+    history_s: float = 600,
+    stream_interval_s: float = 1.0,
+    gallery: Gallery | None = None,
+) -> web.Application:
     """The dashboard app. `history_s` is how much history the page keeps and plots (in the browser); `gallery`:
     the observation pictures `/api/images` serves (None: none)."""
     for needed in (PAGE_PATH, STATIC_DIR / "vendor" / "uPlot.iife.min.js"):
@@ -111,41 +116,56 @@ async def _signal_stop(app: web.Application) -> None:
 
 
 async def _page(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[_PAGE], content_type="text/html", charset="utf-8",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        body=request.app[_PAGE], content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-store"}
+    )
 
 
 async def _state(request: web.Request) -> web.Response:
-    return web.Response(text=to_json(request.app[_STATE_FN]()), content_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        text=to_json(request.app[_STATE_FN]()), content_type="application/json", headers={"Cache-Control": "no-store"}
+    )
 
 
 async def _history(request: web.Request) -> web.Response:
-    return web.Response(text=to_json({"points": request.app[_HISTORY_FN]()}), content_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        text=to_json({"points": request.app[_HISTORY_FN]()}),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def _images(request: web.Request) -> web.Response:
-    return web.Response(text=to_json({"images": request.app[_GALLERY].entries()}), content_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        text=to_json({"images": request.app[_GALLERY].entries()}),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def _image_png(request: web.Request) -> web.Response:
     gallery, picture_id = request.app[_GALLERY], request.match_info["id"]
     picture = gallery.get(picture_id)
     if picture is None:
-        raise web.HTTPNotFound(text=(
-            f"no observation picture {picture_id!r}: the broker keeps only the newest {gallery.size} "
-            f"(broker.dashboard_images) and none of a text run; /api/images lists those kept now"))
+        raise web.HTTPNotFound(
+            text=(
+                f"no observation picture {picture_id!r}: the broker keeps only the newest {gallery.size} "
+                f"(broker.dashboard_images) and none of a text run; /api/images lists those kept now"
+            )
+        )
     # A picture's id is never reused (broker.gallery): the browser may keep it for good.
-    return web.Response(body=png(picture.image), content_type="image/png",
-                        headers={"Cache-Control": "private, max-age=86400, immutable"})
+    return web.Response(
+        body=png(picture.image),
+        content_type="image/png",
+        headers={"Cache-Control": "private, max-age=86400, immutable"},
+    )
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
     app = request.app
-    resp = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
     await resp.prepare(request)
     try:
         await resp.write(b"retry: 2000\n\n")  # how long the browser waits before reconnecting

@@ -55,11 +55,24 @@ class Picture:
     def meta(self) -> dict[str, Any]:
         """What `/api/images` and the dashboard's snapshot say of it (JSON-ready)."""
         height, width, channels = self.image.shape
-        return {"id": self.id, "url": f"api/images/{self.id}.png", "width": width, "height": height,
-                "channels": channels, "actor": self.actor, "traj_id": self.traj_id, "group_id": self.group_id,
-                "step": self.step, "reward": self.reward, "version_lo": self.version_lo,
-                "version_hi": self.version_hi, "done": self.done, "valid": self.valid,
-                "prompt_images": self.prompt_images, "received": self.received}
+        return {
+            "id": self.id,
+            "url": f"api/images/{self.id}.png",
+            "width": width,
+            "height": height,
+            "channels": channels,
+            "actor": self.actor,
+            "traj_id": self.traj_id,
+            "group_id": self.group_id,
+            "step": self.step,
+            "reward": self.reward,
+            "version_lo": self.version_lo,
+            "version_hi": self.version_hi,
+            "done": self.done,
+            "valid": self.valid,
+            "prompt_images": self.prompt_images,
+            "received": self.received,
+        }
 
 
 class Gallery:
@@ -83,11 +96,23 @@ class Gallery:
                 chosen.append(t)
         received = time.time() if now is None else now
         for t in reversed(chosen):
-            self._kept.append(Picture(
-                id=f"{self._prefix}{self._next}", image=np.array(t.images[-1]), actor=t.actor, traj_id=t.traj_id,
-                group_id=t.group_id, step=t.step, reward=float(t.reward), version_lo=t.version_lo,
-                version_hi=t.version_hi, done=bool(t.done or t.truncated), valid=bool(t.valid),
-                prompt_images=int(t.images.shape[0]), received=received))
+            self._kept.append(
+                Picture(
+                    id=f"{self._prefix}{self._next}",
+                    image=np.array(t.images[-1]),
+                    actor=t.actor,
+                    traj_id=t.traj_id,
+                    group_id=t.group_id,
+                    step=t.step,
+                    reward=float(t.reward),
+                    version_lo=t.version_lo,
+                    version_hi=t.version_hi,
+                    done=bool(t.done or t.truncated),
+                    valid=bool(t.valid),
+                    prompt_images=int(t.images.shape[0]),
+                    received=received,
+                )
+            )
             self._next += 1
         return len(chosen)
 
@@ -106,8 +131,9 @@ class Gallery:
 def png(image: np.ndarray) -> bytes:
     """`image` [H, W, C] uint8 as a lossless PNG: grey for C = 1, RGB for 3, RGBA for 4."""
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in _CHANNELS:
-        raise ValueError(f"a picture must be uint8 [H, W, C] with C in (1, 3, 4), not {image.dtype} "
-                         f"{list(image.shape)}")
+        raise ValueError(
+            f"a picture must be uint8 [H, W, C] with C in (1, 3, 4), not {image.dtype} {list(image.shape)}"
+        )
     pixels = image[:, :, 0] if image.shape[2] == 1 else image
     out = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(pixels)).save(out, format="PNG", compress_level=1)  # mode from the shape

@@ -67,12 +67,20 @@ def metric_families(state: dict[str, Any]) -> list[Metric]:
 
 
 def _labelled(state: dict[str, Any]) -> Iterator[Metric]:
-    per_engine = {"engine_version": "version", "engine_alive": "alive", "engine_requests_in_flight":
-                  "requests_in_flight", "engine_weight_sync_s": "weight_sync_s"}
+    per_engine = {
+        "engine_version": "version",
+        "engine_alive": "alive",
+        "engine_requests_in_flight": "requests_in_flight",
+        "engine_weight_sync_s": "weight_sync_s",
+    }
     yield from _per_row(state["engines"], "engine", per_engine)
-    per_actor = {"actor_alive": "alive", "actor_episodes_in_flight": "episodes_in_flight",
-                 "actor_requests_in_flight": "requests_in_flight", "actor_policy_version": "version",
-                 "actor_env_steps_hung": "env_steps_hung"}
+    per_actor = {
+        "actor_alive": "alive",
+        "actor_episodes_in_flight": "episodes_in_flight",
+        "actor_requests_in_flight": "requests_in_flight",
+        "actor_policy_version": "version",
+        "actor_env_steps_hung": "env_steps_hung",
+    }
     yield from _per_row(state["actors"], "actor", per_actor)
     staleness = _gauge("staleness_count", ("lag",))
     for lag, count in sorted(state["staleness_hist"].items(), key=lambda kv: int(kv[0])):

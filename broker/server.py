@@ -77,17 +77,26 @@ class Broker:
     """The hub's message handlers around its logged state; `serve()` runs it until `stop()`. Every change of
     the buffer goes through `self.state` (broker.state), which logs it."""
 
-    def __init__(self, spec: BrokerSpec, port: int, dashboard_port: int, run_name: str = "",
-                 run_dir: Path | None = None):
+    def __init__(
+        self, spec: BrokerSpec, port: int, dashboard_port: int, run_name: str = "", run_dir: Path | None = None
+    ):
         self.spec, self.cfg = spec, spec.broker
         self.total_steps = spec.trainer.total_steps
         c, t = spec.broker, spec.trainer
         buffer = ReplayBuffer(
-            group_size=spec.group_size, groups_per_step=t.groups_per_step, world_size=spec.world_size,
-            max_staleness=t.max_staleness, max_buffered_transitions=c.max_buffered_transitions,
-            seed_base=spec.seed_base, drop_zero_variance=spec.dynamic_sampling, retain_formed=spec.retain_formed,
-            partial_groups=c.dead_actor_groups, min_partial=c.min_partial_group, track_keys=c.track_keys,
-            max_samples_per_group=t.max_samples_per_group, samples_per_insert=t.samples_per_insert,
+            group_size=spec.group_size,
+            groups_per_step=t.groups_per_step,
+            world_size=spec.world_size,
+            max_staleness=t.max_staleness,
+            max_buffered_transitions=c.max_buffered_transitions,
+            seed_base=spec.seed_base,
+            drop_zero_variance=spec.dynamic_sampling,
+            retain_formed=spec.retain_formed,
+            partial_groups=c.dead_actor_groups,
+            min_partial=c.min_partial_group,
+            track_keys=c.track_keys,
+            max_samples_per_group=t.max_samples_per_group,
+            samples_per_insert=t.samples_per_insert,
         )
         wal = WriteAheadLog(run_dir / WAL_FOLDER, fsync=c.wal_fsync) if c.wal and run_dir else None
         self.state = BrokerState(buffer, wal, compact_every=c.wal_compact_events)
@@ -145,17 +154,30 @@ class Broker:
         # bench/broker.py). A ROUTER never blocks on send: at the high-water mark, or to a peer that left,
         # ZeroMQ drops the message (its resend protocol covers that), so a non-blocking send always returns.
         self._direct = zmq.Socket.shadow(self._sock.underlying)
-        app = dashboard.make_app(self.snapshot, history_fn=lambda: list(self.history),
-                                 history_s=self.cfg.dashboard_history_s, gallery=self.gallery)
+        app = dashboard.make_app(
+            self.snapshot,
+            history_fn=lambda: list(self.history),
+            history_s=self.cfg.dashboard_history_s,
+            gallery=self.gallery,
+        )
         app.router.add_get("/api/summary", self._summary_handler)
         runner = await dashboard.serve(app, self.cfg.dashboard_host, self.dashboard_port)
         self.dashboard_port = self.dashboard_port or int(runner.addresses[0][1])
         if self.run_dir is not None:  # where the clients find this broker (agentstream.wire.client.RecordLink)
-            write_record(self.run_dir / BROKER_RECORD, address=f"tcp://{advertised_host(self.cfg.host)}:{self.port}",
-                         dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}")
+            write_record(
+                self.run_dir / BROKER_RECORD,
+                address=f"tcp://{advertised_host(self.cfg.host)}:{self.port}",
+                dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}",
+            )
         self.status = "running"
-        log.info("broker on tcp://%s:%d (%s), dashboard http://%s:%d/", self.cfg.host, self.port,
-                 "CURVE" if self._curve else "no CURVE", self.cfg.dashboard_host, self.dashboard_port)
+        log.info(
+            "broker on tcp://%s:%d (%s), dashboard http://%s:%d/",
+            self.cfg.host,
+            self.port,
+            "CURVE" if self._curve else "no CURVE",
+            self.cfg.dashboard_host,
+            self.dashboard_port,
+        )
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._receive_loop())
@@ -192,14 +214,21 @@ class Broker:
                 if peer.role == "actor":
                     self._dead.add(peer.name)
                     settled = self.state.drop_owner(peer.name, "actor_silent")
-                    log.warning("%s silent for %.0fs: declared dead, %d unfinished groups settled", peer.name,
-                                now - peer.last_seen, settled)
+                    log.warning(
+                        "%s silent for %.0fs: declared dead, %d unfinished groups settled",
+                        peer.name,
+                        now - peer.last_seen,
+                        settled,
+                    )
                     changed = True
                 elif peer.role == "engine" and peer.name in self.buffer.engine_versions:
                     self._dead.add(peer.name)
                     self.state.engine_gone(peer.name)
-                    log.warning("%s silent for %.0fs: declared dead, admission no longer waits for it", peer.name,
-                                now - peer.last_seen)
+                    log.warning(
+                        "%s silent for %.0fs: declared dead, admission no longer waits for it",
+                        peer.name,
+                        now - peer.last_seen,
+                    )
                     changed = True
             if changed:
                 await self._serve_batches()
@@ -265,8 +294,12 @@ class Broker:
         if now - self._reject_log_at < 1.0:
             self._rejects_unlogged += 1
             return
-        log.warning("rejected a message from %r: %s (and %d more since the last such line)", ident[:64],
-                    str(exc)[:500], self._rejects_unlogged)
+        log.warning(
+            "rejected a message from %r: %s (and %d more since the last such line)",
+            ident[:64],
+            str(exc)[:500],
+            self._rejects_unlogged,
+        )
         self._reject_log_at, self._rejects_unlogged = now, 0
 
     def _count_denied(self) -> None:
@@ -321,8 +354,10 @@ class Broker:
         assert wal is not None and wal.error is not None
         if self.status != "stalled":
             self._status_before_stall, self.status = self.status, "stalled"
-        self.reason = (f"the write-ahead log in {wal.folder} cannot be written ({wal.error.strerror or wal.error}): "
-                       f"nothing is acknowledged until it can; {wal.pending_bytes} bytes wait in memory")
+        self.reason = (
+            f"the write-ahead log in {wal.folder} cannot be written ({wal.error.strerror or wal.error}): "
+            f"nothing is acknowledged until it can; {wal.pending_bytes} bytes wait in memory"
+        )
         if time.monotonic() - self._stall_logged_at >= 30:
             self._stall_logged_at = time.monotonic()  # the log said it when it began (broker.wal), then every 30 s
             log.error("stalled: %s", self.reason)
@@ -347,8 +382,11 @@ class Broker:
 
     async def _on_transitions(self, ident: bytes, msg: Transition | Transitions, frames: list | None) -> None:
         # The log keeps the frames as received (written from the received buffers, not copied first).
-        raw = None if self.state.wal is None else (
-            [f.buffer for f in frames] if frames else [bytes(f) for f in encode(msg)])
+        raw = (
+            None
+            if self.state.wal is None
+            else ([f.buffer for f in frames] if frames else [bytes(f) for f in encode(msg)])
+        )
         if isinstance(msg, Transition):
             ts, results, pictures = [msg], [self.state.ingest(msg, raw)], msg.images.size
         else:
@@ -373,8 +411,13 @@ class Broker:
     async def _on_group_request(self, ident: bytes, msg: GroupRequest, _frames: list | None) -> None:
         if not 1 <= msg.groups <= MAX_GROUPS_PER_REQUEST:
             self._count_malformed(ident, f"group request for {msg.groups} groups")
-            await self._send(ident, Reject(reason=f"a group request opens 1 to {MAX_GROUPS_PER_REQUEST} groups "
-                                                  f"(one per seat of a game), not {msg.groups}"))
+            await self._send(
+                ident,
+                Reject(
+                    reason=f"a group request opens 1 to {MAX_GROUPS_PER_REQUEST} groups "
+                    f"(one per seat of a game), not {msg.groups}"
+                ),
+            )
             return
         known = self.state.grants.get(ident.decode(errors="replace"))
         if msg.request >= 0 and known is not None and known[0] == msg.incarnation and msg.request in known[1]:
@@ -400,8 +443,10 @@ class Broker:
 
     async def _on_batch_request(self, ident: bytes, req: BatchRequest, _frames: list | None) -> None:
         if req.world_size != self.buffer.world_size or not 0 <= req.rank < req.world_size:
-            reason = (f"rank {req.rank} of world {req.world_size} does not match the broker's "
-                      f"learner.world_size={self.buffer.world_size}")
+            reason = (
+                f"rank {req.rank} of world {req.world_size} does not match the broker's "
+                f"learner.world_size={self.buffer.world_size}"
+            )
             await self._send(ident, Reject(reason=reason, step=req.step))
             return
         b = self.buffer
@@ -413,8 +458,12 @@ class Broker:
 
     async def _on_version(self, _ident: bytes, msg: VersionUpdate, _frames: list | None) -> None:
         if msg.weights and msg.weights != self.weights:
-            log.warning("the learner publishes weights at %s now (was %s): joining launches and the sidecars that "
-                        "ask are told so", msg.weights, self.weights or "unknown")
+            log.warning(
+                "the learner publishes weights at %s now (was %s): joining launches and the sidecars that "
+                "ask are told so",
+                msg.weights,
+                self.weights or "unknown",
+            )
             self.weights = msg.weights
         if self.state.version(msg.version, msg.resumed, msg.checkpointed):
             self.state.maybe_compact(force=True)  # the learner checkpointed: what it consumed is safe
@@ -424,7 +473,9 @@ class Broker:
         metrics = {k: float(v) for k, v in msg.metrics.items() if isinstance(v, (int, float))}
         if "mismatch_logp_abs_mean" not in metrics:  # measured only when the batch held tokens of the learner's
             # version (rare at a staleness bound > 0): the last measurement stays, with its mismatch_version
-            metrics |= {k: v for k, v in self.learner_metrics.items() if k.startswith("mismatch_") and k != "mismatch_tokens"}
+            metrics |= {
+                k: v for k, v in self.learner_metrics.items() if k.startswith("mismatch_") and k != "mismatch_tokens"
+            }
         self.learner_metrics = metrics
         if msg.version >= self.total_steps:
             self.status = "finished"  # the dashboard keeps showing the final state
@@ -450,9 +501,14 @@ class Broker:
                 self._engine_followers.add(ident)
 
     _handlers: dict[type, Callable[..., Awaitable[None]]] = {
-        Transition: _on_transitions, Transitions: _on_transitions, GroupRequest: _on_group_request,
-        Stats: _on_stats, BatchRequest: _on_batch_request, VersionUpdate: _on_version,
-        EngineStatus: _on_engine_status, Hello: _on_hello,
+        Transition: _on_transitions,
+        Transitions: _on_transitions,
+        GroupRequest: _on_group_request,
+        Stats: _on_stats,
+        BatchRequest: _on_batch_request,
+        VersionUpdate: _on_version,
+        EngineStatus: _on_engine_status,
+        Hello: _on_hello,
     }
     """Message kind -> its handler; any other kind is refused (a weight update, a batch: not the broker's)."""
 
@@ -463,7 +519,8 @@ class Broker:
             engines=[e.url for name, e in sorted(self.engines.items()) if name in self.buffer.engine_versions],
             weights=self.weights,
             dashboard=f"http://{advertised_host(self.cfg.dashboard_host)}:{self.dashboard_port}/",
-            learner_version=self.buffer.learner_version, config=self.spec.run_config,
+            learner_version=self.buffer.learner_version,
+            config=self.spec.run_config,
         )
 
     async def _count_engine(self, msg: EngineStatus) -> bool:
@@ -476,11 +533,16 @@ class Broker:
             return True
         if msg.engine in b.engine_versions:  # its version went back: a restarted server, a joiner again
             self.state.engine_gone(msg.engine)
-            log.warning("%s is back at version %d: admission does not wait for it until it catches up",
-                        msg.engine, msg.version)
+            log.warning(
+                "%s is back at version %d: admission does not wait for it until it catches up", msg.engine, msg.version
+            )
         if b.learner_version > 0 and msg.version < b.learner_version - b.max_staleness:
-            log.info("%s joined at version %d (learner at %d): not used until it catches up", msg.engine,
-                     msg.version, b.learner_version)
+            log.info(
+                "%s joined at version %d (learner at %d): not used until it catches up",
+                msg.engine,
+                msg.version,
+                b.learner_version,
+            )
             return False
         if self._engine_followers:
             self.state.engine_serving(msg.engine, msg.version)  # before the Welcome, so that it lists this engine
@@ -551,18 +613,33 @@ class Broker:
     def view(self) -> views.BrokerView:
         """What the views read, now."""
         return views.BrokerView(
-            run_name=self.run_name, status=self.status, reason=self.reason, started=self.started,
-            total_steps=self.total_steps, buffer=self.buffer, stats=self.stats, engines=self.engines,
-            rejected=self.rejected, learner_metrics=self.learner_metrics, group_waiters=len(self._group_waiters),
-            audit=self.state.audit, dead=frozenset(self._dead), wal=self._wal_stats())
+            run_name=self.run_name,
+            status=self.status,
+            reason=self.reason,
+            started=self.started,
+            total_steps=self.total_steps,
+            buffer=self.buffer,
+            stats=self.stats,
+            engines=self.engines,
+            rejected=self.rejected,
+            learner_metrics=self.learner_metrics,
+            group_waiters=len(self._group_waiters),
+            audit=self.state.audit,
+            dead=frozenset(self._dead),
+            wal=self._wal_stats(),
+        )
 
     def _wal_stats(self) -> dict[str, float]:
         wal = self.state.wal
         if wal is None:
             return {}
         now_stalled = time.monotonic() - wal.failing_since if wal.failing_since is not None else 0.0
-        return {"wal_failing": float(wal.error is not None), "wal_stalled_s": wal.stalled_s + now_stalled,
-                "wal_pending_bytes": float(wal.pending_bytes), "wal_write_errors": float(wal.write_errors)}
+        return {
+            "wal_failing": float(wal.error is not None),
+            "wal_stalled_s": wal.stalled_s + now_stalled,
+            "wal_pending_bytes": float(wal.pending_bytes),
+            "wal_write_errors": float(wal.write_errors),
+        }
 
     def summary(self) -> dict[str, Any]:
         """What the launcher writes to summary.json (`broker.views.summary`)."""
@@ -571,8 +648,11 @@ class Broker:
     def snapshot(self) -> dict[str, Any]:
         """The dashboard's state (schema in broker/dashboard.py), with the last few points for its charts and the
         observation pictures kept."""
-        return {**views.dashboard_state(self.view()), "recent": list(self.history)[-5:],
-                "images": self.gallery.entries()}
+        return {
+            **views.dashboard_state(self.view()),
+            "recent": list(self.history)[-5:],
+            "images": self.gallery.entries(),
+        }
 
 
 class _Stopped(Exception):
@@ -596,8 +676,12 @@ def main() -> None:
     parser.add_argument("--config", required=True, help="run config written by the launcher")
     parser.add_argument("--port", type=int, required=True, help="ZeroMQ ROUTER port (0: any free one)")
     parser.add_argument("--dashboard-port", type=int, required=True, help="dashboard HTTP port (0: any free one)")
-    parser.add_argument("--host", default="", help="interface to bind both on (default: broker.host and "
-                        "broker.dashboard_host; a broker moved to another node binds that node's)")
+    parser.add_argument(
+        "--host",
+        default="",
+        help="interface to bind both on (default: broker.host and "
+        "broker.dashboard_host; a broker moved to another node binds that node's)",
+    )
     parser.add_argument("--summary", default="", help="write the final summary JSON here on exit")
     args = parser.parse_args()
     run_process("broker", log, lambda: _main(args))

@@ -50,19 +50,57 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
     r, g, learner = state["rates"], state["gauges"], state["learner"]
     point: dict[str, Any] = {
         "t": state["time"],
-        **{k: r.get(k) for k in ("env_steps_per_s", "tokens_per_s", "transitions_per_s",
-                                 "learner_samples_per_s", "learner_steps_per_s")},
-        "learner_version": learner["version"], "learner_step_time_s": learner.get("step_time_s"),
-        "learner_loss": learner.get("loss"), "learner_publish_s": learner.get("publish_s"),
+        **{
+            k: r.get(k)
+            for k in (
+                "env_steps_per_s",
+                "tokens_per_s",
+                "transitions_per_s",
+                "learner_samples_per_s",
+                "learner_steps_per_s",
+            )
+        },
+        "learner_version": learner["version"],
+        "learner_step_time_s": learner.get("step_time_s"),
+        "learner_loss": learner.get("loss"),
+        "learner_publish_s": learner.get("publish_s"),
         **{f"learner_{k}": learner.get(k) for k in MISMATCH_KEYS},
-        **{k: g.get(k) for k in ("buffered_transitions", "groups_ready", "staleness_mean", "staleness_max",
-                                 "reward_mean", "success_rate", "invalid_action_ratio", "actors_alive",
-                                 "engines_alive", "val_success_rate", "val_return", "val_version",
-                                 "judge_latency_s", "wal_failing")},
-        **{k: state.get("counters", {}).get(k) for k in (
-            "judge_requests", "judge_parse_failures", "judge_errors", "gateway_requests", "gateway_rejected",
-            "gateway_tool_parse_failures", "gateway_prompts_rendered_anew", "engine_stalls", "episode_retries",
-            "infra_failures_timeout", "infra_failures_raised", "infra_failures_engine")},
+        **{
+            k: g.get(k)
+            for k in (
+                "buffered_transitions",
+                "groups_ready",
+                "staleness_mean",
+                "staleness_max",
+                "reward_mean",
+                "success_rate",
+                "invalid_action_ratio",
+                "actors_alive",
+                "engines_alive",
+                "val_success_rate",
+                "val_return",
+                "val_version",
+                "judge_latency_s",
+                "wal_failing",
+            )
+        },
+        **{
+            k: state.get("counters", {}).get(k)
+            for k in (
+                "judge_requests",
+                "judge_parse_failures",
+                "judge_errors",
+                "gateway_requests",
+                "gateway_rejected",
+                "gateway_tool_parse_failures",
+                "gateway_prompts_rendered_anew",
+                "engine_stalls",
+                "episode_retries",
+                "infra_failures_timeout",
+                "infra_failures_raised",
+                "infra_failures_engine",
+            )
+        },
     }
     for e in state["engines"]:
         point[f"engine_version/{e['name']}"] = e["version"]
@@ -123,6 +161,7 @@ def _summary_writer() -> type:
     seconds of start-up and hundreds of MB."""
     if "torch" in sys.modules:
         from tensorboardX import SummaryWriter
+
         return SummaryWriter
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
     try:
@@ -212,9 +251,14 @@ class WandbSink(TrackerSink):
         user_chose = bool(os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"))
         self._dir.mkdir(parents=True, exist_ok=True)
         # console="off": wandb would otherwise wrap the broker's stdout/stderr to copy its log into the run.
-        self._run = wandb.init(mode=None if user_chose else "offline", dir=str(self._dir), project=self._project,
-                               name=self._run_name or None, reinit="create_new",
-                               settings=wandb.Settings(console="off"))
+        self._run = wandb.init(
+            mode=None if user_chose else "offline",
+            dir=str(self._dir),
+            project=self._project,
+            name=self._run_name or None,
+            reinit="create_new",
+            settings=wandb.Settings(console="off"),
+        )
 
     def _log(self, point: dict[str, float | None]) -> None:
         self._run.log({k: v for k, v in point.items() if k != "t" and v is not None}, step=self._step)
@@ -264,7 +308,7 @@ class MlflowSink(TrackerSink):
         values = {mlflow_key(k): v for k, v in point.items() if k != "t" and v is not None}
         metrics = [MlflowMetric(k, v, ms, self._step) for k, v in values.items()]
         for i in range(0, len(metrics), self.batch):
-            self._client.log_batch(self.run_id, metrics=metrics[i:i + self.batch])
+            self._client.log_batch(self.run_id, metrics=metrics[i : i + self.batch])
         self._step += 1
 
     def _finish(self) -> None:
@@ -279,15 +323,23 @@ def logger_errors(names: Iterable[str]) -> list[str]:
     """What is wrong with `broker.logger=names`, each said with what to change (empty: every name is fine)."""
     names = list(names)
     known = ", ".join(LOGGERS)
-    errors = [f"broker.logger: {n!r} is not a logger; the loggers are {known} (e.g. logger=[jsonl,wandb])."
-              for n in names if n not in LOGGERS]
-    errors += [f"broker.logger lists {n!r} {names.count(n)} times; list each logger once."
-               for n in sorted(set(names)) if names.count(n) > 1]
+    errors = [
+        f"broker.logger: {n!r} is not a logger; the loggers are {known} (e.g. logger=[jsonl,wandb])."
+        for n in names
+        if n not in LOGGERS
+    ]
+    errors += [
+        f"broker.logger lists {n!r} {names.count(n)} times; list each logger once."
+        for n in sorted(set(names))
+        if names.count(n) > 1
+    ]
     for n in dict.fromkeys(names):
         package = LOGGERS.get(n)
         if package and importlib.util.find_spec(package) is None:
-            errors.append(f"broker.logger has {n}, but the {package} package is not installed: run bash "
-                          f"scripts/setup.sh, or leave {n} out of broker.logger.")
+            errors.append(
+                f"broker.logger has {n}, but the {package} package is not installed: run bash "
+                f"scripts/setup.sh, or leave {n} out of broker.logger."
+            )
     return errors
 
 

@@ -38,10 +38,18 @@ class BrokerSpec:
 
 def broker_spec(cfg: Config) -> BrokerSpec:
     """The broker's part of `cfg`."""
-    weights = (f"tcp://{advertised_host(cfg.learner.weight_host)}:{cfg.learner.weight_port}"
-               if cfg.learner.weight_port else "")
+    weights = (
+        f"tcp://{advertised_host(cfg.learner.weight_host)}:{cfg.learner.weight_port}" if cfg.learner.weight_port else ""
+    )
     return BrokerSpec(
-        broker=cfg.broker, trainer=cfg.trainer, group_size=cfg.env.group_size, world_size=cfg.learner.world_size,
-        seed_base=cfg.run.seed * 1_000_003, dynamic_sampling=cfg.algorithm.dynamic_sampling,
-        retain_formed=cfg.checkpoint.every_steps > 0, limits=limits_for(cfg.model, cfg.engines, cfg.broker), weights=weights,
-        run_config=OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        broker=cfg.broker,
+        trainer=cfg.trainer,
+        group_size=cfg.env.group_size,
+        world_size=cfg.learner.world_size,
+        seed_base=cfg.run.seed * 1_000_003,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling,
+        retain_formed=cfg.checkpoint.every_steps > 0,
+        limits=limits_for(cfg.model, cfg.engines, cfg.broker),
+        weights=weights,
+        run_config=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+    )

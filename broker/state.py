@@ -111,9 +111,14 @@ class BrokerState:
         self.recovered_events = len(events)
         self.recovered_snapshot = snapshot is not None
         if snapshot is not None or events:
-            log.info("recovered %d events after %s snapshot: %d transitions buffered, %d retained, step %d",
-                     len(events), "a" if snapshot is not None else "no", self.buffer.buffered(),
-                     self.buffer.retained(), self.buffer.next_step)
+            log.info(
+                "recovered %d events after %s snapshot: %d transitions buffered, %d retained, step %d",
+                len(events),
+                "a" if snapshot is not None else "no",
+                self.buffer.buffered(),
+                self.buffer.retained(),
+                self.buffer.next_step,
+            )
 
     def apply(self, kind: str, body: Any) -> None:
         """Re-apply one logged event (recovery)."""
@@ -123,8 +128,11 @@ class BrokerState:
         replay(self, body)
 
     def snapshot(self) -> dict:
-        return {"buffer": self.buffer.to_state(_frames), "delivery": self.delivery,
-                "grants": {k: [v[0], {str(r): g for r, g in v[1].items()}] for k, v in self.grants.items()}}
+        return {
+            "buffer": self.buffer.to_state(_frames),
+            "delivery": self.delivery,
+            "grants": {k: [v[0], {str(r): g for r, g in v[1].items()}] for k, v in self.grants.items()},
+        }
 
     def maybe_compact(self, force: bool = False) -> bool:
         """Replace the log by a snapshot once enough events piled up (or `force`: after a checkpoint)."""
@@ -159,8 +167,12 @@ class BrokerState:
             return "stale"
         if incarnation > known[0]:
             dropped = self.new_incarnation(actor, incarnation)
-            log.warning("%s is back as incarnation %d: settled %d unfinished groups of the previous one",
-                        actor, incarnation, dropped)
+            log.warning(
+                "%s is back as incarnation %d: settled %d unfinished groups of the previous one",
+                actor,
+                incarnation,
+                dropped,
+            )
             return "new"
         return "current"
 
@@ -219,8 +231,11 @@ class BrokerState:
         self._log("transitions", frames)
         if ts:  # the usual bundle (the next keys in order, of a current incarnation) needs no per-key checks
             known = self.delivery.get(ts[0].actor)
-            if known is not None and known[0] == ts[0].incarnation and all(
-                    t.seq == known[1] + 1 + i for i, t in enumerate(ts)):
+            if (
+                known is not None
+                and known[0] == ts[0].incarnation
+                and all(t.seq == known[1] + 1 + i for i, t in enumerate(ts))
+            ):
                 return [self._take(t) for t in ts]
         self._inside = True
         try:
@@ -292,8 +307,11 @@ class BrokerState:
             "transitions_acked": c["transitions_acked"],
             "transitions_duplicate": c["transitions_duplicate"],
             "transitions_out_of_order": c["transitions_out_of_order"],
-            "transitions_rejected": {k.removeprefix("transitions_rejected_"): v for k, v in c.items()
-                                     if k.startswith("transitions_rejected_")},
+            "transitions_rejected": {
+                k.removeprefix("transitions_rejected_"): v
+                for k, v in c.items()
+                if k.startswith("transitions_rejected_")
+            },
             "transitions_retained": b.retained(),
             "wal_events_recovered": self.recovered_events,
             "wal_snapshot_recovered": self.recovered_snapshot,
@@ -302,15 +320,25 @@ class BrokerState:
             "wal_write_errors": self.wal.write_errors if self.wal is not None else 0,  # a full disk: see wal.py
         }
         if b.fates is not None:
-            held = {f"{t.actor}/{t.incarnation}/{t.seq}" for g in [*b.open.values(), *b.ready]
-                    for steps in g.trajectories.values() for t in steps if t.seq >= 0}
+            held = {
+                f"{t.actor}/{t.incarnation}/{t.seq}"
+                for g in [*b.open.values(), *b.ready]
+                for steps in g.trajectories.values()
+                for t in steps
+                if t.seq >= 0
+            }
             fates = [f.split(":", 1)[0] for f in b.fates.values()]
-            out["keys"] = {"tracked": len(b.fates) + len(held - b.fates.keys()), "trained": fates.count("trained"),
-                           "dropped": fates.count("dropped"), "rejected": fates.count("rejected"),
-                           "buffered": len(held - b.fates.keys()),
-                           "settled_twice": c["keys_settled_twice"],
-                           "trained_by_actor": dict(Counter(k.split("/", 1)[0] for k, f in b.fates.items()
-                                                            if f.startswith("trained")))}
+            out["keys"] = {
+                "tracked": len(b.fates) + len(held - b.fates.keys()),
+                "trained": fates.count("trained"),
+                "dropped": fates.count("dropped"),
+                "rejected": fates.count("rejected"),
+                "buffered": len(held - b.fates.keys()),
+                "settled_twice": c["keys_settled_twice"],
+                "trained_by_actor": dict(
+                    Counter(k.split("/", 1)[0] for k, f in b.fates.items() if f.startswith("trained"))
+                ),
+            }
         return out
 
 

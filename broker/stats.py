@@ -15,33 +15,87 @@ from collections import deque
 from dataclasses import dataclass, field
 
 # LLM judges (actors/judge.py): episodes judged = parsed + parse failures + errors; the latency of answered ones.
-JUDGE_COUNTERS = ("judge_requests", "judge_parsed", "judge_parse_failures", "judge_errors", "judge_score_sum",
-                  "judge_latency_s_sum", "judge_latency_count")
+JUDGE_COUNTERS = (
+    "judge_requests",
+    "judge_parsed",
+    "judge_parse_failures",
+    "judge_errors",
+    "judge_score_sum",
+    "judge_latency_s_sum",
+    "judge_latency_count",
+)
 # Rewards on tokens (actors/token_rewards.py): steps given them, their sum, and the steps whose function failed.
-TOKEN_REWARD_COUNTERS = ("token_reward_steps", "token_reward_sum", "token_reward_failures",
-                         "token_reward_failures_raised", "token_reward_failures_not_numbers",
-                         "token_reward_failures_wrong_length", "token_reward_failures_non_finite")
+TOKEN_REWARD_COUNTERS = (
+    "token_reward_steps",
+    "token_reward_sum",
+    "token_reward_failures",
+    "token_reward_failures_raised",
+    "token_reward_failures_not_numbers",
+    "token_reward_failures_wrong_length",
+    "token_reward_failures_non_finite",
+)
 # The OpenAI-compatible gateway (gateway/server.py), which reports as an actor: its episodes and calls count as
 # actors' episodes and env steps; these are its own. rejected = the sum of rejected_<code> (one per 4xx code),
 # tool_parse_failures = the sum of tool_parse_<reason> (= its invalid actions); prompts_rendered_anew: calls whose
 # prompt could not extend the previous one token-exactly (re-renders).
-GATEWAY_REJECT_CODES = ("unknown_episode", "no_episode", "invalid_json", "invalid_request", "context_length_exceeded",
-                        "body_too_large", "episode_finished", "episode_abandoned", "no_step", "busy", "unknown_route",
-                        "method_not_allowed", "bad_key")
-GATEWAY_COUNTERS = ("gateway_requests", "gateway_calls", "gateway_episodes_opened", "gateway_episodes_finished",
-                    "gateway_episodes_abandoned",
-                    "gateway_prompt_tokens", "gateway_tool_calls", "gateway_tool_parse_failures",
-                    *(f"gateway_tool_parse_{r}" for r in ("truncated", "bad_json", "bad_call", "unknown_tool")),
-                    "gateway_prompts_extended", "gateway_prompts_rendered_anew", "gateway_internal_errors",
-                    "gateway_rejected", *(f"gateway_rejected_{c}" for c in GATEWAY_REJECT_CODES))
+GATEWAY_REJECT_CODES = (
+    "unknown_episode",
+    "no_episode",
+    "invalid_json",
+    "invalid_request",
+    "context_length_exceeded",
+    "body_too_large",
+    "episode_finished",
+    "episode_abandoned",
+    "no_step",
+    "busy",
+    "unknown_route",
+    "method_not_allowed",
+    "bad_key",
+)
+GATEWAY_COUNTERS = (
+    "gateway_requests",
+    "gateway_calls",
+    "gateway_episodes_opened",
+    "gateway_episodes_finished",
+    "gateway_episodes_abandoned",
+    "gateway_prompt_tokens",
+    "gateway_tool_calls",
+    "gateway_tool_parse_failures",
+    *(f"gateway_tool_parse_{r}" for r in ("truncated", "bad_json", "bad_call", "unknown_tool")),
+    "gateway_prompts_extended",
+    "gateway_prompts_rendered_anew",
+    "gateway_internal_errors",
+    "gateway_rejected",
+    *(f"gateway_rejected_{c}" for c in GATEWAY_REJECT_CODES),
+)
 # Faults outside the model (actors/actor.py): engine failovers and stalls, episodes retried on their seed, episodes
 # failed by their env or engines (in all and by cause), episodes cut short because their group was dropped.
-INFRA_COUNTERS = ("engine_failovers", "engine_stalls", "episode_retries", "infra_failures", "infra_failures_timeout",
-                  "infra_failures_raised", "infra_failures_engine", "episodes_cut")
+INFRA_COUNTERS = (
+    "engine_failovers",
+    "engine_stalls",
+    "episode_retries",
+    "infra_failures",
+    "infra_failures_timeout",
+    "infra_failures_raised",
+    "infra_failures_engine",
+    "episodes_cut",
+)
 # Counter names summed over every process of a role, as they appear on the dashboard and in /metrics.
-ACTOR_COUNTERS = ("env_steps", "tokens_generated", "transitions_sent", "episodes", "successes",
-                  "episode_return_sum", "invalid_actions", "engine_errors", *JUDGE_COUNTERS, *TOKEN_REWARD_COUNTERS,
-                  *GATEWAY_COUNTERS, *INFRA_COUNTERS)
+ACTOR_COUNTERS = (
+    "env_steps",
+    "tokens_generated",
+    "transitions_sent",
+    "episodes",
+    "successes",
+    "episode_return_sum",
+    "invalid_actions",
+    "engine_errors",
+    *JUDGE_COUNTERS,
+    *TOKEN_REWARD_COUNTERS,
+    *GATEWAY_COUNTERS,
+    *INFRA_COUNTERS,
+)
 ENV_PREFIX = "env/"
 RATE_WINDOW_S = 10.0  # throughputs: short, so the charts react
 OUTCOME_WINDOW_S = 60.0  # rewards and success rates: long enough to hold a few episodes
@@ -77,7 +131,9 @@ class StatsBook:
         peer = self.peers.get(name) or self.peers.setdefault(name, Peer(name, role))
         peer.last_seen, peer.final = time.time(), final
         peer.gauges = {k: float(v) for k, v in gauges.items() if isinstance(v, (int, float))}
-        self._totals[(name, peer.incarnation)] = {k: float(v) for k, v in counters.items() if isinstance(v, (int, float))}
+        self._totals[(name, peer.incarnation)] = {
+            k: float(v) for k, v in counters.items() if isinstance(v, (int, float))
+        }
 
     def by_source(self, counter: str, role: str) -> dict[str, float]:
         """A counter per process of `role`, summed over its incarnations (which actor did how much)."""
@@ -89,8 +145,11 @@ class StatsBook:
 
     def total(self, counter: str, role: str | None = None) -> float:
         """Sum of a counter over every process (of `role`) and all their incarnations."""
-        return sum(c.get(counter, 0.0) for (name, _), c in self._totals.items()
-                   if role is None or (name in self.peers and self.peers[name].role == role))
+        return sum(
+            c.get(counter, 0.0)
+            for (name, _), c in self._totals.items()
+            if role is None or (name in self.peers and self.peers[name].role == role)
+        )
 
     def role_totals(self, role: str, names: tuple[str, ...]) -> dict[str, float]:
         return {n: self.total(n, role) for n in names}
@@ -139,13 +198,14 @@ def env_outcomes(book: StatsBook, window_s: float = OUTCOME_WINDOW_S) -> dict[st
     """Per environment: run totals (episodes, successes, env_steps) and, over the window, reward_mean,
     success_rate and invalid_action_ratio (0.0 when the window holds no episode / step)."""
     totals = book.env_totals()
-    envs = sorted({key[len(ENV_PREFIX):].rsplit("/", 1)[0] for key in totals})
+    envs = sorted({key[len(ENV_PREFIX) :].rsplit("/", 1)[0] for key in totals})
     out = {}
     for env in envs:
         k = f"{ENV_PREFIX}{env}/"
         d_eps, d_steps = book.window_delta(k + "episodes", window_s), book.window_delta(k + "env_steps", window_s)
         out[env] = {
-            "episodes": totals.get(k + "episodes", 0.0), "successes": totals.get(k + "successes", 0.0),
+            "episodes": totals.get(k + "episodes", 0.0),
+            "successes": totals.get(k + "successes", 0.0),
             "env_steps": totals.get(k + "env_steps", 0.0),
             "reward_mean": book.window_delta(k + "episode_return_sum", window_s) / d_eps if d_eps else 0.0,
             "success_rate": book.window_delta(k + "successes", window_s) / d_eps if d_eps else 0.0,

@@ -82,10 +82,14 @@ def _judges(actor: Mapping[str, float]) -> dict[str, Any]:
     """The LLM judges' totals (actors/judge.py): requests = parsed + parse_failures + errors, one per judged
     episode; the mean latency and score of the run."""
     answered, requests = actor["judge_latency_count"], actor["judge_requests"]
-    return {"requests": int(requests), "parsed": int(actor["judge_parsed"]),
-            "parse_failures": int(actor["judge_parse_failures"]), "errors": int(actor["judge_errors"]),
-            "latency_mean_s": actor["judge_latency_s_sum"] / answered if answered else 0.0,
-            "score_mean": actor["judge_score_sum"] / requests if requests else 0.0}
+    return {
+        "requests": int(requests),
+        "parsed": int(actor["judge_parsed"]),
+        "parse_failures": int(actor["judge_parse_failures"]),
+        "errors": int(actor["judge_errors"]),
+        "latency_mean_s": actor["judge_latency_s_sum"] / answered if answered else 0.0,
+        "score_mean": actor["judge_score_sum"] / requests if requests else 0.0,
+    }
 
 
 def dashboard_state(broker: BrokerView) -> dict[str, Any]:
@@ -99,8 +103,11 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     d_judged = s.window_delta("judge_latency_count", OUTCOME_WINDOW_S)
     engines, actors = _engine_rows(broker, now), _actor_rows(broker, now)
     gauges = {
-        "buffered_transitions": b.buffered(), "groups_ready": len(b.ready), "groups_open": len(b.open),
-        "staleness_mean": sum(lags) / len(lags) if lags else 0.0, "staleness_max": max(lags, default=0),
+        "buffered_transitions": b.buffered(),
+        "groups_ready": len(b.ready),
+        "groups_open": len(b.open),
+        "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+        "staleness_max": max(lags, default=0),
         "reward_mean": s.window_delta("episode_return_sum", OUTCOME_WINDOW_S) / d_eps if d_eps else 0.0,
         "success_rate": s.window_delta("successes", OUTCOME_WINDOW_S) / d_eps if d_eps else 0.0,
         "invalid_action_ratio": s.window_delta("invalid_actions", OUTCOME_WINDOW_S) / d_steps if d_steps else 0.0,
@@ -113,26 +120,42 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     }
     for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
         if peer.role == "evaluator":
-            gauges.update({k: peer.gauges[k] for k in ("val_success_rate", "val_return", "val_version")
-                           if k in peer.gauges})
+            gauges.update(
+                {k: peer.gauges[k] for k in ("val_success_rate", "val_return", "val_version") if k in peer.gauges}
+            )
     lm = broker.learner_metrics
     return {
         "time": now,
-        "run": {"name": broker.run_name, "status": broker.status, "reason": broker.reason,
-                "wall_s": now - broker.started, "total_steps": broker.total_steps},
-        "learner": {"version": b.learner_version, "step_time_s": lm.get("step_time_s", 0.0),
-                    "loss": lm.get("loss", 0.0), "publish_s": lm.get("publish_s", 0.0),
-                    "batch_wait_s": lm.get("batch_wait_s", 0.0),
-                    **{k: lm[k] for k in MISMATCH_KEYS if k in lm}},
+        "run": {
+            "name": broker.run_name,
+            "status": broker.status,
+            "reason": broker.reason,
+            "wall_s": now - broker.started,
+            "total_steps": broker.total_steps,
+        },
+        "learner": {
+            "version": b.learner_version,
+            "step_time_s": lm.get("step_time_s", 0.0),
+            "loss": lm.get("loss", 0.0),
+            "publish_s": lm.get("publish_s", 0.0),
+            "batch_wait_s": lm.get("batch_wait_s", 0.0),
+            **{k: lm[k] for k in MISMATCH_KEYS if k in lm},
+        },
         "engines": engines,
         "actors": actors,
         "envs": env_outcomes(s),
-        "rates": {"env_steps_per_s": s.rate("env_steps"), "tokens_per_s": s.rate("tokens_generated"),
-                  "transitions_per_s": s.rate("transitions_ingested"),
-                  "learner_samples_per_s": s.rate("transitions_trained"),
-                  "learner_steps_per_s": s.rate("learner_version")},
-        "counters": {**{k: float(v) for k, v in b.counts.items()}, **actor,
-                     **({"wal_write_errors": broker.wal["wal_write_errors"]} if broker.wal else {})},
+        "rates": {
+            "env_steps_per_s": s.rate("env_steps"),
+            "tokens_per_s": s.rate("tokens_generated"),
+            "transitions_per_s": s.rate("transitions_ingested"),
+            "learner_samples_per_s": s.rate("transitions_trained"),
+            "learner_steps_per_s": s.rate("learner_version"),
+        },
+        "counters": {
+            **{k: float(v) for k, v in b.counts.items()},
+            **actor,
+            **({"wal_write_errors": broker.wal["wal_write_errors"]} if broker.wal else {}),
+        },
         "gauges": {k: float(v) for k, v in gauges.items()},
         "staleness_hist": {str(k): v for k, v in sorted(b.staleness_hist.items())},
     }
@@ -147,20 +170,35 @@ def _engine_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
     rows = []
     for name, e in sorted(broker.engines.items()):
         p = broker.stats.peers.get(name)
-        rows.append({
-            "name": name, "url": e.url, "address": e.url, "incarnation": p.incarnation if p else 0,
-            "version": e.version, "alive": p is not None and _alive(broker, p, now),
-            "requests_in_flight": int(p.gauges.get("requests_in_flight", -1)) if p else -1,
-            "weight_sync_s": p.gauges.get("weight_sync_s", 0.0) if p else 0.0,
-            "last_seen_s": now - p.last_seen if p else -1.0})
+        rows.append(
+            {
+                "name": name,
+                "url": e.url,
+                "address": e.url,
+                "incarnation": p.incarnation if p else 0,
+                "version": e.version,
+                "alive": p is not None and _alive(broker, p, now),
+                "requests_in_flight": int(p.gauges.get("requests_in_flight", -1)) if p else -1,
+                "weight_sync_s": p.gauges.get("weight_sync_s", 0.0) if p else 0.0,
+                "last_seen_s": now - p.last_seen if p else -1.0,
+            }
+        )
     return rows
 
 
 def _actor_rows(broker: BrokerView, now: float) -> list[dict[str, Any]]:
-    return [{"name": p.name, "address": p.address or (f"pid {p.pid}" if p.pid else ""),
-             "incarnation": p.incarnation, "alive": _alive(broker, p, now),
-             "episodes_in_flight": int(p.gauges.get("episodes_in_flight", 0)),
-             "requests_in_flight": int(p.gauges.get("requests_in_flight", 0)),
-             "env_steps_hung": int(p.gauges.get("env_steps_hung", 0)),
-             "version": int(p.gauges.get("policy_version", -1)), "last_seen_s": now - p.last_seen}
-            for p in sorted(broker.stats.peers.values(), key=lambda p: p.name) if p.role == "actor"]
+    return [
+        {
+            "name": p.name,
+            "address": p.address or (f"pid {p.pid}" if p.pid else ""),
+            "incarnation": p.incarnation,
+            "alive": _alive(broker, p, now),
+            "episodes_in_flight": int(p.gauges.get("episodes_in_flight", 0)),
+            "requests_in_flight": int(p.gauges.get("requests_in_flight", 0)),
+            "env_steps_hung": int(p.gauges.get("env_steps_hung", 0)),
+            "version": int(p.gauges.get("policy_version", -1)),
+            "last_seen_s": now - p.last_seen,
+        }
+        for p in sorted(broker.stats.peers.values(), key=lambda p: p.name)
+        if p.role == "actor"
+    ]

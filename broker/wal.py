@@ -71,12 +71,26 @@ def _pack_frames(kind: str, frames: list[bytes | memoryview]) -> list[bytes | me
     message was copied twice, bench/broker.py).
     msgpack's own encoding, spelled out: [kind, [bin, ...]] with the smallest array and bin headers."""
     n = len(frames)
-    pieces: list[bytes | memoryview] = [b"\x92" + msgpack.packb(kind) + (
-        bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))]
+    pieces: list[bytes | memoryview] = [
+        b"\x92"
+        + msgpack.packb(kind)
+        + (
+            bytes([0x90 | n])
+            if n < 16
+            else b"\xdc" + n.to_bytes(2, "big")
+            if n < 1 << 16
+            else b"\xdd" + n.to_bytes(4, "big")
+        )
+    ]
     for frame in frames:
         size = memoryview(frame).nbytes
-        pieces.append(b"\xc4" + bytes([size]) if size < 1 << 8 else b"\xc5" + size.to_bytes(2, "big")
-                      if size < 1 << 16 else b"\xc6" + size.to_bytes(4, "big"))
+        pieces.append(
+            b"\xc4" + bytes([size])
+            if size < 1 << 8
+            else b"\xc5" + size.to_bytes(2, "big")
+            if size < 1 << 16
+            else b"\xc6" + size.to_bytes(4, "big")
+        )
         pieces.append(frame)
     length = sum(memoryview(piece).nbytes for piece in pieces)
     if length < JOIN_BELOW_BYTES:  # small: one joined payload, one checksum call
@@ -111,7 +125,7 @@ def read_segment(path: Path) -> ReadResult:
         if length > MAX_RECORD_BYTES or end > len(data):
             res.reason = f"a record of {length} bytes cut short at {len(data) - pos - _HEAD.size}"
             break
-        payload = data[pos + _HEAD.size:end]
+        payload = data[pos + _HEAD.size : end]
         if zlib.crc32(payload) != crc:
             res.reason = "a record failing its checksum"
             break
@@ -167,14 +181,18 @@ class WriteAheadLog:
             events.extend(records)
             if res.torn_bytes:
                 self.torn_bytes += res.torn_bytes
-                log.warning("%s: cut off %d bytes at its end (%s); every record before it is recovered",
-                            path.name, res.torn_bytes, res.reason)
+                log.warning(
+                    "%s: cut off %d bytes at its end (%s); every record before it is recovered",
+                    path.name,
+                    res.torn_bytes,
+                    res.reason,
+                )
                 with open(path, "r+b") as f:
                     f.truncate(res.good_bytes)
-                for _, later in segs[i + 1:]:  # nothing after a torn record can be trusted to follow it
+                for _, later in segs[i + 1 :]:  # nothing after a torn record can be trusted to follow it
                     self.torn_bytes += later.stat().st_size
                     later.unlink()
-                segs = segs[:i + 1]
+                segs = segs[: i + 1]
                 break
         self.segment = segs[-1][0] if segs else 1
         self._open(self.folder / _segment_name(self.segment))
@@ -231,16 +249,24 @@ class WriteAheadLog:
         self._pending = []
         if self.failing_since is not None:
             self.stalled_s += time.monotonic() - self.failing_since
-            log.warning("the write-ahead log in %s is writable again after %.1fs", self.folder,
-                        time.monotonic() - self.failing_since)
+            log.warning(
+                "the write-ahead log in %s is writable again after %.1fs",
+                self.folder,
+                time.monotonic() - self.failing_since,
+            )
         self.error, self.failing_since = None, None
 
     def _failed(self, exc: OSError) -> None:
         self.write_errors += 1
         if self.failing_since is None:
             self.failing_since = time.monotonic()
-            log.error("the write-ahead log in %s cannot be written (%s): nothing is acknowledged until it can; "
-                      "%d bytes wait in memory", self.folder, exc, self.pending_bytes)
+            log.error(
+                "the write-ahead log in %s cannot be written (%s): nothing is acknowledged until it can; "
+                "%d bytes wait in memory",
+                self.folder,
+                exc,
+                self.pending_bytes,
+            )
         self.error = exc
 
     def compact(self, snapshot: Any) -> None:
@@ -279,8 +305,11 @@ class WriteAheadLog:
             try:
                 self.flush()
             except OSError as exc:
-                log.error("closing the write-ahead log: %d bytes could not be written (%s); none was acknowledged",
-                          self.pending_bytes, exc)
+                log.error(
+                    "closing the write-ahead log: %d bytes could not be written (%s); none was acknowledged",
+                    self.pending_bytes,
+                    exc,
+                )
             os.close(self._fd)
             self._fd = None
 
@@ -290,7 +319,7 @@ def _skip(pieces: list[bytes | memoryview], n: int) -> list[bytes | memoryview]:
     for i, piece in enumerate(pieces):
         size = memoryview(piece).nbytes
         if n < size:
-            return [memoryview(piece)[n:] if n else piece, *pieces[i + 1:]]
+            return [memoryview(piece)[n:] if n else piece, *pieces[i + 1 :]]
         n -= size
     return []
 
@@ -311,8 +340,10 @@ def main() -> None:
         kinds[kind] += 1
     for n, path in _segments(folder):
         res = read_segment(path)
-        print(f"{path.name}: {len(res.records)} records, {res.good_bytes} bytes"
-              + (f", {res.torn_bytes} torn bytes ({res.reason})" if res.torn_bytes else ""))
+        print(
+            f"{path.name}: {len(res.records)} records, {res.good_bytes} bytes"
+            + (f", {res.torn_bytes} torn bytes ({res.reason})" if res.torn_bytes else "")
+        )
     for kind, n in sorted(kinds.items()):
         print(f"  {kind}: {n}")
 

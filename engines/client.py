@@ -143,8 +143,17 @@ class EngineClient:
     def with_model(self, model: str, base_while_absent: bool = False) -> EngineClient:
         """A client of the same engine, session, timeout, fields and decode that requests `model` (`base_while_absent`:
         as the constructor's), with the same `base_model`."""
-        return EngineClient(self.url, self._session, self._timeout_s, self._extra, model, self.base_model,
-                            self.versioned, self._decode, base_while_absent)
+        return EngineClient(
+            self.url,
+            self._session,
+            self._timeout_s,
+            self._extra,
+            model,
+            self.base_model,
+            self.versioned,
+            self._decode,
+            base_while_absent,
+        )
 
     def _name(self, version: int | None) -> str:
         """The name to request of an engine known to serve `version`: with a `base_model`, that one at version 0 (no
@@ -167,8 +176,9 @@ class EngineClient:
         name = self.base_model if self.base_model is not None and not self._known_version else self.model
         body = self._completion_body([0], SamplingConfig(max_tokens=1), None, name)
         try:
-            async with self._session.post(self.url + "/v1/completions", json=body,
-                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with self._session.post(
+                self.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
                 await resp.read()
                 return True
         except (asyncio.TimeoutError, aiohttp.ClientError):
@@ -185,8 +195,12 @@ class EngineClient:
         return v
 
     async def generate(
-        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None = None,
-        extra: Mapping[str, Any] | None = None, images: Sequence[np.ndarray] | None = None,
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingConfig,
+        seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        images: Sequence[np.ndarray] | None = None,
     ) -> Generation:
         """Sample one response to `prompt_ids` ([P] token ids, chat template already applied). `extra`: more
         vLLM fields for this request only (the gateway's `stop`, `structured_outputs`), like `extra_body`.
@@ -194,8 +208,13 @@ class EngineClient:
         return (await self.sample(prompt_ids, sampling, 1, seed, extra, images))[0]
 
     async def sample(
-        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int, seed: int | None = None,
-        extra: Mapping[str, Any] | None = None, images: Sequence[np.ndarray] | None = None,
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingConfig,
+        n: int,
+        seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        images: Sequence[np.ndarray] | None = None,
     ) -> list[Generation]:
         """`n` independent responses to one prompt in one request (vLLM's `n`: the engine runs them as n
         sequences, its API server and this client handle one request): a group's first turn, whose prompt is the
@@ -214,27 +233,39 @@ class EngineClient:
                 return gens
             except RouteMissing:
                 self.token_route = False
-                log.info("%s has no %s (started without --enable-scale-out): /v1/completions with version reads",
-                         self.url, GENERATE)
+                log.info(
+                    "%s has no %s (started without --enable-scale-out): /v1/completions with version reads",
+                    self.url,
+                    GENERATE,
+                )
         # Version bracketing (DESIGN.md): lo = what we knew before sending (<= the truth), hi = a fresh
         # read after the answer (>= the version of the last token, since an update is labelled before
         # the engine resumes generating).
         lo = self._known_version if self._known_version is not None else await self.version()
         name = self._name(lo)
         body, to_base = await self._post(
-            "/v1/completions", name, lambda model: self._completion_body(prompt_ids, sampling, seed, model, extra, n))
+            "/v1/completions", name, lambda model: self._completion_body(prompt_ids, sampling, seed, model, extra, n)
+        )
         lo = 0 if to_base else lo
         choices = self._parse_choices(body, n)
         hi = await self._version_after()
         # hi < lo only if the engine restarted (its version went back) while we held an old read.
         return [Generation(*c, version_lo=min(lo, hi), version_hi=hi) for c in choices]
 
-    async def _generate_images(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int,
-                               seed: int | None, extra: Mapping[str, Any] | None,
-                               images: Sequence[np.ndarray]) -> list[Generation]:
+    async def _generate_images(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingConfig,
+        n: int,
+        seed: int | None,
+        extra: Mapping[str, Any] | None,
+        images: Sequence[np.ndarray],
+    ) -> list[Generation]:
         """`n` generations with images: on GENERATE only (the one route that takes token ids and images)."""
-        missing = EngineError(f"{self.url} has no {GENERATE} (started without --enable-scale-out), the only route "
-                              f"that takes token ids with images: start it with engines.server.server_command")
+        missing = EngineError(
+            f"{self.url} has no {GENERATE} (started without --enable-scale-out), the only route "
+            f"that takes token ids with images: start it with engines.server.server_command"
+        )
         if self.token_route is False:
             raise missing
         parts = [{"type": "image_url", "url": png_data_uri(image)} for image in images]
@@ -246,9 +277,15 @@ class EngineClient:
         self.token_route = True
         return gens if self.versioned else [replace(g, version_lo=0, version_hi=0) for g in gens]
 
-    async def _generate_tokens(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, n: int,
-                               seed: int | None, extra: Mapping[str, Any] | None,
-                               content_parts: list[dict[str, str]] | None = None) -> list[Generation]:
+    async def _generate_tokens(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingConfig,
+        n: int,
+        seed: int | None,
+        extra: Mapping[str, Any] | None,
+        content_parts: list[dict[str, str]] | None = None,
+    ) -> list[Generation]:
         """`n` generations on GENERATE; their versions are the labels of the weights that sampled their tokens.
         `content_parts`: the images of the prompt's placeholders, as vLLM's image_url parts."""
         if self.base_model is not None and self._known_version is None:
@@ -270,8 +307,10 @@ class EngineClient:
                 spans = choice.get("weight_versions") or []
                 versions = [parse_version(span["version"], self.url) for span in spans] or [0]  # none: unlabelled
             except (KeyError, TypeError, AttributeError):
-                raise EngineError(f"{self.url}{GENERATE} answered weight_versions that are not spans: "
-                                  f"{str(choice.get('weight_versions'))[:200]}") from None
+                raise EngineError(
+                    f"{self.url}{GENERATE} answered weight_versions that are not spans: "
+                    f"{str(choice.get('weight_versions'))[:200]}"
+                ) from None
             newest.append(versions[-1])
             gens.append(Generation(ids, logprobs, text, finish, version_lo=min(versions), version_hi=max(versions)))
         self._known_version = max(newest)  # the engine's newest (a lower bound for its next request)
@@ -318,8 +357,13 @@ class EngineClient:
 
     # ------------------------------------------------------------------------------------ internal
     def _completion_body(
-        self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None, model: str,
-        extra: Mapping[str, Any] | None = None, n: int = 1,
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingConfig,
+        seed: int | None,
+        model: str,
+        extra: Mapping[str, Any] | None = None,
+        n: int = 1,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             **self._extra,
@@ -340,8 +384,15 @@ class EngineClient:
             body["n"] = n
         return body
 
-    def _generate_body(self, prompt_ids: Sequence[int] | np.ndarray, sampling: SamplingConfig, seed: int | None,
-                       model: str, extra: Mapping[str, Any] | None = None, n: int = 1) -> dict[str, Any]:
+    def _generate_body(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        sampling: SamplingConfig,
+        seed: int | None,
+        model: str,
+        extra: Mapping[str, Any] | None = None,
+        n: int = 1,
+    ) -> dict[str, Any]:
         """GENERATE's body: the same sampling as `_completion_body`, as vLLM's SamplingParams."""
         params = self._completion_body(prompt_ids, sampling, seed, model, extra, n)
         ids, model = params.pop("prompt"), params.pop("model")
@@ -349,15 +400,22 @@ class EngineClient:
         tokens = self._decode is not None and not params.get("stop")
         if tokens:
             params["detokenize"] = False
-        return {"token_ids": ids, "model": model, "sampling_params": params,
-                "output_mode": "tokens" if tokens else "text", "return_token_ids": True}
+        return {
+            "token_ids": ids,
+            "model": model,
+            "sampling_params": params,
+            "output_mode": "tokens" if tokens else "text",
+            "return_token_ids": True,
+        }
 
     def _parse_choices(self, body: dict[str, Any], n: int) -> list[tuple[np.ndarray, np.ndarray, str, str]]:
         """(token ids [T], log-probs [T], text, finish reason) of each of the answer's `n` choices."""
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list) or len(choices) != n:
-            raise EngineError(f"{self.url} answered {len(choices) if isinstance(choices, list) else 'no'} choices "
-                              f"where {n} were asked for: {str(body)[:300]}")
+            raise EngineError(
+                f"{self.url} answered {len(choices) if isinstance(choices, list) else 'no'} choices "
+                f"where {n} were asked for: {str(body)[:300]}"
+            )
         return [self._parse_choice(choice, body) for choice in choices]
 
     def _parse_choice(self, choice: Any, body: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str, str]:
@@ -409,8 +467,10 @@ def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
     """`EngineClient`'s `decode` from a Hugging Face tokenizer, giving vLLM's text: special tokens skipped, and
     a last character whose bytes are incomplete left out (vLLM's incremental detokenizer waits for the rest of it;
     the tokenizer writes U+FFFD)."""
+
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+
     return decode
 
 
@@ -424,4 +484,3 @@ def png_data_uri(image: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-

@@ -51,8 +51,13 @@ class ServerControl:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=apply_timeout_s)
 
-    async def call(self, path: str, json: dict[str, Any] | None = None, params: dict[str, str] | None = None,
-                   absent_ok: bool = False) -> Any:
+    async def call(
+        self,
+        path: str,
+        json: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        absent_ok: bool = False,
+    ) -> Any:
         """POST `path`; returns the JSON answer (None if empty; also if the server lacks the route and `absent_ok`).
         Raises ApplyError naming the step."""
         try:
@@ -75,8 +80,9 @@ class ServerControl:
     async def set_version(self, version: int) -> None:
         await self.call("/update_weight_version", json={"new_version": str(version)})
 
-    async def apply(self, weights_dir: Path, version: int, lora: bool = False, frozen_dir: Path | None = None
-                    ) -> list[Any]:
+    async def apply(
+        self, weights_dir: Path, version: int, lora: bool = False, frozen_dir: Path | None = None
+    ) -> list[Any]:
         """Swap in the weights of `weights_dir` (an adapter directory if `lora`) as `version`; returns the
         workers' reload reports (the server's answer for an adapter). `frozen_dir`: an adapter directory to load
         under FROZEN_ADAPTER_NAME too (a refresh of the frozen copy), in the same pause."""
@@ -97,9 +103,9 @@ class ServerControl:
     async def _load_adapter(self, name: str, folder: Path) -> Any:
         # In place: the adapter keeps its name and id, so requests naming it take the new weights (the first load of
         # a name adds it).
-        return await self.call("/v1/load_lora_adapter", json={
-            "lora_name": name, "lora_path": str(folder), "load_inplace": True,
-        })
+        return await self.call(
+            "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder), "load_inplace": True}
+        )
 
     async def join(self, init_info: dict[str, Any]) -> None:
         """Have the server's workers join the learner's weight group (blocks until every member has)."""

@@ -39,8 +39,9 @@ log = logging.getLogger("engines")
 
 
 # ---------------------------------------------------------------------------------------------- command line and end
-def process_arguments(doc: str | None, name_help: str, engine_help: str, name_default: str | None = None
-              ) -> argparse.ArgumentParser:
+def process_arguments(
+    doc: str | None, name_help: str, engine_help: str, name_default: str | None = None
+) -> argparse.ArgumentParser:
     """The command line every such process takes (`--config`, `--name`, `--incarnation`, `--broker`, `--engine`);
     the caller adds its own. `name_default` None: `--name` is required."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,7 +51,9 @@ def process_arguments(doc: str | None, name_help: str, engine_help: str, name_de
     else:
         parser.add_argument("--name", default=name_default, help=name_help)
     parser.add_argument("--incarnation", type=int, default=0, help="how many times it was restarted")
-    parser.add_argument("--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)")
+    parser.add_argument(
+        "--broker", required=True, help="broker ZeroMQ address, or its record (RUN/broker.json: followed)"
+    )
     parser.add_argument("--engine", action="append", default=[], help=engine_help)
     return parser
 
@@ -83,13 +86,26 @@ class Links:
 
     def engine(self, url: str) -> EngineClient:
         """A client of the policy engine at `url` (the process's model names, timeout and decode)."""
-        return EngineClient(url, self.session, self.reach.request_timeout_s, model=self.reach.model_name,
-                            base_model=self.reach.base_model_name, decode=self.decode)
+        return EngineClient(
+            url,
+            self.session,
+            self.reach.request_timeout_s,
+            model=self.reach.model_name,
+            base_model=self.reach.base_model_name,
+            decode=self.decode,
+        )
 
 
 @contextlib.asynccontextmanager
-async def connect(name: str, incarnation: int, broker_address: str, reach: Reach, max_unacked: int,
-                  ack_timeout_s: float, decode: Callable[[list[int]], str] | None = None) -> AsyncIterator[Links]:
+async def connect(
+    name: str,
+    incarnation: int,
+    broker_address: str,
+    reach: Reach,
+    max_unacked: int,
+    ack_timeout_s: float,
+    decode: Callable[[list[int]], str] | None = None,
+) -> AsyncIterator[Links]:
     """Start the broker connection and say hello as an actor (asking for the broker's Welcome, which lists the
     engines and later joiners), open the engines' HTTP session; on leaving, close them in reverse order.
     `decode`: the engine clients' (`engines.client.text_decoder`), or None."""
@@ -180,5 +196,15 @@ async def follow_engines(broker: AsyncClient, user: EngineUser, client: Callable
                 log.info("%s: engine %s joined; now using %d engines", user.name, url, len(user.engines))
 
 
-__all__ = ["EnginePool", "EngineUser", "Links", "Reach", "connect", "engines_from_broker", "follow_engines", "goodbye",
-           "process_arguments", "report_stats"]
+__all__ = [
+    "EnginePool",
+    "EngineUser",
+    "Links",
+    "Reach",
+    "connect",
+    "engines_from_broker",
+    "follow_engines",
+    "goodbye",
+    "process_arguments",
+    "report_stats",
+]

@@ -51,28 +51,39 @@ def takes_stream(model: ModelConfig, engines: EnginesConfig) -> bool:
     return engines.weight_sync == "stream" and model.lora_rank == 0
 
 
-def server_command(model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None
-                   ) -> tuple[list[str], dict[str, str]]:
+def server_command(
+    model: ModelConfig, engines: EnginesConfig, port: int, on_gpu: bool | None = None
+) -> tuple[list[str], dict[str, str]]:
     """argv and extra environment for one vLLM server of `model` on `engines.host:port`; `on_gpu`: whether the
     server runs on a GPU (None: whether this host has one; a server started on another host says so).
 
     The env is meant to be merged over os.environ (as `launcher.procs.start` does).
     """
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model.path),
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", engines.host,
-        "--port", str(port),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model.path),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        engines.host,
+        "--port",
+        str(port),
         # Without it vLLM compiles the model for ~50 s on CPU; eager costs little for small models.
         "--enforce-eager",
-        "--dtype", model.dtype,
-        "--max-model-len", str(engines.max_model_len),
-        "--worker-extension-cls", WORKER_EXTENSION,
+        "--dtype",
+        model.dtype,
+        "--max-model-len",
+        str(engines.max_model_len),
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
         # Structured outputs (the gateway's forced tool calls) as compact JSON: with vLLM's default, any whitespace
         # between JSON tokens, a weak model pads a call with it up to max_tokens (vLLM honours this per server only,
         # with the xgrammar or guidance backend; guidance takes the widest range of JSON schemas).
-        "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
+        "--structured-outputs-config",
+        '{"backend": "guidance", "disable_any_whitespace": true}',
         # /inference/v1/generate: token ids in and out, each token's weight version in the answer (engines.client).
         "--enable-scale-out",
     ]

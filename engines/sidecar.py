@@ -63,8 +63,16 @@ from agentstream.wire.curve import load_client_keys, secure_client
 from agentstream.wire.limits import Limits, check_limits
 from agentstream.wire.messages import EngineStatus, Hello, ProtocolError, Stats, WeightUpdate, decode, encode
 from agentstream.wire.reconnect import keep_alive
-from engines.control import (FROZEN_FOLDER, ApplyError, ServerControl, ServerDied, frozen_due, prune_weight_dirs,
-                             write_adapter, write_weights)
+from engines.control import (
+    FROZEN_FOLDER,
+    ApplyError,
+    ServerControl,
+    ServerDied,
+    frozen_due,
+    prune_weight_dirs,
+    write_adapter,
+    write_weights,
+)
 from engines.server import ServerNotReady, wait_ready
 
 log = logging.getLogger("engines.sidecar")
@@ -244,8 +252,12 @@ class WeightSidecar:
             log.info("version %d ignored: %d is already here", update.version, newest)
             return
         if update.epoch != epoch:  # a restarted learner: its checkpoint's weights replace whatever runs here
-            log.info("version %d from a new learner process (epoch %d): replaces version %d", update.version,
-                     update.epoch, newest)
+            log.info(
+                "version %d from a new learner process (epoch %d): replaces version %d",
+                update.version,
+                update.epoch,
+                newest,
+            )
         if self._pending is not None:
             self.skipped += 1
             log.info("version %d skipped: %d arrived before it was applied", self._pending.version, update.version)
@@ -286,8 +298,12 @@ class WeightSidecar:
             await self._send_status()
             return
         if group != self.group:
-            log.error("version %d is streamed to group %d; this server's workers are in group %s: not taken",
-                      msg.version, group, self.group or "none")
+            log.error(
+                "version %d is streamed to group %d; this server's workers are in group %s: not taken",
+                msg.version,
+                group,
+                self.group or "none",
+            )
             return
         t0 = time.perf_counter()
         try:
@@ -310,8 +326,10 @@ class WeightSidecar:
         t0 = time.perf_counter()
         writers = {"safetensors": write_weights, "peft_adapter": write_adapter}
         if update.format not in writers:
-            raise ApplyError(f"update to version {update.version} has format {update.format!r}; this sidecar "
-                             f"knows {sorted(writers)} (are learner and sidecar the same agentstream version?)")
+            raise ApplyError(
+                f"update to version {update.version} has format {update.format!r}; this sidecar "
+                f"knows {sorted(writers)} (are learner and sidecar the same agentstream version?)"
+            )
         folder = await asyncio.to_thread(writers[update.format], self.workdir, update.version, update.payload)
         lora = update.format == "peft_adapter"
         frozen = None
@@ -332,8 +350,13 @@ class WeightSidecar:
         self.last_sync_s = time.perf_counter() - t0
         await self._send_status()
         await asyncio.to_thread(prune_weight_dirs, self.workdir, folder)
-        log.info("now at version %d (%.1f MB in %.3f s; workers: %s)", self.version, len(update.payload) / 1e6,
-                 self.last_sync_s, reports)
+        log.info(
+            "now at version %d (%.1f MB in %.3f s; workers: %s)",
+            self.version,
+            len(update.payload) / 1e6,
+            self.last_sync_s,
+            reports,
+        )
 
     async def _report_loop(self) -> None:
         """Stats to the broker, heartbeat to the learner (followed to where its record says), and the server's health,
@@ -365,21 +388,36 @@ class WeightSidecar:
             welcome = None
             while not self._broker.welcomes.empty():  # the newest answer says it all
                 welcome = self._broker.welcomes.get_nowait()
-            moved = welcome is not None and follow_address(self._learner, link, welcome.weights, self.spec.name,
-                                                           "by the broker")
+            moved = welcome is not None and follow_address(
+                self._learner, link, welcome.weights, self.spec.name, "by the broker"
+            )
             now = time.monotonic()
-            if not moved and learner_lost(now, self._learner_up, self._learner_since, self._asked_at,
-                                          self.spec.learner_lost_s, self.spec.learner_silent_s):
+            if not moved and learner_lost(
+                now,
+                self._learner_up,
+                self._learner_since,
+                self._asked_at,
+                self.spec.learner_lost_s,
+                self.spec.learner_silent_s,
+            ):
                 self._asked_at = now
-                await self._broker.send(Hello(role="engine", name=self.spec.name, address=self.spec.url,
-                                              pid=os.getpid(), want_welcome=True))
+                await self._broker.send(
+                    Hello(role="engine", name=self.spec.name, address=self.spec.url, pid=os.getpid(), want_welcome=True)
+                )
         if moved:  # the new connection, once made, asks for the newest weights (`_watch_link`)
             self.learner_moves += 1
             self._learner_up, self._learner_since = False, time.monotonic()
 
     def _status(self) -> EngineStatus:
-        return EngineStatus(engine=self.spec.name, url=self.spec.url, version=self.version, epoch=self.epoch,
-                            link=self.link, workers=self.spec.stream_workers, group=self.group)
+        return EngineStatus(
+            engine=self.spec.name,
+            url=self.spec.url,
+            version=self.version,
+            epoch=self.epoch,
+            link=self.link,
+            workers=self.spec.stream_workers,
+            group=self.group,
+        )
 
     async def _send_status(self) -> None:
         assert self._broker is not None
@@ -399,13 +437,24 @@ class WeightSidecar:
         if self._broker is None:
             return
         requests = await self._server.requests_in_flight() if self._server is not None and not final else 0
-        await self._broker.send(Stats(
-            source=self.spec.name, role="engine", final=final,
-            counters={"weight_updates": self.updates, "weight_updates_skipped": self.skipped,
-                      "learner_moves_followed": self.learner_moves},
-            gauges={"version": self.version, "weight_sync_s": self.last_sync_s, "requests_in_flight": requests,
-                    **({"frozen_version": self.frozen_version} if self.spec.frozen_every else {})},
-        ))
+        await self._broker.send(
+            Stats(
+                source=self.spec.name,
+                role="engine",
+                final=final,
+                counters={
+                    "weight_updates": self.updates,
+                    "weight_updates_skipped": self.skipped,
+                    "learner_moves_followed": self.learner_moves,
+                },
+                gauges={
+                    "version": self.version,
+                    "weight_sync_s": self.last_sync_s,
+                    "requests_in_flight": requests,
+                    **({"frozen_version": self.frozen_version} if self.spec.frozen_every else {}),
+                },
+            )
+        )
 
     async def _close(self) -> None:
         """Final stats, then sockets in reverse order of opening; a temporary workdir is removed."""
@@ -429,45 +478,97 @@ def parse_args(argv: list[str] | None = None) -> SidecarSpec:
     p = argparse.ArgumentParser(prog="python -m engines.sidecar", description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True, help="engine name (ZeroMQ identity, stats source)")
     p.add_argument("--url", required=True, help="the vLLM server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--learner", required=True,
-                   help="the learner's weight ROUTER, e.g. tcp://127.0.0.1:5600, or its record (RUN/learner.json: followed)")
-    p.add_argument("--broker", required=True,
-                   help="the broker's ROUTER, e.g. tcp://127.0.0.1:5555, or its record (RUN/broker.json: followed)")
+    p.add_argument(
+        "--learner",
+        required=True,
+        help="the learner's weight ROUTER, e.g. tcp://127.0.0.1:5600, or its record (RUN/learner.json: followed)",
+    )
+    p.add_argument(
+        "--broker",
+        required=True,
+        help="the broker's ROUTER, e.g. tcp://127.0.0.1:5555, or its record (RUN/broker.json: followed)",
+    )
     p.add_argument("--workdir", default=None, help="where weights are written (default: a temporary folder)")
     p.add_argument("--stats-interval", type=float, default=1.0, help="seconds between Stats reports")
     p.add_argument("--ready-timeout", type=float, default=240.0, help="seconds to wait for the server at start")
     p.add_argument("--apply-timeout", type=float, default=600.0, help="seconds one server call may take")
-    p.add_argument("--dead-after", type=float, default=30.0,
-                   help="seconds without /health before giving up (a loaded CPU machine can stall a live server ~10 s)")
-    p.add_argument("--initial-version", type=int, default=0, choices=(0, -1),
-                   help="0: the server runs the model's own weights; -1: unknown (a server started elsewhere): "
-                        "no group is admitted on it until the learner's first weights arrive")
+    p.add_argument(
+        "--dead-after",
+        type=float,
+        default=30.0,
+        help="seconds without /health before giving up (a loaded CPU machine can stall a live server ~10 s)",
+    )
+    p.add_argument(
+        "--initial-version",
+        type=int,
+        default=0,
+        choices=(0, -1),
+        help="0: the server runs the model's own weights; -1: unknown (a server started elsewhere): "
+        "no group is admitted on it until the learner's first weights arrive",
+    )
     p.add_argument("--curve-keys", default="", help="key folder (broker.curve_keys_dir): CURVE to learner and broker")
-    p.add_argument("--max-weight-bytes", type=int, default=32 << 30,
-                   help="largest weight update accepted from the learner (a larger one drops the connection)")
-    p.add_argument("--stream-workers", type=int, default=0,
-                   help="the server's workers (its tensor-parallel size) that take streamed weights: the server "
-                        "runs with --weight-transfer-config for engines.worker_ext's backend; 0: files only")
-    p.add_argument("--frozen-every", type=int, default=0,
-                   help="LoRA adapters: also load the first adapter of every block of this many versions under "
-                        "the frozen copy's name (engines.frozen_every, for a frozen seat); 0: no frozen copy")
-    p.add_argument("--learner-lost-s", type=float, default=5.0,
-                   help="a plain --learner address: ask the broker where the learner is after this many seconds "
-                        "without a connection to it (a learner placed again elsewhere), and again as often")
-    p.add_argument("--learner-silent-s", type=float, default=60.0,
-                   help="... or after this many seconds connected to it without a message from it")
+    p.add_argument(
+        "--max-weight-bytes",
+        type=int,
+        default=32 << 30,
+        help="largest weight update accepted from the learner (a larger one drops the connection)",
+    )
+    p.add_argument(
+        "--stream-workers",
+        type=int,
+        default=0,
+        help="the server's workers (its tensor-parallel size) that take streamed weights: the server "
+        "runs with --weight-transfer-config for engines.worker_ext's backend; 0: files only",
+    )
+    p.add_argument(
+        "--frozen-every",
+        type=int,
+        default=0,
+        help="LoRA adapters: also load the first adapter of every block of this many versions under "
+        "the frozen copy's name (engines.frozen_every, for a frozen seat); 0: no frozen copy",
+    )
+    p.add_argument(
+        "--learner-lost-s",
+        type=float,
+        default=5.0,
+        help="a plain --learner address: ask the broker where the learner is after this many seconds "
+        "without a connection to it (a learner placed again elsewhere), and again as often",
+    )
+    p.add_argument(
+        "--learner-silent-s",
+        type=float,
+        default=60.0,
+        help="... or after this many seconds connected to it without a message from it",
+    )
     a = p.parse_args(argv)
-    return SidecarSpec(a.name, a.url, a.learner, a.broker, a.workdir, a.stats_interval, a.ready_timeout,
-                     a.apply_timeout, a.dead_after, a.initial_version, curve_keys_dir=a.curve_keys,
-                     max_weight_bytes=a.max_weight_bytes, stream_workers=a.stream_workers,
-                     frozen_every=a.frozen_every, learner_lost_s=a.learner_lost_s,
-                     learner_silent_s=a.learner_silent_s)
+    return SidecarSpec(
+        a.name,
+        a.url,
+        a.learner,
+        a.broker,
+        a.workdir,
+        a.stats_interval,
+        a.ready_timeout,
+        a.apply_timeout,
+        a.dead_after,
+        a.initial_version,
+        curve_keys_dir=a.curve_keys,
+        max_weight_bytes=a.max_weight_bytes,
+        stream_workers=a.stream_workers,
+        frozen_every=a.frozen_every,
+        learner_lost_s=a.learner_lost_s,
+        learner_silent_s=a.learner_silent_s,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    run_process(args.name, log, lambda: WeightSidecar(args).run(),
-                log_format=f"%(asctime)s %(levelname)s {args.name} sidecar: %(message)s")
+    run_process(
+        args.name,
+        log,
+        lambda: WeightSidecar(args).run(),
+        log_format=f"%(asctime)s %(levelname)s {args.name} sidecar: %(message)s",
+    )
 
 
 if __name__ == "__main__":

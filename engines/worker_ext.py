@@ -33,11 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from vllm.distributed.weight_transfer.base import (
-    WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
-)
+from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from agentstream.weights import StreamLayout, open_group, receive_buckets
@@ -131,8 +127,9 @@ class StreamTransfer(WeightTransferEngine[StreamInit, StreamUpdate]):
         self.shutdown()  # a new group replaces the old one (the learner re-forms it when its engines change)
         parallel = self.parallel_config
         rank = init_info.rank_offset + parallel.data_parallel_index * parallel.world_size + parallel.rank
-        self.group = open_group(init_info.host, init_info.port, rank, init_info.world_size, init_info.backend,
-                                init_info.timeout_s)
+        self.group = open_group(
+            init_info.host, init_info.port, rank, init_info.world_size, init_info.backend, init_info.timeout_s
+        )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload

@@ -67,8 +67,10 @@ OPPONENTS = ("random", "first", *MATCHES)
 _ALLOWED = frozenset(TEXT_CHARSET)
 _TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 
-HEADER = ("You play a two-player game against an opponent. Each turn you see what happened since your last move "
-          "and your legal moves. Answer with one legal move between tags, e.g. <action>{example}</action>.")
+HEADER = (
+    "You play a two-player game against an opponent. Each turn you see what happened since your last move "
+    "and your legal moves. Answer with one legal move between tags, e.g. <action>{example}</action>."
+)
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,16 @@ def _kuhn_legal(state: dict[str, Any], seat: int) -> list[str]:
 
 def _kuhn_view(state: dict[str, Any], seat: int) -> str:
     tree = state["current_legal_action_tree"]
-    return json.dumps({"round": state["current_round"], "card": state["player_cards"][seat],
-                       "chips": [state["player_chips"][0], state["player_chips"][1]], "pot": state["pot"],
-                       "to_act": tree if isinstance(tree, str) else sorted(tree)}, sort_keys=True)
+    return json.dumps(
+        {
+            "round": state["current_round"],
+            "card": state["player_cards"][seat],
+            "chips": [state["player_chips"][0], state["player_chips"][1]],
+            "pot": state["pot"],
+            "to_act": tree if isinstance(tree, str) else sorted(tree),
+        },
+        sort_keys=True,
+    )
 
 
 def _adapters() -> list[tuple[type, Adapter]]:
@@ -108,8 +117,10 @@ def _adapters() -> list[tuple[type, Adapter]]:
     from textarena.envs.KuhnPoker.env import KuhnPokerEnv
     from textarena.envs.TicTacToe.env import TicTacToeEnv
 
-    return [(TicTacToeEnv, Adapter(_tictactoe_legal, _tictactoe_view, "4")),
-            (KuhnPokerEnv, Adapter(_kuhn_legal, _kuhn_view, "bet"))]
+    return [
+        (TicTacToeEnv, Adapter(_tictactoe_legal, _tictactoe_view, "4")),
+        (KuhnPokerEnv, Adapter(_kuhn_legal, _kuhn_view, "bet")),
+    ]
 
 
 SUPPORTED = ("TicTacToe-v0", "KuhnPoker-v0", "KuhnPoker-v0-short", "KuhnPoker-v0-medium", "KuhnPoker-v0-long")
@@ -122,9 +133,13 @@ def traits(kwargs: Mapping[str, Any]) -> EnvTraits:
     """What the env declares with `kwargs` (`envs.registry.traits`): a match (opponent self or frozen) has two
     seats, a frozen one trains one of them; validation plays one seat against the random opponent."""
     opponent = kwargs.get("opponent")
-    return EnvTraits(seats=2 if opponent in MATCHES else 1, frozen_seat=opponent == FROZEN,
-                     one_seat_kwargs=(("opponent", "random"),) if opponent in MATCHES else (),
-                     parser="envs.arena:parse_move", moves=MOVES)
+    return EnvTraits(
+        seats=2 if opponent in MATCHES else 1,
+        frozen_seat=opponent == FROZEN,
+        one_seat_kwargs=(("opponent", "random"),) if opponent in MATCHES else (),
+        parser="envs.arena:parse_move",
+        moves=MOVES,
+    )
 
 
 def parse_move(text: object, legal: Sequence[str]) -> ParseResult:
@@ -153,8 +168,15 @@ class TextArenaEnv(TextGame):
     metadata = {"render_modes": []}
     invalid_reward = -0.2
 
-    def __init__(self, game: str = "TicTacToe-v0", seat: int | None = None, opponent: str = "random",
-                 max_steps: int = 9, invalid_reward: float = -0.2, game_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        game: str = "TicTacToe-v0",
+        seat: int | None = None,
+        opponent: str = "random",
+        max_steps: int = 9,
+        invalid_reward: float = -0.2,
+        game_kwargs: dict[str, Any] | None = None,
+    ):
         import textarena
 
         if seat not in (None, 0, 1):
@@ -169,12 +191,15 @@ class TextArenaEnv(TextGame):
         try:
             probe = textarena.make(f"{game}-raw", **self.game_kwargs)
         except ValueError as exc:  # TextArena's "not found in registry"
-            raise ValueError(f"game={game!r} is not a TextArena game id; supported here: {', '.join(SUPPORTED)}") \
-                from exc
+            raise ValueError(
+                f"game={game!r} is not a TextArena game id; supported here: {', '.join(SUPPORTED)}"
+            ) from exc
         self.adapter = next((a for cls, a in _adapters() if isinstance(probe, cls)), None)
         if self.adapter is None:
-            raise ValueError(f"game={game!r} has no adapter in envs/arena.py (its legal moves are unknown); "
-                             f"supported: {', '.join(SUPPORTED)}")
+            raise ValueError(
+                f"game={game!r} has no adapter in envs/arena.py (its legal moves are unknown); "
+                f"supported: {', '.join(SUPPORTED)}"
+            )
         self._make = lambda: textarena.make(f"{game}-raw", **self.game_kwargs)
         self.instructions = HEADER.format(example=self.adapter.example)
         self.seat_instructions = (self.instructions, self.instructions)
@@ -266,8 +291,10 @@ class TextArenaEnv(TextGame):
         with self._own_random():
             done, _ = self._ta.step(f"[{move}]")
         if self._state().error_count:
-            raise RuntimeError(f"{self.game}: TextArena rejected [{move}] of player {mover}, which the adapter listed "
-                               f"as legal: fix the adapter in envs/arena.py")
+            raise RuntimeError(
+                f"{self.game}: TextArena rejected [{move}] of player {mover}, which the adapter listed "
+                f"as legal: fix the adapter in envs/arena.py"
+            )
         return bool(done)
 
     def _opponent_moves(self) -> bool:
@@ -335,8 +362,13 @@ class TextArenaEnv(TextGame):
         state = self._state()
         view = self.adapter.view(state.game_state, self.seat)
         legal = self._legal() if not state.done and state.current_player_id == self.seat else []
-        return {"valid": valid, "success": success, "anchor": f"seat {self.seat}: {view}",
-                "admissible_actions": legal, "seat": self.seat}
+        return {
+            "valid": valid,
+            "success": success,
+            "anchor": f"seat {self.seat}: {view}",
+            "admissible_actions": legal,
+            "seat": self.seat,
+        }
 
     def close(self) -> None:
         self._ta = None

@@ -75,15 +75,26 @@ class FrozenLakeText(TextGame):
     metadata = {"render_modes": []}
     instructions = INSTRUCTIONS
 
-    def __init__(self, map_size: int = 4, max_steps: int = 8, is_slippery: bool = False, frozen_prob: float = 0.8,
-                 show_safe_moves: bool = False, hole_reward: float = 0.0, view: str = "grid", instructions: str = ""):
+    def __init__(
+        self,
+        map_size: int = 4,
+        max_steps: int = 8,
+        is_slippery: bool = False,
+        frozen_prob: float = 0.8,
+        show_safe_moves: bool = False,
+        hole_reward: float = 0.0,
+        view: str = "grid",
+        instructions: str = "",
+    ):
         if map_size < 2:
             raise ValueError(f"map_size={map_size}: must be at least 2")
         if view not in VIEWS:
             raise ValueError(f"view={view!r}: must be one of {VIEWS}")
         if view == "local" and show_safe_moves:
-            raise ValueError("show_safe_moves=True adds a line to the grid view; the local view (view='local') "
-                             "already names what each move reaches: drop one of them")
+            raise ValueError(
+                "show_safe_moves=True adds a line to the grid view; the local view (view='local') "
+                "already names what each move reaches: drop one of them"
+            )
         self.map_size = map_size
         self.max_steps = max_steps
         self.is_slippery = is_slippery

@@ -90,8 +90,13 @@ class ReasoningEnv(TextGame):
     metadata = {"render_modes": []}
     instructions = INSTRUCTIONS
 
-    def __init__(self, dataset: str = "basic_arithmetic", max_attempts: int = 1, max_steps: int | None = None,
-                 dataset_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        dataset: str = "basic_arithmetic",
+        max_attempts: int = 1,
+        max_steps: int | None = None,
+        dataset_kwargs: dict[str, Any] | None = None,
+    ):
         if max_attempts < 1:
             raise ValueError(f"max_attempts={max_attempts}: must be at least 1")
         self.dataset_name = resolve_name(dataset)
@@ -145,8 +150,10 @@ class ReasoningEnv(TextGame):
         return self._obs, value, terminated, False, info
 
     def _feedback(self, answer: str, left: int) -> str:
-        return (f"{self._entry['question']}\n\nYour answer {answer!r} is not correct. "
-                f"You have {left} attempt{'s' if left != 1 else ''} left.")
+        return (
+            f"{self._entry['question']}\n\nYour answer {answer!r} is not correct. "
+            f"You have {left} attempt{'s' if left != 1 else ''} left."
+        )
 
     def _info(self, valid: bool, success: bool) -> dict[str, Any]:
         anchor = f"{self._entry.get('question', '')}\nattempts: {json.dumps(self._attempts)}"

@@ -67,8 +67,14 @@ class ShopEnv(TextGame):
     metadata = {"render_modes": []}
     instructions = INSTRUCTIONS
 
-    def __init__(self, max_steps: int = 15, catalogue_seed: int = 0, n_products: int = 300,
-                 results_per_page: int = 10, max_results: int = 50):
+    def __init__(
+        self,
+        max_steps: int = 15,
+        catalogue_seed: int = 0,
+        n_products: int = 300,
+        results_per_page: int = 10,
+        max_results: int = 50,
+    ):
         self.max_steps, self.results_per_page, self.max_results = max_steps, results_per_page, max_results
         self.catalogue: Catalogue = make_catalogue(catalogue_seed, n_products)
         self.observation_space = text_space(max_length=16384)
@@ -92,8 +98,9 @@ class ShopEnv(TextGame):
         parsed = parse_action(action)
         if isinstance(parsed, Action) and not self._available(*parsed.value):
             verb, arg = parsed.value
-            return ParseFailure(f"{verb}[{arg}] is not available on this page; use one of: "
-                                f"{', '.join(self.admissible_actions())}")
+            return ParseFailure(
+                f"{verb}[{arg}] is not available on this page; use one of: {', '.join(self.admissible_actions())}"
+            )
         return parsed
 
     def _invalid(self) -> tuple[str, dict[str, Any]]:
@@ -153,7 +160,7 @@ class ShopEnv(TextGame):
 
     def _shown(self) -> list[Product]:
         start = (self._page.page_no - 1) * self.results_per_page
-        return self._page.results[start:start + self.results_per_page]
+        return self._page.results[start : start + self.results_per_page]
 
     # -- the text ----------------------------------------------------------------------------------------
 
@@ -190,8 +197,12 @@ class ShopEnv(TextGame):
         return [f"click[{b}]" for b in self._clickables()]
 
     def _info(self, valid: bool, success: bool) -> dict[str, Any]:
-        return {"valid": valid, "success": success, "anchor": self._render(),
-                "admissible_actions": self.admissible_actions()}
+        return {
+            "valid": valid,
+            "success": success,
+            "anchor": self._render(),
+            "admissible_actions": self.admissible_actions(),
+        }
 
     def close(self) -> None:
         self.goal = None

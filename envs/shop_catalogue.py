@@ -23,22 +23,39 @@ PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 
 # category -> (category path, [(type, query)], attributes, options)
 _CATEGORIES: dict[str, tuple[str, list[str], list[str], dict[str, list[str]]]] = {
-    "clothing": ("clothing › men › tops", ["t-shirt", "hoodie", "polo shirt", "tank top"],
-                 ["cotton", "machine wash", "slim fit", "short sleeve", "long sleeve", "polyester", "quick dry"],
-                 {"color": ["red", "navy blue", "black", "white", "heather grey"],
-                  "size": ["small", "medium", "large", "x-large"]}),
-    "footwear": ("clothing › shoes › athletic", ["running shoes", "hiking boots", "sandals", "sneakers"],
-                 ["rubber sole", "non slip", "waterproof", "lightweight", "memory foam", "lace up"],
-                 {"color": ["black", "white", "olive green", "brown"], "size": ["7", "8", "9", "10", "11"]}),
-    "beauty": ("beauty › personal care › hair", ["shampoo", "conditioner", "hair oil", "face serum"],
-               ["sulfate free", "paraben free", "natural ingredients", "long lasting", "travel size", "vegan"],
-               {"scent": ["lavender", "coconut", "unscented", "citrus"], "size": ["8 ounce", "16 ounce"]}),
-    "grocery": ("grocery › snacks › bars", ["protein bars", "granola", "trail mix", "dark chocolate"],
-                ["gluten free", "low sugar", "high protein", "keto friendly", "non gmo", "individually wrapped"],
-                {"flavor": ["peanut butter", "sea salt", "almond", "berry"], "size": ["pack of 6", "pack of 12"]}),
-    "electronics": ("electronics › audio › headphones", ["headphones", "earbuds", "bluetooth speaker"],
-                    ["wireless", "noise cancelling", "bluetooth", "long battery life", "water resistant", "usb c"],
-                    {"color": ["black", "silver", "rose gold"]}),
+    "clothing": (
+        "clothing › men › tops",
+        ["t-shirt", "hoodie", "polo shirt", "tank top"],
+        ["cotton", "machine wash", "slim fit", "short sleeve", "long sleeve", "polyester", "quick dry"],
+        {
+            "color": ["red", "navy blue", "black", "white", "heather grey"],
+            "size": ["small", "medium", "large", "x-large"],
+        },
+    ),
+    "footwear": (
+        "clothing › shoes › athletic",
+        ["running shoes", "hiking boots", "sandals", "sneakers"],
+        ["rubber sole", "non slip", "waterproof", "lightweight", "memory foam", "lace up"],
+        {"color": ["black", "white", "olive green", "brown"], "size": ["7", "8", "9", "10", "11"]},
+    ),
+    "beauty": (
+        "beauty › personal care › hair",
+        ["shampoo", "conditioner", "hair oil", "face serum"],
+        ["sulfate free", "paraben free", "natural ingredients", "long lasting", "travel size", "vegan"],
+        {"scent": ["lavender", "coconut", "unscented", "citrus"], "size": ["8 ounce", "16 ounce"]},
+    ),
+    "grocery": (
+        "grocery › snacks › bars",
+        ["protein bars", "granola", "trail mix", "dark chocolate"],
+        ["gluten free", "low sugar", "high protein", "keto friendly", "non gmo", "individually wrapped"],
+        {"flavor": ["peanut butter", "sea salt", "almond", "berry"], "size": ["pack of 6", "pack of 12"]},
+    ),
+    "electronics": (
+        "electronics › audio › headphones",
+        ["headphones", "earbuds", "bluetooth speaker"],
+        ["wireless", "noise cancelling", "bluetooth", "long battery life", "water resistant", "usb c"],
+        {"color": ["black", "silver", "rose gold"]},
+    ),
 }
 _BRANDS = ["Acme", "Northwind", "Zephyr", "Kestrel", "Lumo", "Orbit", "Pinecrest", "Valea", "Brisk", "Solace"]
 
@@ -93,10 +110,19 @@ def _product(rng: random.Random, i: int) -> Product:
     brand = rng.choice(_BRANDS)
     title = f"{brand} {' '.join(a.title() for a in chosen[:2])} {ptype.title()}"
     bullets = tuple(f"{a.capitalize()} design for everyday use" for a in chosen[2:]) + (f"By {brand}",)
-    return Product(asin=f"b{rng.randrange(16**6):06x}{i:03d}", category=category, product_category=path,
-                   query=ptype, product_type=ptype, title=title, attributes=tuple(chosen), options=opts,
-                   price=round(rng.uniform(5, 95), 2), bullets=bullets,
-                   description=f"The {brand} {ptype} is {', '.join(chosen)}.")
+    return Product(
+        asin=f"b{rng.randrange(16**6):06x}{i:03d}",
+        category=category,
+        product_category=path,
+        query=ptype,
+        product_type=ptype,
+        title=title,
+        attributes=tuple(chosen),
+        options=opts,
+        price=round(rng.uniform(5, 95), 2),
+        bullets=bullets,
+        description=f"The {brand} {ptype} is {', '.join(chosen)}.",
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -119,8 +145,16 @@ def make_goal(seed: int, catalogue: Catalogue) -> Goal:
     option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
     text += f" with {option_text}" if option_text else ""
     text += f", and price lower than {price_upper:.2f} dollars" if price_upper < 1_000_000 else ""
-    return Goal(product.asin, product.query, product.product_category, product.product_type, attrs, goal_options,
-                price_upper, text)
+    return Goal(
+        product.asin,
+        product.query,
+        product.product_category,
+        product.product_type,
+        attrs,
+        goal_options,
+        price_upper,
+        text,
+    )
 
 
 def _token_set_match(a: str, b: str) -> bool:
@@ -131,14 +165,23 @@ def _token_set_match(a: str, b: str) -> bool:
 
 def _in_text(value: str, product: Product) -> bool:
     value = value.lower()
-    return value in product.title.lower() or value in " ".join(product.bullets).lower() or value in product.description.lower()
+    return (
+        value in product.title.lower()
+        or value in " ".join(product.bullets).lower()
+        or value in product.description.lower()
+    )
 
 
 def type_reward(product: Product, goal: Goal) -> float:
     """WebShop's r_type: 1 if query, category (>= 2 shared path parts) or type words (> 0.2) agree."""
     query_match = product.query == goal.query
-    category_match = len({x.strip() for x in product.product_category.split("›")}
-                         & {x.strip() for x in goal.product_category.split("›")}) >= 2
+    category_match = (
+        len(
+            {x.strip() for x in product.product_category.split("›")}
+            & {x.strip() for x in goal.product_category.split("›")}
+        )
+        >= 2
+    )
     desired = set(tokenize(goal.product_type))
     title_score = len(set(tokenize(product.product_type)) & desired) / len(desired) if desired else 0.2
     r_type = 1.0 if (query_match or category_match or title_score > 0.2) else 0.5
@@ -150,8 +193,9 @@ def type_reward(product: Product, goal: Goal) -> float:
 
 
 def attribute_matches(product: Product, goal: Goal) -> int:
-    return sum(1 for g in goal.attributes
-               if any(_token_set_match(p, g) for p in product.attributes) or _in_text(g, product))
+    return sum(
+        1 for g in goal.attributes if any(_token_set_match(p, g) for p in product.attributes) or _in_text(g, product)
+    )
 
 
 def option_matches(product: Product, goal: Goal, chosen: dict[str, str]) -> int:

@@ -117,8 +117,12 @@ class Text2SQLFamily:
         shutil.rmtree(f"{self._root}/spider", ignore_errors=True)  # one database at a time per env
         t = sql_tasks.make_task(seed, self._root)
         prompt = f"Database schema:\n{sql_tasks.SCHEMA}\n\nQuestion: {t.question}"
-        extras = {"db_id": t.db_id, "reward_spec": {"ground_truth": t.gold_sql}, "data": "spider",
-                  "max_turns": max_steps}
+        extras = {
+            "db_id": t.db_id,
+            "reward_spec": {"ground_truth": t.gold_sql},
+            "data": "spider",
+            "max_turns": max_steps,
+        }
         return SkyRLTask(prompt, extras, Text2SQLEnvConfig(db_path=self._root), {"sql": t.gold_sql})
 
     parse = staticmethod(parse_sql_action)
@@ -168,8 +172,9 @@ class CodeFamily:
         "Reply with the whole program in one ```python ...``` block. It is run against hidden tests."
     )
 
-    def __init__(self, n_tests: int = 5, time_limit_s: float = 5.0, memory_mb: int = 256,
-                 skyrl_env: str = "agentstream_code"):
+    def __init__(
+        self, n_tests: int = 5, time_limit_s: float = 5.0, memory_mb: int = 256, skyrl_env: str = "agentstream_code"
+    ):
         from envs.tools import code_tasks
 
         code_tasks.register_skyrl_env()
@@ -181,9 +186,12 @@ class CodeFamily:
 
         t = code_tasks.make_task(seed, self.n_tests)
         example = t.tests[0]
-        prompt = (f"{t.statement}\n\nExample input:\n{example['input']}\nExample output:\n{example['output']}")
-        extras = {"reward_spec": {"ground_truth": json.dumps(t.tests)}, "time_limit_s": self.time_limit_s,
-                  "memory_mb": self.memory_mb}
+        prompt = f"{t.statement}\n\nExample input:\n{example['input']}\nExample output:\n{example['output']}"
+        extras = {
+            "reward_spec": {"ground_truth": json.dumps(t.tests)},
+            "time_limit_s": self.time_limit_s,
+            "memory_mb": self.memory_mb,
+        }
         return SkyRLTask(prompt, extras, None, {"solution": t.solution})
 
     parse = staticmethod(parse_code_action)
@@ -214,8 +222,14 @@ class MultiToolFamily:
 
         shutil.rmtree(f"{self._root}/spider", ignore_errors=True)  # one database at a time per env
         t = multitool.make_task(seed, self._towns, self._root)
-        extras = {"reward_spec": {"ground_truth": t.answers}, "max_turns": max_steps, "db_path": t.db_path,
-                  "search_url": self._server.url, "time_limit_s": self.time_limit_s, "memory_mb": self.memory_mb}
+        extras = {
+            "reward_spec": {"ground_truth": t.answers},
+            "max_turns": max_steps,
+            "db_path": t.db_path,
+            "search_url": self._server.url,
+            "time_limit_s": self.time_limit_s,
+            "memory_mb": self.memory_mb,
+        }
         gold = {"answer": t.answers[0], "tool": t.kind, "call": t.call}
         return SkyRLTask(multitool.prompt(t.question), extras, None, gold)
 
@@ -230,8 +244,12 @@ class MultiToolFamily:
         shutil.rmtree(self._root, ignore_errors=True)
 
 
-FAMILIES: dict[str, Callable[..., TaskFamily]] = {"text2sql": Text2SQLFamily, "search": SearchFamily,
-                                                  "code": CodeFamily, "multitool": MultiToolFamily}
+FAMILIES: dict[str, Callable[..., TaskFamily]] = {
+    "text2sql": Text2SQLFamily,
+    "search": SearchFamily,
+    "code": CodeFamily,
+    "multitool": MultiToolFamily,
+}
 
 
 class SkyRLGymEnv(TextGame):

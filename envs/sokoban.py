@@ -114,13 +114,16 @@ def render_text(room: Room) -> str:
 
 # ---- generation (reverse play from the solved room) ----
 
-_MASKS = np.array([  # the shapes the digger carves at each step (gym-sokoban's set)
-    [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
-    [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
-    [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
-    [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
-    [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
-], dtype=np.int8)
+_MASKS = np.array(
+    [  # the shapes the digger carves at each step (gym-sokoban's set)
+        [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
+        [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
+        [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
+        [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
+    ],
+    dtype=np.int8,
+)
 
 
 def _topology(rng: np.random.Generator, dim: tuple[int, int], num_steps: int, p_change: float = 0.35) -> np.ndarray:
@@ -134,14 +137,15 @@ def _topology(rng: np.random.Generator, dim: tuple[int, int], num_steps: int, p_
             direction = np.array(MOVES[rng.integers(4)])
         pos = np.clip(pos + direction, 1, [h - 2, w - 2])
         r, c = pos - 1
-        level[r:r + 3, c:c + 3] |= _MASKS[rng.integers(len(_MASKS))][: h - r, : w - c]
+        level[r : r + 3, c : c + 3] |= _MASKS[rng.integers(len(_MASKS))][: h - r, : w - c]
     level[[0, -1], :] = WALL
     level[:, [0, -1]] = WALL
     return level
 
 
-def _reverse_walk(rng: np.random.Generator, fixed: np.ndarray, targets: list[Pos], player: Pos,
-                  steps: int) -> tuple[float, Room]:
+def _reverse_walk(
+    rng: np.random.Generator, fixed: np.ndarray, targets: list[Pos], player: Pos, steps: int
+) -> tuple[float, Room]:
     """Walk backwards from the solved room, pulling boxes; returns (gym-sokoban's score, the room reached)."""
     origin_of = {t: t for t in targets}  # current box position -> the target it started on
     swaps, last_box = 0, None
@@ -162,8 +166,14 @@ def _reverse_walk(rng: np.random.Generator, fixed: np.ndarray, targets: list[Pos
     return float(swaps * displacement), Room(fixed, frozenset(origin_of), (r, c))
 
 
-def generate_room(rng: np.random.Generator, dim: tuple[int, int], num_boxes: int, search_depth: int,
-                  walks: int = 8, max_attempts: int = 100) -> Room:
+def generate_room(
+    rng: np.random.Generator,
+    dim: tuple[int, int],
+    num_boxes: int,
+    search_depth: int,
+    walks: int = 8,
+    max_attempts: int = 100,
+) -> Room:
     """A solvable room with `num_boxes` boxes, none of it drawn from outside `rng`."""
     h, w = dim
     for _ in range(max_attempts):
@@ -183,8 +193,10 @@ def generate_room(rng: np.random.Generator, dim: tuple[int, int], num_boxes: int
                 best_score, best = score, room
         if best is not None:
             return best
-    raise RuntimeError(f"no solvable {dim} room with {num_boxes} boxes in {max_attempts} attempts; "
-                       "use a larger dim_room or fewer boxes")
+    raise RuntimeError(
+        f"no solvable {dim} room with {num_boxes} boxes in {max_attempts} attempts; "
+        "use a larger dim_room or fewer boxes"
+    )
 
 
 # ---- picture for vision-language models ----
@@ -207,7 +219,7 @@ def _sprites(tile: int) -> np.ndarray:
     inset = max(1, tile // 5)
     for code, (bg, fg) in _COLORS.items():
         out[code] = bg
-        out[code, inset:tile - inset, inset:tile - inset] = fg
+        out[code, inset : tile - inset, inset : tile - inset] = fg
     return out
 
 
@@ -226,9 +238,16 @@ class SokobanText(TextGame):
     invalid_reward = PENALTY_FOR_STEP  # the turn passed, as gym-sokoban's no-op costs (verl-agent's invalid answer)
     instructions = INSTRUCTIONS
 
-    def __init__(self, dim_room: tuple[int, int] | list[int] = (6, 6), num_boxes: int = 1, max_steps: int = 100,
-                 search_depth: int = 100, observation: str = "text", tile_size: int = 16,
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        dim_room: tuple[int, int] | list[int] = (6, 6),
+        num_boxes: int = 1,
+        max_steps: int = 100,
+        search_depth: int = 100,
+        observation: str = "text",
+        tile_size: int = 16,
+        render_mode: str | None = None,
+    ):
         dim = (int(dim_room[0]), int(dim_room[1]))
         if min(dim) < 4:
             raise ValueError(f"dim_room={dim_room}: both sides must be at least 4 (the border is wall)")
@@ -290,9 +309,13 @@ class SokobanText(TextGame):
 
     def _info(self, valid: bool, anchor: str) -> dict[str, Any]:
         room = self.room
-        info: dict[str, Any] = {"valid": valid, "success": room.solved(), "anchor": anchor,
-                                "admissible_actions": list(ACTIONS),
-                                "boxes_on_target": int(room.boxes_on_target())}
+        info: dict[str, Any] = {
+            "valid": valid,
+            "success": room.solved(),
+            "anchor": anchor,
+            "admissible_actions": list(ACTIONS),
+            "boxes_on_target": int(room.boxes_on_target()),
+        }
         if self.observation == "image":
             info["image"] = render_rgb(room, self.tile_size)
         return info

@@ -50,10 +50,12 @@ def render(desc: list[str], locs: list[tuple[int, int]], taxi: tuple[int, int], 
         pr, pc = locs[passenger]
         where = f"waiting at {STANDS[passenger]} (row {pr}, column {pc})"
     dr, dc = locs[dest]
-    return "\n".join([
-        *("".join(line) for line in lines),
-        f"Taxi at row {row}, column {col}. Passenger: {where}. Destination: {STANDS[dest]} (row {dr}, column {dc}).",
-    ])
+    return "\n".join(
+        [
+            *("".join(line) for line in lines),
+            f"Taxi at row {row}, column {col}. Passenger: {where}. Destination: {STANDS[dest]} (row {dr}, column {dc}).",
+        ]
+    )
 
 
 class TaxiText(TextGame):

@@ -22,16 +22,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from envs.alfworld.parser import normalize
-from envs.base import (
-    TRAIN_SEEDS,
-    Action,
-    ParseFailure,
-    ParseResult,
-    StepResult,
-    TextGame,
-    seed_split,
-    text_space,
-)
+from envs.base import TRAIN_SEEDS, Action, ParseFailure, ParseResult, StepResult, TextGame, seed_split, text_space
 
 INSTALL_HINT = "pip install textworld-express==1.1.0 (and Java 17: apt-get install openjdk-17-jre-headless)"
 _FOLDS = {"train": "train", "validation": "dev"}
@@ -89,8 +80,13 @@ class TextWorldExpressText(TextGame):
     blocking = True
     game = "twc"
 
-    def __init__(self, max_steps: int = 50, game_params: Mapping[str, Any] | str | None = None,
-                 gold_path: bool = False, game: str | None = None):
+    def __init__(
+        self,
+        max_steps: int = 50,
+        game_params: Mapping[str, Any] | str | None = None,
+        gold_path: bool = False,
+        game: str | None = None,
+    ):
         try:
             import textworld_express  # noqa: F401
         except ImportError as exc:
@@ -129,8 +125,13 @@ class TextWorldExpressText(TextGame):
         # Unseeded: a training game (any int up to 2**31 could fall past VALIDATION_SEEDS, which raised).
         env_seed = int(self.np_random.integers(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)) if seed is None else seed
         fold, game_seed = self.game_seed(env_seed)
-        self._obs, self._infos = self._twx.reset(seed=game_seed, gameFold=fold, gameName=self.game,
-                                                 gameParams=self.game_params, generateGoldPath=self.gold_path)
+        self._obs, self._infos = self._twx.reset(
+            seed=game_seed,
+            gameFold=fold,
+            gameName=self.game,
+            gameParams=self.game_params,
+            generateGoldPath=self.gold_path,
+        )
         task = self._infos["taskDescription"]
         self.instructions = INSTRUCTIONS.get(self.game, INSTRUCTIONS["twc"]).format(task=task)
         self._steps = 0

@@ -133,5 +133,13 @@ def parse(name: str, text: str, tool_names: Collection[str]) -> ParsedTools:
     return get_parser(name)(text, tool_names)
 
 
-__all__ = ["PARSE_ERRORS", "TOOL_PARSERS", "ParsedTools", "ToolCall", "get_parser", "parse", "parse_hermes",
-           "parse_json"]
+__all__ = [
+    "PARSE_ERRORS",
+    "TOOL_PARSERS",
+    "ParsedTools",
+    "ToolCall",
+    "get_parser",
+    "parse",
+    "parse_hermes",
+    "parse_json",
+]

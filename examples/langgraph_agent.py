@@ -46,8 +46,9 @@ def shop_tool(spec: dict) -> StructuredTool:
     def invoke(**arguments: object) -> str:
         return run_tool(fn["name"], json.dumps(arguments))  # a bad call gets an error text back, never an exception
 
-    return StructuredTool.from_function(func=invoke, name=fn["name"], description=fn["description"],
-                                        args_schema=fn["parameters"])
+    return StructuredTool.from_function(
+        func=invoke, name=fn["name"], description=fn["description"], args_schema=fn["parameters"]
+    )
 
 
 SHOP_TOOLS = [shop_tool(spec) for spec in TOOLS]
@@ -62,9 +63,19 @@ def sync_client() -> httpx2.Client:
 
 async def run_agent(ep: Episode, task: Task, s: Settings, calls: EpisodeCalls) -> str:
     """One episode, LangGraph's way: the last message's text."""
-    llm = ChatOpenAI(model=s.model, base_url=ep.base_url, api_key=ep.api_key, max_tokens=s.max_tokens,
-                     temperature=s.temperature, timeout=120, max_retries=2, disable_streaming=True,
-                     http_async_client=calls.http_client(), http_client=sync_client(), extra_body=extra_body(s))
+    llm = ChatOpenAI(
+        model=s.model,
+        base_url=ep.base_url,
+        api_key=ep.api_key,
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        timeout=120,
+        max_retries=2,
+        disable_streaming=True,
+        http_async_client=calls.http_client(),
+        http_client=sync_client(),
+        extra_body=extra_body(s),
+    )
     first, later = (llm.bind_tools(TOOLS, tool_choice=choice) for choice in (s.first_tool_choice, "auto"))
 
     def model(state: dict, _runtime: object) -> object:
@@ -73,8 +84,9 @@ async def run_agent(ep: Episode, task: Task, s: Settings, calls: EpisodeCalls) -
 
     agent = create_react_agent(model, SHOP_TOOLS, prompt=SYSTEM)
     try:
-        state = await agent.ainvoke({"messages": [("user", task.question)]},
-                                    config={"recursion_limit": 2 * s.max_turns - 1})
+        state = await agent.ainvoke(
+            {"messages": [("user", task.question)]}, config={"recursion_limit": 2 * s.max_turns - 1}
+        )
         return str(state["messages"][-1].content or "")
     except GraphRecursionError:  # out of steps while still acting: the episode ends truncated
         return ""

@@ -47,9 +47,14 @@ def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> 
         for turn in range(s.max_turns):
             try:
                 r = client.chat.completions.create(
-                    model=s.model, messages=messages, tools=TOOLS, max_tokens=s.max_tokens, temperature=s.temperature,
+                    model=s.model,
+                    messages=messages,
+                    tools=TOOLS,
+                    max_tokens=s.max_tokens,
+                    temperature=s.temperature,
                     tool_choice=s.first_tool_choice if turn == 0 else "auto",
-                    extra_body={"return_token_ids": True} if s.record else None)
+                    extra_body={"return_token_ids": True} if s.record else None,
+                )
             except openai.BadRequestError as exc:  # the chat outgrew the model's context: the episode ends here
                 if exc.code != "context_length_exceeded" or turn == 0:
                     raise
@@ -63,8 +68,13 @@ def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> 
                 break
             for call in msg.tool_calls:
                 calls += 1
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": run_tool(call.function.name, call.function.arguments)})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "content": run_tool(call.function.name, call.function.arguments),
+                    }
+                )
         reward = check(task, answer)
         ep.finish(reward=reward, truncated=not answered)  # truncated: still acting after max_turns
     rec.end(ep, task_id, reward, turn + 1)

@@ -20,8 +20,16 @@ from __future__ import annotations
 
 import sys
 
-from agents import (Agent, FunctionTool, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, RunConfig,
-                    Runner, set_tracing_disabled)
+from agents import (
+    Agent,
+    FunctionTool,
+    MaxTurnsExceeded,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    Runner,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 from gateway.agent_runner import EpisodeCalls, Settings, extra_body, main, play_with
@@ -36,8 +44,9 @@ def shop_tool(spec: dict) -> FunctionTool:
     async def invoke(_ctx: object, arguments: str) -> str:
         return run_tool(fn["name"], arguments)  # a bad call gets an error text back, never an exception
 
-    return FunctionTool(name=fn["name"], description=fn["description"], params_json_schema=fn["parameters"],
-                        on_invoke_tool=invoke)
+    return FunctionTool(
+        name=fn["name"], description=fn["description"], params_json_schema=fn["parameters"], on_invoke_tool=invoke
+    )
 
 
 SHOP_TOOLS = [shop_tool(spec) for spec in TOOLS]
@@ -45,15 +54,25 @@ SHOP_TOOLS = [shop_tool(spec) for spec in TOOLS]
 
 async def run_agent(ep: Episode, task: Task, s: Settings, calls: EpisodeCalls) -> str:
     """One episode, the SDK's way: its final output ("" when it stopped at --max-turns still acting)."""
-    client = AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=2, timeout=120,
-                         http_client=calls.http_client())
-    agent = Agent(name="shop", instructions=SYSTEM, tools=SHOP_TOOLS,
-                  model=OpenAIChatCompletionsModel(model=s.model, openai_client=client),
-                  model_settings=ModelSettings(tool_choice=s.first_tool_choice, max_tokens=s.max_tokens,
-                                               temperature=s.temperature, extra_body=extra_body(s)))
+    client = AsyncOpenAI(
+        base_url=ep.base_url, api_key=ep.api_key, max_retries=2, timeout=120, http_client=calls.http_client()
+    )
+    agent = Agent(
+        name="shop",
+        instructions=SYSTEM,
+        tools=SHOP_TOOLS,
+        model=OpenAIChatCompletionsModel(model=s.model, openai_client=client),
+        model_settings=ModelSettings(
+            tool_choice=s.first_tool_choice,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            extra_body=extra_body(s),
+        ),
+    )
     try:
-        result = await Runner.run(agent, task.question, max_turns=s.max_turns,
-                                  run_config=RunConfig(tracing_disabled=True))
+        result = await Runner.run(
+            agent, task.question, max_turns=s.max_turns, run_config=RunConfig(tracing_disabled=True)
+        )
         return str(result.final_output or "")
     except MaxTurnsExceeded:
         return ""

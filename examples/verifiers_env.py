@@ -67,15 +67,19 @@ try:
     from openai import AsyncOpenAI
     from verifiers.clients import OpenAIChatCompletionsClient
 except ImportError as exc:  # run with the project's python, or the verifiers venv is missing
-    raise SystemExit(f"[verifiers] {exc}: run this with the verifiers venv's python, "
-                     f".cache/verifiers-venv/bin/python (bash scripts/setup.sh makes it)") from None
+    raise SystemExit(
+        f"[verifiers] {exc}: run this with the verifiers venv's python, "
+        f".cache/verifiers-venv/bin/python (bash scripts/setup.sh makes it)"
+    ) from None
 
 try:
     from gateway.agent_runner import ROOT, Recorder, end_launch, launch, wait_for_url
     from gateway.episode_client import Episode, GatewayError, open_episode
 except ModuleNotFoundError as exc:  # a copy of this file, away from the checkout
-    raise SystemExit(f"[verifiers] {exc}: agentstream's gateway/ is not importable in this venv; run this file from "
-                     "the checkout's examples/, or with PYTHONPATH=<the checkout>") from None
+    raise SystemExit(
+        f"[verifiers] {exc}: agentstream's gateway/ is not importable in this venv; run this file from "
+        "the checkout's examples/, or with PYTHONPATH=<the checkout>"
+    ) from None
 
 T = TypeVar("T")
 GONE = (urllib.error.URLError, ConnectionError, openai.APIConnectionError)
@@ -135,25 +139,38 @@ class EpisodeClient(OpenAIChatCompletionsClient):
     every answer with its token ids (--record)."""
 
     def __init__(self, ep: Episode, task_id: str, http: Any, s: Settings, rec: Recorder):
-        super().__init__(AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, http_client=http, max_retries=0,
-                                     timeout=s.request_timeout_s))
+        super().__init__(
+            AsyncOpenAI(
+                base_url=ep.base_url, api_key=ep.api_key, http_client=http, max_retries=0, timeout=s.request_timeout_s
+            )
+        )
         self.ep, self.task_id, self.s, self.rec = ep, task_id, s, rec
         self.calls = self.tool_calls = 0
         self.acting = False
         """Whether the latest answer held tool calls (the model was still acting when the rollout stopped)."""
 
-    async def get_native_response(self, prompt: Any, model: str, sampling_args: dict, tools: Any = None,
-                                  **kwargs: Any) -> Any:
+    async def get_native_response(
+        self, prompt: Any, model: str, sampling_args: dict, tools: Any = None, **kwargs: Any
+    ) -> Any:
         if tools and self.calls == 0 and self.s.first_tool_choice != "auto":
             sampling_args = {**sampling_args, "tool_choice": self.s.first_tool_choice}
         response = await super().get_native_response(prompt, model, sampling_args, tools, **kwargs)
         body = response.model_dump()
         choice = body["choices"][0]
         names = [c["function"]["name"] for c in choice["message"].get("tool_calls") or []]
-        self.rec.write({"episode": self.ep.id, "task_id": self.task_id, "group_id": self.ep.group_id,
-                        "turn": self.calls, "prompt_token_ids": body.get("prompt_token_ids"),
-                        "token_ids": choice.get("token_ids"), "tool_calls": names,
-                        "finish_reason": choice.get("finish_reason"), "content": choice["message"].get("content")})
+        self.rec.write(
+            {
+                "episode": self.ep.id,
+                "task_id": self.task_id,
+                "group_id": self.ep.group_id,
+                "turn": self.calls,
+                "prompt_token_ids": body.get("prompt_token_ids"),
+                "token_ids": choice.get("token_ids"),
+                "tool_calls": names,
+                "finish_reason": choice.get("finish_reason"),
+                "content": choice["message"].get("content"),
+            }
+        )
         self.calls, self.tool_calls, self.acting = self.calls + 1, self.tool_calls + len(names), bool(names)
         return response
 
@@ -220,8 +237,12 @@ async def score(env: Any, states: list[Any]) -> str | None:
 def truncated(state: Any, client: EpisodeClient) -> bool:
     """The rollout stopped before its natural end: still calling tools at the env's max_turns, a chat that outgrew
     the context, or the env's timeout."""
-    return bool(state.get("timed_out") or state.get("prompt_too_long") or outgrew_context(state.get("error"))
-                or (state.get("stop_condition") == "max_turns_reached" and client.acting))
+    return bool(
+        state.get("timed_out")
+        or state.get("prompt_too_long")
+        or outgrew_context(state.get("error"))
+        or (state.get("stop_condition") == "max_turns_reached" and client.acting)
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the runner
@@ -258,8 +279,10 @@ class Runner:
         task_id = f"{self.env_id}/{row.get('example_id', k % len(self.rows))}#{k}"
         eps = await self.blocking(self.open_group, task_id)
         clients = [EpisodeClient(ep, task_id, self.http, self.s, self.rec) for ep in eps]
-        states = await asyncio.gather(*(self.env.rollout(copy.deepcopy(row), c, self.s.model, self.sampling)
-                                        for c in clients), return_exceptions=True)
+        states = await asyncio.gather(
+            *(self.env.rollout(copy.deepcopy(row), c, self.s.model, self.sampling) for c in clients),
+            return_exceptions=True,
+        )
         why = next((w for w in map(rollout_failure, states, clients) if w), None) or await score(self.env, states)
         if why is not None:
             print(f"[verifiers] group {eps[0].group_id} ({task_id}) given up: {why}", flush=True)
@@ -271,16 +294,26 @@ class Runner:
                 self.rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "abandoned": why})
             return
         rewards, cuts = [float(st["reward"]) for st in states], list(map(truncated, states, clients))
-        ended = await self.blocking(self.settle, [functools.partial(ep.finish, reward=r, truncated=t)
-                                                  for ep, r, t in zip(eps, rewards, cuts)])
+        ended = await self.blocking(
+            self.settle, [functools.partial(ep.finish, reward=r, truncated=t) for ep, r, t in zip(eps, rewards, cuts)]
+        )
         for ep, client, state, reward, cut, ok in zip(eps, clients, states, rewards, cuts, ended):
             if not ok:
                 self.tally.lost += 1
                 continue
             metrics = {name: float(v) for name, v in (state.get("metrics") or {}).items()}
-            self.rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "reward": reward,
-                            "steps": client.calls, "truncated": cut, "stop_condition": state.get("stop_condition"),
-                            "metrics": metrics})
+            self.rec.write(
+                {
+                    "episode": ep.id,
+                    "task_id": task_id,
+                    "group_id": ep.group_id,
+                    "reward": reward,
+                    "steps": client.calls,
+                    "truncated": cut,
+                    "stop_condition": state.get("stop_condition"),
+                    "metrics": metrics,
+                }
+            )
             self.tally.rewards.append(reward)
             self.tally.calls += client.calls
             self.tally.tool_calls += client.tool_calls
@@ -364,17 +397,27 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--num-examples", type=int, default=-1, help="rows to use (-1: all)")
     p.add_argument("--gateway", default="", help="a run's gateway URL (RUN/gateway_url)")
     p.add_argument("--launch", action="store_true", help="start a local run (scripts/launch.py) and play against it")
-    p.add_argument("--launcher-python", default=str(ROOT / ".venv" / "bin" / "python"),
-                   help="with --launch: the project's python, which runs scripts/launch.py")
-    p.add_argument("--episodes", type=int, default=None,
-                   help="episodes to play (a multiple of --group-size; 0: until the run ends; default 16, with "
-                        "--launch 0)")
+    p.add_argument(
+        "--launcher-python",
+        default=str(ROOT / ".venv" / "bin" / "python"),
+        help="with --launch: the project's python, which runs scripts/launch.py",
+    )
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes to play (a multiple of --group-size; 0: until the run ends; default 16, with --launch 0)",
+    )
     p.add_argument("--group-size", type=int, default=4, help="rollouts per row and group (the run's env.group_size)")
     p.add_argument("--concurrency", type=int, default=2, help="groups at a time")
     p.add_argument("--max-tokens", type=int, default=None, help="per call (default: the env's, else the run's)")
     p.add_argument("--temperature", type=float, default=None, help="(default: the env's, else 1.0)")
-    p.add_argument("--first-tool-choice", default="auto", choices=("auto", "required"),
-                   help="tool_choice of each rollout's first call when the env has tools (required: act first)")
+    p.add_argument(
+        "--first-tool-choice",
+        default="auto",
+        choices=("auto", "required"),
+        help="tool_choice of each rollout's first call when the env has tools (required: act first)",
+    )
     p.add_argument("--model", default="policy", help="the model name sent (the gateway serves the run's policy)")
     p.add_argument("--record", type=Path, default=None, help="write every call's token ids here (JSON lines)")
     p.add_argument("--key-file", type=Path, default=None, help="the run's gateway key file (gateway.key_file), if any")
@@ -402,13 +445,18 @@ def main() -> int:
     if args.launch:  # started first: the run comes up while verifiers loads the env (seconds of imports)
         run_dir = ROOT / "runs" / f"verifiers-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(next((o.split("=", 1)[1] for o in args.overrides if o.startswith("run.output_dir=")), run_dir))
-        proc = launch([o for o in args.overrides if not o.startswith("run.output_dir=")], args.group_size, run_dir,
-                      python=args.launcher_python)
+        proc = launch(
+            [o for o in args.overrides if not o.startswith("run.output_dir=")],
+            args.group_size,
+            run_dir,
+            python=args.launcher_python,
+        )
     try:
         env = load_env(args.env, env_args, args.env_dir)
         rows = dataset_rows(env, args.split, args.num_examples)
-        print(f"[verifiers] {args.env}: {type(env).__name__}, {len(rows)} rows, groups of {args.group_size}",
-              flush=True)
+        print(
+            f"[verifiers] {args.env}: {type(env).__name__}, {len(rows)} rows, groups of {args.group_size}", flush=True
+        )
         if proc is not None:
             gateway = wait_for_url(run_dir, proc)
     except BaseException:  # a broken env (or Ctrl-C): the run started for it stops too
@@ -418,21 +466,26 @@ def main() -> int:
         raise
     print(f"[verifiers] playing against {gateway}", flush=True)
     t0 = time.monotonic()
-    tally, stopped = asyncio.run(play(env, args.env, rows, gateway, episodes // args.group_size, args.group_size,
-                                      args.concurrency, s))
+    tally, stopped = asyncio.run(
+        play(env, args.env, rows, gateway, episodes // args.group_size, args.group_size, args.concurrency, s)
+    )
     wall = time.monotonic() - t0
     code = 0 if proc is None else end_launch(proc, stopped, "verifiers")
     n = len(tally.rewards)
     mean = sum(tally.rewards) / n if n else 0.0
     given_up = sum(tally.abandoned.values())
-    print(f"[verifiers] {n} episodes in {wall:.1f}s ({n / wall if wall else 0.0:.2f} rollouts/s): mean reward "
-          f"{mean:.3f}, {tally.calls} model calls, {tally.tool_calls} tool calls, {tally.truncated} truncated; "
-          f"{given_up} groups given up {dict(tally.abandoned)}, {tally.lost} episodes lost", flush=True)
+    print(
+        f"[verifiers] {n} episodes in {wall:.1f}s ({n / wall if wall else 0.0:.2f} rollouts/s): mean reward "
+        f"{mean:.3f}, {tally.calls} model calls, {tally.tool_calls} tool calls, {tally.truncated} truncated; "
+        f"{given_up} groups given up {dict(tally.abandoned)}, {tally.lost} episodes lost",
+        flush=True,
+    )
     return code
 
 
-async def play(env: Any, env_id: str, rows: list[dict], gateway: str, groups: int, group_size: int,
-               concurrency: int, s: Settings) -> tuple[Tally, bool]:
+async def play(
+    env: Any, env_id: str, rows: list[dict], gateway: str, groups: int, group_size: int, concurrency: int, s: Settings
+) -> tuple[Tally, bool]:
     """The runner on this event loop: what it played, and whether a signal stopped it. SIGTERM and SIGINT stop it
     after the groups in flight (verifiers' Environment installs handlers of its own that exit at once: these
     replace them)."""

@@ -24,8 +24,14 @@ from gateway.spec import GatewaySpec
 log = logging.getLogger("gateway")
 
 
-async def serve(spec: GatewaySpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str],
-                shutdown_timeout_s: float) -> int:
+async def serve(
+    spec: GatewaySpec,
+    name: str,
+    incarnation: int,
+    broker_address: str,
+    engine_urls: list[str],
+    shutdown_timeout_s: float,
+) -> int:
     """The gateway process until SIGTERM/SIGINT: then it stops serving, waits (bounded) for the broker's
     acknowledgements, sends its final stats and returns 0. 3: it could not serve (its port taken, ...)."""
     from transformers import AutoTokenizer
@@ -64,9 +70,12 @@ async def _until(stop: asyncio.Event, coro: Awaitable[list[str]]) -> list[str]:
 
 
 def main() -> None:
-    parser = process_arguments(__doc__, name_default="gateway-0",
-                               name_help="its identity at the broker (an actor's name)",
-                               engine_help="engine base URL (repeatable); none: learn them from the broker")
+    parser = process_arguments(
+        __doc__,
+        name_default="gateway-0",
+        name_help="its identity at the broker (an actor's name)",
+        engine_help="engine base URL (repeatable); none: learn them from the broker",
+    )
     parser.add_argument("--port", type=int, default=None, help="HTTP port (default: gateway.port; 0 picks one)")
     args = parser.parse_args()
 

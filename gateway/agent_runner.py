@@ -74,10 +74,18 @@ class Recorder:
     def call(self, ep: Episode, task_id: str, turn: int, body: dict) -> None:
         """One answered chat call, from its response body (JSON): the token ids are there with `return_token_ids`."""
         choice = body["choices"][0]
-        self.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "turn": turn,
-                    "prompt_token_ids": body.get("prompt_token_ids"), "token_ids": choice.get("token_ids"),
-                    "tool_calls": [c["function"]["name"] for c in choice["message"].get("tool_calls") or []],
-                    "finish_reason": choice.get("finish_reason")})
+        self.write(
+            {
+                "episode": ep.id,
+                "task_id": task_id,
+                "group_id": ep.group_id,
+                "turn": turn,
+                "prompt_token_ids": body.get("prompt_token_ids"),
+                "token_ids": choice.get("token_ids"),
+                "tool_calls": [c["function"]["name"] for c in choice["message"].get("tool_calls") or []],
+                "finish_reason": choice.get("finish_reason"),
+            }
+        )
 
     def end(self, ep: Episode, task_id: str, reward: float, steps: int) -> None:
         """One finished episode: its reward and its number of model calls."""
@@ -88,8 +96,15 @@ Play = Callable[[str, Task, str, Settings, Recorder], dict]
 """One episode: (gateway URL, task, task id, settings, recorder) -> {"reward", "tool_calls", "steps"}."""
 
 
-def play_many(gateway: str, episodes: int, group_size: int, concurrency: int, s: Settings,
-              stop: threading.Event, play_episode: Play) -> list[dict]:
+def play_many(
+    gateway: str,
+    episodes: int,
+    group_size: int,
+    concurrency: int,
+    s: Settings,
+    stop: threading.Event,
+    play_episode: Play,
+) -> list[dict]:
     """`episodes` episodes (0: until the gateway goes away), group k of `group_size` on task k mod len(TASKS)
     under task id `<task>#<k>`, `concurrency` at a time, each played by `play_episode`. Stops early when the
     gateway stops answering."""
@@ -123,9 +138,17 @@ def launch(overrides: list[str], group_size: int, run_dir: Path, python: str = s
     """A local run whose only player is this agent: gateway on, no actors, the ChatML-with-tools template (the
     tiny model's own template ignores tools). `python`: the project's interpreter (an agent in a venv of its own,
     as examples/verifiers_env.py is, passes .venv's)."""
-    argv = [python, str(ROOT / "scripts" / "launch.py"), "gateway.enabled=true", "actors.count=0",
-            "gateway.chat_template=gateway/templates/chatml_tools.jinja", f"env.group_size={group_size}",
-            f"actors.episodes_per_actor={group_size}", f"run.output_dir={run_dir}", *overrides]
+    argv = [
+        python,
+        str(ROOT / "scripts" / "launch.py"),
+        "gateway.enabled=true",
+        "actors.count=0",
+        "gateway.chat_template=gateway/templates/chatml_tools.jinja",
+        f"env.group_size={group_size}",
+        f"actors.episodes_per_actor={group_size}",
+        f"run.output_dir={run_dir}",
+        *overrides,
+    ]
     print(f"[agent] starting the run: {' '.join(argv[1:])}", flush=True)
     return subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
 
@@ -163,16 +186,23 @@ def main(play_episode: Play, name: str, doc: str | None) -> int:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gateway", default="", help="a run's gateway URL (RUN/gateway_url)")
     p.add_argument("--launch", action="store_true", help="start a local run (scripts/launch.py) and play against it")
-    p.add_argument("--episodes", type=int, default=None,
-                   help="episodes to play (a multiple of --group-size; 0: until the run ends; default 16, with "
-                        "--launch 0)")
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes to play (a multiple of --group-size; 0: until the run ends; default 16, with --launch 0)",
+    )
     p.add_argument("--group-size", type=int, default=4, help="episodes per task id (the run's env.group_size)")
     p.add_argument("--concurrency", type=int, default=0, help="episodes at a time (default: 2 x group size)")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--first-tool-choice", default="required", choices=("required", "auto"),
-                   help="tool_choice of each episode's first call (required: act before answering)")
+    p.add_argument(
+        "--first-tool-choice",
+        default="required",
+        choices=("required", "auto"),
+        help="tool_choice of each episode's first call (required: act before answering)",
+    )
     p.add_argument("--model", default="policy", help="the model name sent (the gateway serves the run's policy)")
     p.add_argument("--record", type=Path, default=None, help="write every call's token ids here (JSON lines)")
     p.add_argument("--key-file", type=Path, default=None, help="the run's gateway key file (gateway.key_file), if any")
@@ -184,8 +214,9 @@ def main(play_episode: Play, name: str, doc: str | None) -> int:
     if bool(args.gateway) == args.launch:
         p.error("give either --gateway URL (a run that is up) or --launch (start one here)")
     key = args.key_file.read_text().splitlines()[0].strip() if args.key_file else ""
-    settings = Settings(args.model, args.max_turns, args.max_tokens, args.temperature, args.first_tool_choice,
-                        args.record, key)
+    settings = Settings(
+        args.model, args.max_turns, args.max_tokens, args.temperature, args.first_tool_choice, args.record, key
+    )
     stop, proc = threading.Event(), None
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     gateway = args.gateway
@@ -197,8 +228,9 @@ def main(play_episode: Play, name: str, doc: str | None) -> int:
     print(f"[agent] playing against {gateway}", flush=True)
     t0 = time.monotonic()
     try:
-        results = play_many(gateway, episodes, args.group_size, args.concurrency or 2 * args.group_size, settings,
-                            stop, play_episode)
+        results = play_many(
+            gateway, episodes, args.group_size, args.concurrency or 2 * args.group_size, settings, stop, play_episode
+        )
     except KeyboardInterrupt:
         stop.set()
         results = []
@@ -206,8 +238,11 @@ def main(play_episode: Play, name: str, doc: str | None) -> int:
     n = len(results)
     mean = sum(r["reward"] for r in results) / n if n else 0.0
     calls = sum(r["tool_calls"] for r in results)
-    print(f"[agent] {n} episodes in {time.monotonic() - t0:.1f}s: mean reward {mean:.3f}, {calls} tool calls, "
-          f"{sum(r['steps'] for r in results)} model calls", flush=True)
+    print(
+        f"[agent] {n} episodes in {time.monotonic() - t0:.1f}s: mean reward {mean:.3f}, {calls} tool calls, "
+        f"{sum(r['steps'] for r in results)} model calls",
+        flush=True,
+    )
     return code
 
 
@@ -224,8 +259,11 @@ class EpisodeCalls:
         """Whether the latest answer held tool calls (the agent was still acting when its run stopped)."""
 
     async def on_response(self, response: httpx2.Response) -> None:
-        if response.request.method != "POST" or not response.request.url.path.endswith("/chat/completions") \
-                or response.status_code != 200:
+        if (
+            response.request.method != "POST"
+            or not response.request.url.path.endswith("/chat/completions")
+            or response.status_code != 200
+        ):
             return
         body = json.loads(await response.aread())  # read once here; the client reuses the bytes
         self.rec.call(self.ep, self.task_id, self.calls, body)
@@ -259,6 +297,7 @@ def play_with(run: SdkRun) -> Play:
     the SDK's agent (its own event loop, in the worker thread that plays it), reward the final answer. An answer is
     final when the last call wrote no tool call; an agent stopped at its turn limit while still acting ends the
     episode truncated, as does a chat that outgrew the model's context."""
+
     def play(gateway: str, task: Task, task_id: str, s: Settings, rec: Recorder) -> dict:
         with open_episode(gateway, task_id, key=s.key) as ep:
             calls = EpisodeCalls(ep, task_id, rec)
@@ -273,4 +312,5 @@ def play_with(run: SdkRun) -> Play:
             ep.finish(reward=reward, truncated=not answered)
         rec.end(ep, task_id, reward, calls.calls)
         return {"reward": reward, "tool_calls": calls.tool_calls, "steps": calls.calls}
+
     return play

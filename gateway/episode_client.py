@@ -32,8 +32,9 @@ class GatewayError(RuntimeError):
         self.status, self.code = status, code
 
 
-def _post(url: str, body: dict[str, Any], timeout_s: float, key: str = "",
-          ) -> tuple[int, dict[str, Any], dict[str, str]]:
+def _post(
+    url: str, body: dict[str, Any], timeout_s: float, key: str = ""
+) -> tuple[int, dict[str, Any], dict[str, str]]:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     try:
@@ -76,8 +77,9 @@ class Episode:
 
     def finish(self, reward: float = 0.0, truncated: bool = False) -> float:
         """End the episode: `reward` joins its last step's; returns the episode's return."""
-        status, payload, _ = _post(f"{self.gateway}/episodes/{self.id}/finish",
-                                   {"reward": reward, "truncated": truncated}, self.timeout_s)
+        status, payload, _ = _post(
+            f"{self.gateway}/episodes/{self.id}/finish", {"reward": reward, "truncated": truncated}, self.timeout_s
+        )
         if status != 200:
             _raise(status, payload)
         self.finished = True
@@ -109,8 +111,16 @@ def open_episode(gateway: str, task_id: str, wait_s: float = 600.0, timeout_s: f
     while True:
         status, payload, headers = _post(f"{gateway}/episodes", {"task_id": task_id}, timeout_s, key)
         if status == 201:
-            return Episode(gateway, payload["id"], payload["base_url"], payload["api_key"], payload["task_id"],
-                           int(payload["group_id"]), int(payload["seed"]), timeout_s)
+            return Episode(
+                gateway,
+                payload["id"],
+                payload["base_url"],
+                payload["api_key"],
+                payload["task_id"],
+                int(payload["group_id"]),
+                int(payload["seed"]),
+                timeout_s,
+            )
         if status != 429 or time.monotonic() >= deadline:
             _raise(status, payload)
         time.sleep(max(0.1, min(float(headers.get("Retry-After", 1)), deadline - time.monotonic())))

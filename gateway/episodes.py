@@ -46,9 +46,11 @@ class ChatTurn:
 
 def same_answer(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
     """Whether the agent sent back the answer the gateway returned (tool-call ids aside)."""
+
     def key(m: dict[str, Any]) -> tuple:
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]
         return m.get("role"), m.get("content") or "", calls
+
     return key(sent) == key(returned)
 
 
@@ -91,18 +93,38 @@ class GatewayEpisode:
         n = len(last.messages)
         if messages[:n] != last.messages or not same_answer(messages[n], last.answer):
             return None
-        return messages[n + 1:]
+        return messages[n + 1 :]
 
-    def step(self, prompt_ids: list[int], response_ids: np.ndarray, logprobs: np.ndarray, version_lo: int,
-             version_hi: int, actor: str, info: dict[str, Any], valid: bool) -> Transition | None:
+    def step(
+        self,
+        prompt_ids: list[int],
+        response_ids: np.ndarray,
+        logprobs: np.ndarray,
+        version_lo: int,
+        version_hi: int,
+        actor: str,
+        info: dict[str, Any],
+        valid: bool,
+    ) -> Transition | None:
         """Record one answered call; returns the step before it, now final, to send (None for the first)."""
         ready = self.pending
         version_lo, version_hi = clamp_to_grant(version_lo, version_hi, self.grant.min_version)
         self.pending = Transition(
-            traj_id=self.traj_id, group_id=self.grant.group_id, actor=actor, step=self.steps,
-            prompt_ids=np.asarray(prompt_ids, dtype=np.int32), response_ids=response_ids, logprobs=logprobs,
-            version_lo=version_lo, version_hi=version_hi, reward=0.0, done=False, truncated=False, valid=valid,
-            info=info)
+            traj_id=self.traj_id,
+            group_id=self.grant.group_id,
+            actor=actor,
+            step=self.steps,
+            prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
+            response_ids=response_ids,
+            logprobs=logprobs,
+            version_lo=version_lo,
+            version_hi=version_hi,
+            reward=0.0,
+            done=False,
+            truncated=False,
+            valid=valid,
+            info=info,
+        )
         self.steps += 1
         return ready
 
@@ -156,8 +178,9 @@ class Registry:
         if eid not in self._ended:
             raise ApiError(404, f"no episode {eid[:40]!r}: open one with POST /episodes", "unknown_episode")
         if self._ended[eid]:
-            raise ApiError(410, f"episode {eid[:40]!r} was given up: {self._ended[eid]}; open a new one",
-                           "episode_abandoned")
+            raise ApiError(
+                410, f"episode {eid[:40]!r} was given up: {self._ended[eid]}; open a new one", "episode_abandoned"
+            )
         raise ApiError(409, f"episode {eid[:40]!r} is finished; open a new one for more calls", "episode_finished")
 
 

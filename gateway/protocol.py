@@ -24,8 +24,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 class ApiError(Exception):
     """A request the gateway refuses: HTTP status, OpenAI error body, and the counter it is counted under."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self, status: int, message: str, code: str, param: str | None = None, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.headers = headers or {}
@@ -33,7 +34,8 @@ class ApiError(Exception):
     @property
     def type(self) -> str:
         return {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-            self.status, "invalid_request_error")
+            self.status, "invalid_request_error"
+        )
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -121,8 +123,14 @@ def sampling(body: dict[str, Any], default_max_tokens: int, max_tokens_limit: in
         logprobs = False
     elif not isinstance(logprobs, bool):
         raise bad("'logprobs' must be a boolean", "logprobs")
-    return Sampling(int(max_tokens), _number(body, "temperature", 1.0, 0.0, 2.0),
-                    _number(body, "top_p", 1.0, 1e-9, 1.0), list(stop), seed, bool(logprobs))
+    return Sampling(
+        int(max_tokens),
+        _number(body, "temperature", 1.0, 0.0, 2.0),
+        _number(body, "top_p", 1.0, 1e-9, 1.0),
+        list(stop),
+        seed,
+        bool(logprobs),
+    )
 
 
 def _text(content: Any, where: str) -> str:
@@ -149,16 +157,20 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
-            raise bad(f"{where}.tool_calls[{j}] must be {{'id', 'type': 'function', 'function': {{'name': str, "
-                      f"'arguments': JSON text}}}}", where)
+            raise bad(
+                f"{where}.tool_calls[{j}] must be {{'id', 'type': 'function', 'function': {{'name': str, "
+                f"'arguments': JSON text}}}}",
+                where,
+            )
         try:
             args = json.loads(fn["arguments"])
         except (ValueError, RecursionError):
             raise bad(f"{where}.tool_calls[{j}].function.arguments is not JSON", where) from None
         if not isinstance(args, dict):
             raise bad(f"{where}.tool_calls[{j}].function.arguments must be a JSON object", where)
-        out.append({"id": str(call.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": args}})
+        out.append(
+            {"id": str(call.get("id", "")), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+        )
     return out
 
 
@@ -205,7 +217,7 @@ def tools(value: Any) -> list[dict[str, Any]]:
 
 
 def tool_choice(value: Any, names: list[str]) -> str:
-    """"none" | "auto" | "required" | a function's name. Default: "auto" with tools, "none" without."""
+    """ "none" | "auto" | "required" | a function's name. Default: "auto" with tools, "none" without."""
     if value is None:
         return "auto" if names else "none"
     if value in ("none", "auto", "required"):
@@ -215,8 +227,11 @@ def tool_choice(value: Any, names: list[str]) -> str:
     fn = value.get("function") if isinstance(value, dict) else None
     if isinstance(fn, dict) and fn.get("name") in names:
         return str(fn["name"])
-    raise bad(f"'tool_choice' must be 'none', 'auto', 'required' or {{'type': 'function', 'function': {{'name': "
-              f"one of {names}}}}}", "tool_choice")
+    raise bad(
+        f"'tool_choice' must be 'none', 'auto', 'required' or {{'type': 'function', 'function': {{'name': "
+        f"one of {names}}}}}",
+        "tool_choice",
+    )
 
 
 def chat_request(body: Any, default_max_tokens: int, max_tokens_limit: int) -> ChatRequest:
@@ -224,8 +239,13 @@ def chat_request(body: Any, default_max_tokens: int, max_tokens_limit: int) -> C
         raise bad("the request body must be a JSON object")
     ts = tools(body.get("tools"))
     names = [t["function"]["name"] for t in ts]
-    return ChatRequest(messages(body.get("messages")), ts, tool_choice(body.get("tool_choice"), names),
-                       sampling(body, default_max_tokens, max_tokens_limit), bool(body.get("return_token_ids")))
+    return ChatRequest(
+        messages(body.get("messages")),
+        ts,
+        tool_choice(body.get("tool_choice"), names),
+        sampling(body, default_max_tokens, max_tokens_limit),
+        bool(body.get("return_token_ids")),
+    )
 
 
 def completion_request(body: Any, default_max_tokens: int, max_tokens_limit: int) -> CompletionRequest:
@@ -234,14 +254,20 @@ def completion_request(body: Any, default_max_tokens: int, max_tokens_limit: int
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
-    ok = isinstance(prompt, str) and prompt or (isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt))
+    ok = (
+        isinstance(prompt, str)
+        and prompt
+        or (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt)
+        )
+    )
     if not ok:
         raise bad("'prompt' must be one non-empty string or one non-empty list of token ids", "prompt")
-    return CompletionRequest(prompt, sampling(body, default_max_tokens, max_tokens_limit, legacy=True),
-                             bool(body.get("return_token_ids")))
-
-
+    return CompletionRequest(
+        prompt, sampling(body, default_max_tokens, max_tokens_limit, legacy=True), bool(body.get("return_token_ids"))
+    )
 
 
 def bearer(headers: Mapping[str, str]) -> str:
@@ -259,12 +285,20 @@ def reward_of(body: Any, required: bool) -> float:
         raise ApiError(400, "'reward' must be a finite number", "invalid_request", "reward")
     return float(value)
 
+
 # ---------------------------------------------------------------------------------------------- answers
 def tool_call_schema(tools: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     """JSON schema of one call to one of `names` (what a forced `tool_choice` asks the engine to write)."""
     params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": params[n]},
-                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": n}, "arguments": params[n]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for n in names
+    ]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -272,8 +306,14 @@ def assistant_message(content: str | None, calls: list[ToolCall]) -> dict[str, A
     """The answer's message, its tool calls with fresh ids."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
-        message["tool_calls"] = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        message["tool_calls"] = [
+            {
+                "id": f"call_{secrets.token_hex(12)}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in calls
+        ]
     return message
 
 
@@ -282,24 +322,54 @@ def token_logprobs(ids: Sequence[int], logprobs: Sequence[float], decode: Callab
     out = []
     for tid, lp in zip(ids, logprobs):
         token = decode([tid])
-        out.append({"token": token, "logprob": lp if math.isfinite(lp) else -9999.0, "bytes": list(token.encode()),
-                    "top_logprobs": []})
+        out.append(
+            {
+                "token": token,
+                "logprob": lp if math.isfinite(lp) else -9999.0,
+                "bytes": list(token.encode()),
+                "top_logprobs": [],
+            }
+        )
     return out
 
 
-def envelope(obj: str, prefix: str, model: str, prompt: list[int], response_ids: list[int], choice: dict[str, Any],
-             token_ids: bool) -> dict[str, Any]:
+def envelope(
+    obj: str,
+    prefix: str,
+    model: str,
+    prompt: list[int],
+    response_ids: list[int],
+    choice: dict[str, Any],
+    token_ids: bool,
+) -> dict[str, Any]:
     """The response body around one choice, with usage; with `token_ids` (vLLM's `return_token_ids`) exactly
     the ids the transition carries."""
     n = len(response_ids)
-    out: dict[str, Any] = {"id": f"{prefix}-{secrets.token_hex(12)}", "object": obj, "created": int(time.time()),
-                           "model": model, "choices": [choice],
-                           "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
-                                     "total_tokens": len(prompt) + n}}
+    out: dict[str, Any] = {
+        "id": f"{prefix}-{secrets.token_hex(12)}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
+    }
     if token_ids:
         out["prompt_token_ids"] = list(prompt)
         choice["token_ids"] = response_ids
     return out
 
-__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Sampling", "assistant_message", "bearer",
-           "chat_request", "completion_request", "envelope", "reward_of", "token_logprobs", "tool_call_schema"]
+
+__all__ = [
+    "ApiError",
+    "ChatRequest",
+    "CompletionRequest",
+    "Sampling",
+    "assistant_message",
+    "bearer",
+    "chat_request",
+    "completion_request",
+    "envelope",
+    "reward_of",
+    "token_logprobs",
+    "tool_call_schema",
+]

@@ -28,8 +28,13 @@ class Renderer:
         self.eos_id: int | None = tokenizer.eos_token_id
 
     def text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=self.chat_template,
-                                                  add_generation_prompt=generation_prompt, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            chat_template=self.chat_template,
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+        )
 
     def full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
         """The whole chat's ids with the generation prompt, as `memory`'s prompts are made for actors."""
@@ -39,8 +44,9 @@ class Renderer:
         """Template text -> ids; special tokens written in the text (<|im_start|>) become their ids."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def suffix(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-               ended_with_eos: bool) -> list[int] | None:
+    def suffix(
+        self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]], ended_with_eos: bool
+    ) -> list[int] | None:
         """The ids that follow a model's answer when `new_messages` are added after it, up to and with the next
         generation prompt. None when this template cannot say (rendering the stand-in conversation with the
         new messages changes what it rendered before them): render the whole chat instead."""
@@ -50,10 +56,10 @@ class Renderer:
         at = before.rfind(_STAND_IN)
         if at < 0 or not after.startswith(before):
             return None
-        closing = before[at + len(_STAND_IN):]  # what the template writes after an answer, e.g. "<|im_end|>\n"
+        closing = before[at + len(_STAND_IN) :]  # what the template writes after an answer, e.g. "<|im_end|>\n"
         if ended_with_eos and self.eos_token and closing.startswith(self.eos_token):
-            closing = closing[len(self.eos_token):]  # the model wrote the end-of-turn token itself
-        return self.encode(closing + after[len(before):])
+            closing = closing[len(self.eos_token) :]  # the model wrote the end-of-turn token itself
+        return self.encode(closing + after[len(before) :])
 
 
 def ended_with_eos(response_ids: list[int], eos_id: int | None) -> bool:

@@ -63,8 +63,15 @@ SHARED_COUNTERS = ("tokens_generated", "transitions_sent", "episode_return_sum",
 class Gateway:
     """The gateway service: episodes, their groups, the HTTP API. One per process, on one event loop."""
 
-    def __init__(self, spec: GatewaySpec, broker: AsyncClient, engines: list[EngineClient], tokenizer: Any,
-                 name: str = "gateway-0", incarnation: int = 0):
+    def __init__(
+        self,
+        spec: GatewaySpec,
+        broker: AsyncClient,
+        engines: list[EngineClient],
+        tokenizer: Any,
+        name: str = "gateway-0",
+        incarnation: int = 0,
+    ):
         if not engines:
             raise ValueError("the gateway needs at least one engine")
         self.spec, self.cfg, self.broker, self.engines = spec, spec.gateway, broker, engines
@@ -101,8 +108,9 @@ class Gateway:
         stats, serve HTTP; returns the gateway's base URL."""
         if hello:
             await self.broker.send(Hello(role="actor", name=self.name, incarnation=self.incarnation, pid=os.getpid()))
-        self._reporter = asyncio.create_task(report_stats(self.broker, self.stats, self.spec.log_interval_s),
-                                             name=f"{self.name}-stats")
+        self._reporter = asyncio.create_task(
+            report_stats(self.broker, self.stats, self.spec.log_interval_s), name=f"{self.name}-stats"
+        )
         self._sweeper = asyncio.create_task(self._sweep_loop(), name=f"{self.name}-idle-episodes")
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
@@ -134,18 +142,32 @@ class Gateway:
         env/gateway/ (the dashboard's per-environment rows), and the gateway's own as gateway_<name>."""
         c = self.counters
         delivery = {k: float(v) for k, v in self.broker.counters.items()}
-        shared = {"episodes": c["episodes_finished"], "env_steps": c["calls"],
-                  "invalid_actions": sum(v for k, v in c.items() if k.startswith("tool_parse_")),
-                  **{k: c[k] for k in SHARED_COUNTERS}}
-        per_env = {f"env/gateway/{k}": shared[k] for k in ("episodes", "episode_return_sum", "env_steps",
-                                                            "invalid_actions")}
+        shared = {
+            "episodes": c["episodes_finished"],
+            "env_steps": c["calls"],
+            "invalid_actions": sum(v for k, v in c.items() if k.startswith("tool_parse_")),
+            **{k: c[k] for k in SHARED_COUNTERS},
+        }
+        per_env = {
+            f"env/gateway/{k}": shared[k] for k in ("episodes", "episode_return_sum", "env_steps", "invalid_actions")
+        }
         own = {f"gateway_{k}": v for k, v in c.items() if k not in SHARED_COUNTERS}
-        own.update(gateway_rejected=sum(v for k, v in c.items() if k.startswith("rejected_")),
-                   gateway_tool_parse_failures=shared["invalid_actions"])
-        return Stats(source=self.name, role="actor", counters={**shared, **per_env, **own, **delivery},
-                     gauges={"episodes_in_flight": len(self.episodes),
-                             "requests_in_flight": self.requests_in_flight, "incarnation": self.incarnation,
-                             "unacked_transitions": self.broker.unacked}, final=final)
+        own.update(
+            gateway_rejected=sum(v for k, v in c.items() if k.startswith("rejected_")),
+            gateway_tool_parse_failures=shared["invalid_actions"],
+        )
+        return Stats(
+            source=self.name,
+            role="actor",
+            counters={**shared, **per_env, **own, **delivery},
+            gauges={
+                "episodes_in_flight": len(self.episodes),
+                "requests_in_flight": self.requests_in_flight,
+                "incarnation": self.incarnation,
+                "unacked_transitions": self.broker.unacked,
+            },
+            final=final,
+        )
 
     async def _sweep_loop(self) -> None:
         """Once a second: an open episode with no request for gateway.episode_idle_timeout_s (and none in progress)
@@ -156,9 +178,11 @@ class Gateway:
             silent = [e for e in self.episodes.open.values() if not e.lock.locked() and e.last_request < limit]
             for episode in silent:
                 if not episode.finished:  # (an earlier one of its group took it along)
-                    why = (f"its group {episode.grant.group_id} was dropped: episode {episode.id[:12]}... made no "
-                           f"request for {self.cfg.episode_idle_timeout_s:g} s (gateway.episode_idle_timeout_s), its "
-                           f"agent taken for dead")
+                    why = (
+                        f"its group {episode.grant.group_id} was dropped: episode {episode.id[:12]}... made no "
+                        f"request for {self.cfg.episode_idle_timeout_s:g} s (gateway.episode_idle_timeout_s), its "
+                        f"agent taken for dead"
+                    )
                     await self._abandon_group(episode, "agent_silent", why)
 
     async def _abandon_group(self, silent: GatewayEpisode, cause: str, why: str) -> int:
@@ -175,8 +199,11 @@ class Gateway:
         for e in members:
             self.episodes.ended(e)
         self.counters["episodes_abandoned"] += len(members)
-        await self.broker.send_transition(Transition.abandon_marker(
-            silent.traj_id, gid, self.name, sent[silent.id], silent.grant.min_version, cause, whole_group=True))
+        await self.broker.send_transition(
+            Transition.abandon_marker(
+                silent.traj_id, gid, self.name, sent[silent.id], silent.grant.min_version, cause, whole_group=True
+            )
+        )
         self.counters["transitions_sent"] += 1
         return len(members)
 
@@ -201,16 +228,26 @@ class Gateway:
         except Exception as exc:  # a bug or a broker gone: said in OpenAI's form, counted, logged with its trace
             log.exception("%s %s failed", request.method, request.path)
             self.counters["internal_errors"] += 1
-            body = {"error": {"message": f"internal error: {exc!r}", "type": "api_error", "param": None,
-                              "code": "internal_error"}}
+            body = {
+                "error": {
+                    "message": f"internal error: {exc!r}",
+                    "type": "api_error",
+                    "param": None,
+                    "code": "internal_error",
+                }
+            }
             return web.json_response(body, status=500)
         self.counters[f"rejected_{err.code}"] += 1
         return web.json_response(err.body(), status=err.status, headers=err.headers)
 
     async def _json(self, request: web.Request) -> Any:
         if request.content_length is not None and request.content_length > self.cfg.max_body_bytes:
-            raise ApiError(413, f"request body of {request.content_length} bytes is over gateway.max_body_bytes="
-                                f"{self.cfg.max_body_bytes}", "body_too_large")
+            raise ApiError(
+                413,
+                f"request body of {request.content_length} bytes is over gateway.max_body_bytes="
+                f"{self.cfg.max_body_bytes}",
+                "body_too_large",
+            )
         raw = await request.read()
         try:
             return json.loads(raw) if raw else None
@@ -223,8 +260,12 @@ class Gateway:
         if eid is None:
             eid = protocol.bearer(request.headers)
             if not eid:
-                raise ApiError(401, "say which episode this call is for: use the episode's base_url "
-                                    "(/episodes/<id>/v1) or its api_key as the bearer token", "no_episode")
+                raise ApiError(
+                    401,
+                    "say which episode this call is for: use the episode's base_url "
+                    "(/episodes/<id>/v1) or its api_key as the bearer token",
+                    "no_episode",
+                )
         episode = self.episodes.get(eid)
         episode.last_request = time.monotonic()
         return episode
@@ -236,13 +277,22 @@ class Gateway:
     async def _open(self, request: web.Request) -> web.Response:
         key = protocol.bearer(request.headers).encode()
         if self.spec.key and not hmac.compare_digest(key, self.spec.key.encode()):
-            raise ApiError(401, "opening an episode needs the run's gateway key: send `Authorization: Bearer <key>` "
-                                "with the key in the run's gateway.key_file", "bad_key")
+            raise ApiError(
+                401,
+                "opening an episode needs the run's gateway key: send `Authorization: Bearer <key>` "
+                "with the key in the run's gateway.key_file",
+                "bad_key",
+            )
         body = await self._json(request)
         task_id = body.get("task_id") if isinstance(body, dict) else None
         if not isinstance(task_id, str) or not task_id or len(task_id) > 200:
-            raise ApiError(400, "POST /episodes needs {'task_id': a non-empty string of at most 200 characters}; "
-                                "episodes of one task id form a group", "invalid_request", "task_id")
+            raise ApiError(
+                400,
+                "POST /episodes needs {'task_id': a non-empty string of at most 200 characters}; "
+                "episodes of one task id form a group",
+                "invalid_request",
+                "task_id",
+            )
         if len(self.episodes) >= self.cfg.max_episodes:
             raise self._busy(f"{self.cfg.max_episodes} episodes are open (gateway.max_episodes); finish some first")
         while True:
@@ -253,8 +303,10 @@ class Gateway:
                 async with asyncio.timeout(self.cfg.admission_timeout_s):  # (not wait_for: see actors/episode.py)
                     grant = await asyncio.shield(slot.grant)
             except TimeoutError:
-                raise self._busy("the broker admits no new group now (the learner is behind: staleness bound); "
-                                 "retry after Retry-After seconds") from None
+                raise self._busy(
+                    "the broker admits no new group now (the learner is behind: staleness bound); "
+                    "retry after Retry-After seconds"
+                ) from None
             if slot.members < self.spec.group_size:  # others waiting on the same grant may have filled it
                 break
         index = slot.members
@@ -266,9 +318,18 @@ class Gateway:
         traj_id = f"{self.name}.{self.incarnation}.g{grant.group_id}.{index}"
         self.episodes.add(GatewayEpisode(eid, task_id, grant, index, traj_id, engine))
         self.counters["episodes_opened"] += 1
-        return web.json_response({"id": eid, "api_key": eid, "base_url": f"{self.url}/episodes/{eid}/v1",
-                                  "task_id": task_id, "group_id": grant.group_id, "index": index,
-                                  "seed": grant.seed}, status=201)
+        return web.json_response(
+            {
+                "id": eid,
+                "api_key": eid,
+                "base_url": f"{self.url}/episodes/{eid}/v1",
+                "task_id": task_id,
+                "group_id": grant.group_id,
+                "index": index,
+                "seed": grant.seed,
+            },
+            status=201,
+        )
 
     def _busy(self, message: str) -> ApiError:
         return ApiError(429, message, "busy", headers={"Retry-After": str(self.cfg.retry_after_s)})
@@ -293,8 +354,9 @@ class Gateway:
             if episode.finished:
                 raise ApiError(409, f"episode {episode.id!r} is finished already", "episode_finished")
             if episode.pending is None:
-                raise ApiError(409, "this episode made no model call: it has no step to end (make one call first)",
-                               "no_step")
+                raise ApiError(
+                    409, "this episode made no model call: it has no step to end (make one call first)", "no_step"
+                )
             last = episode.finish(value, truncated)
             self.episodes.ended(episode)
             await asyncio.shield(self.broker.send_transition(last))  # recorded as finished: it must go out
@@ -315,8 +377,10 @@ class Gateway:
             if episode.finished:
                 raise ApiError(409, f"episode {episode.id!r} is finished already", "episode_finished")
             gid = episode.grant.group_id
-            why = (f"its group {gid} was dropped: the agent gave up on episode {episode.id[:12]}...: "
-                   f"{reason[:300] or 'no reason given'}")
+            why = (
+                f"its group {gid} was dropped: the agent gave up on episode {episode.id[:12]}...: "
+                f"{reason[:300] or 'no reason given'}"
+            )
             given_up = await self._abandon_group(episode, "agent_failed", why)
         return web.json_response({"id": episode.id, "group_id": gid, "abandoned": given_up})
 
@@ -324,8 +388,12 @@ class Gateway:
     async def _models(self, request: web.Request) -> web.Response:
         if "eid" in request.match_info:
             self._episode(request)
-        return web.json_response({"object": "list", "data": [
-            {"id": self.spec.model_name, "object": "model", "created": 0, "owned_by": "agentstream"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.spec.model_name, "object": "model", "created": 0, "owned_by": "agentstream"}],
+            }
+        )
 
     def _limits(self) -> tuple[int, int]:
         return self.spec.default_max_tokens, self.spec.max_model_len - 1
@@ -338,16 +406,26 @@ class Gateway:
             if episode.finished:
                 raise ApiError(409, f"episode {episode.id!r} is finished", "episode_finished")
             new = episode.next_prompt(req.messages, req.tools)
-            if new is not None and (tail := self.renderer.suffix(new, req.tools, ended_with_eos(
-                    episode.last.response_ids, self.renderer.eos_id))) is not None:  # type: ignore[union-attr]
+            if (
+                new is not None
+                and (
+                    tail := self.renderer.suffix(
+                        new, req.tools, ended_with_eos(episode.last.response_ids, self.renderer.eos_id)
+                    )
+                )
+                is not None
+            ):  # type: ignore[union-attr]
                 prompt = episode.last.prompt_ids + episode.last.response_ids + tail  # type: ignore[union-attr]
                 self.counters["prompts_extended"] += 1
             else:
                 if episode.last is not None:
                     self.counters["prompts_rendered_anew"] += 1  # history edited, tools changed: whole chat again
                 prompt = self.renderer.full(req.messages, req.tools)
-            forced = [req.tool_choice] if req.tool_choice not in ("none", "auto", "required") else (
-                req.tool_names if req.tool_choice == "required" else [])
+            forced = (
+                [req.tool_choice]
+                if req.tool_choice not in ("none", "auto", "required")
+                else (req.tool_names if req.tool_choice == "required" else [])
+            )
             extra: dict[str, Any] = {"stop": req.sampling.stop} if req.sampling.stop else {}
             if forced:  # the engine writes one call as JSON under its schema (vLLM structured outputs; compact
                 # with the engines' --structured-outputs-config, engines/server.py)
@@ -364,13 +442,29 @@ class Gateway:
             message = protocol.assistant_message(content, calls)
             answer = protocol.messages([message])[0]
             episode.last = ChatTurn(req.messages, req.tools, prompt, gen.response_ids.tolist(), answer)
-            await self._record(episode, prompt, gen, valid=parsed is None or parsed.error is None,
-                               info={"tool_calls": len(calls), "finish_reason": gen.finish_reason})
+            await self._record(
+                episode,
+                prompt,
+                gen,
+                valid=parsed is None or parsed.error is None,
+                info={"tool_calls": len(calls), "finish_reason": gen.finish_reason},
+            )
         finish = "tool_calls" if calls else gen.finish_reason
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
-                                  "logprobs": {"content": self._logprobs(gen)} if req.sampling.logprobs else None}
-        out = protocol.envelope("chat.completion", "chatcmpl", self.spec.model_name, prompt, gen.response_ids.tolist(),
-                                choice, req.return_token_ids)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": {"content": self._logprobs(gen)} if req.sampling.logprobs else None,
+        }
+        out = protocol.envelope(
+            "chat.completion",
+            "chatcmpl",
+            self.spec.model_name,
+            prompt,
+            gen.response_ids.tolist(),
+            choice,
+            req.return_token_ids,
+        )
         return web.json_response(out)
 
     async def _completions(self, request: web.Request) -> web.Response:
@@ -379,8 +473,11 @@ class Gateway:
         async with episode.lock:
             if episode.finished:
                 raise ApiError(409, f"episode {episode.id!r} is finished", "episode_finished")
-            prompt = (list(req.prompt) if isinstance(req.prompt, list)
-                      else list(self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]))
+            prompt = (
+                list(req.prompt)
+                if isinstance(req.prompt, list)
+                else list(self.tokenizer(req.prompt, add_special_tokens=True)["input_ids"])
+            )
             extra: dict[str, Any] = {"stop": req.sampling.stop} if req.sampling.stop else {}
             gen = await self._generate(episode, prompt, req.sampling, extra)
             episode.last = None  # a raw completion is not a chat turn: the next chat call renders anew
@@ -388,25 +485,42 @@ class Gateway:
         choice: dict[str, Any] = {"index": 0, "text": gen.text, "finish_reason": gen.finish_reason, "logprobs": None}
         if req.sampling.logprobs:
             lps = self._logprobs(gen)
-            choice["logprobs"] = {"tokens": [x["token"] for x in lps], "token_logprobs": [x["logprob"] for x in lps],
-                                  "top_logprobs": None, "text_offset": None}
-        out = protocol.envelope("text_completion", "cmpl", self.spec.model_name, prompt, gen.response_ids.tolist(),
-                                choice, req.return_token_ids)
+            choice["logprobs"] = {
+                "tokens": [x["token"] for x in lps],
+                "token_logprobs": [x["logprob"] for x in lps],
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+        out = protocol.envelope(
+            "text_completion",
+            "cmpl",
+            self.spec.model_name,
+            prompt,
+            gen.response_ids.tolist(),
+            choice,
+            req.return_token_ids,
+        )
         return web.json_response(out)
 
-    async def _generate(self, episode: GatewayEpisode, prompt: list[int], s: Sampling, extra: dict[str, Any]
-                        ) -> Generation:
+    async def _generate(
+        self, episode: GatewayEpisode, prompt: list[int], s: Sampling, extra: dict[str, Any]
+    ) -> Generation:
         if len(prompt) + s.max_tokens > self.spec.max_model_len:
-            raise ApiError(400, f"the prompt is {len(prompt)} tokens and max_tokens {s.max_tokens}: more than the "
-                                f"engines' context of {self.spec.max_model_len} (engines.max_model_len)",
-                           "context_length_exceeded", "messages")
+            raise ApiError(
+                400,
+                f"the prompt is {len(prompt)} tokens and max_tokens {s.max_tokens}: more than the "
+                f"engines' context of {self.spec.max_model_len} (engines.max_model_len)",
+                "context_length_exceeded",
+                "messages",
+            )
         self.requests_in_flight += 1
         try:
             tries = len(self.engines)  # (at least one)
             for tried in range(1, tries + 1):
                 try:
-                    return await episode.engine.generate(prompt, SamplingConfig(s.max_tokens, s.temperature, s.top_p),
-                                                         seed=s.seed, extra=extra)
+                    return await episode.engine.generate(
+                        prompt, SamplingConfig(s.max_tokens, s.temperature, s.top_p), seed=s.seed, extra=extra
+                    )
                 except EngineError as exc:
                     if tried == tries:
                         raise
@@ -424,14 +538,17 @@ class Gateway:
     def _logprobs(self, gen: Generation) -> list[dict[str, Any]]:
         return protocol.token_logprobs(gen.response_ids.tolist(), gen.logprobs.tolist(), self.tokenizer.decode)
 
-    async def _record(self, episode: GatewayEpisode, prompt: list[int], gen: Generation, valid: bool,
-                      info: dict[str, Any]) -> None:
+    async def _record(
+        self, episode: GatewayEpisode, prompt: list[int], gen: Generation, valid: bool, info: dict[str, Any]
+    ) -> None:
         """The answered call becomes the episode's latest step; the one before it, now final, goes to the broker."""
-        ready = episode.step(prompt, gen.response_ids, gen.logprobs, gen.version_lo, gen.version_hi, self.name,
-                             info, valid)
+        ready = episode.step(
+            prompt, gen.response_ids, gen.logprobs, gen.version_lo, gen.version_hi, self.name, info, valid
+        )
         self.counters.update(calls=1, tokens_generated=int(gen.response_ids.size), prompt_tokens=len(prompt))
         if ready is not None:  # shielded: a caller that hangs up must not lose a step already taken from the episode
             await asyncio.shield(self.broker.send_transition(ready))
             self.counters["transitions_sent"] += 1
+
 
 __all__ = ["Gateway"]

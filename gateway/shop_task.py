@@ -22,22 +22,46 @@ TABLE = {"apple": 3, "bread": 4, "cheese": 12, "milk": 2, "coffee": 9, "tea": 5}
 """The shop's prices: what `lookup` reads."""
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "lookup", "description": "The price of one item in the shop.",
-        "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": sorted(TABLE)}},
-                       "required": ["item"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / and parentheses).",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string",
-                                                                       "pattern": "^[0-9+*/(). -]{1,30}$"}},
-                       "required": ["expression"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "The price of one item in the shop.",
+            "parameters": {
+                "type": "object",
+                "properties": {"item": {"type": "string", "enum": sorted(TABLE)}},
+                "required": ["item"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression (+ - * / and parentheses).",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "pattern": "^[0-9+*/(). -]{1,30}$"}},
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculate(expression: str) -> float:
     """+ - * / on numbers, nothing else (no names, no calls: safe on a model's text)."""
+
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
@@ -46,6 +70,7 @@ def calculate(expression: str) -> float:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
         raise ValueError("only numbers, + - * / and parentheses")
+
     return ev(ast.parse(expression[:200], mode="eval").body)
 
 
@@ -78,8 +103,11 @@ TASKS = [
     Task("tea-milk", "How much do 4 tea and 1 milk cost?", 4 * TABLE["tea"] + TABLE["milk"]),
     Task("change", "I pay 50 for 3 cheese. How much change do I get?", 50 - 3 * TABLE["cheese"]),
     Task("difference", "How much more does coffee cost than milk?", TABLE["coffee"] - TABLE["milk"]),
-    Task("picnic", "How much do 2 apples, 1 bread and 1 cheese cost?",
-         2 * TABLE["apple"] + TABLE["bread"] + TABLE["cheese"]),
+    Task(
+        "picnic",
+        "How much do 2 apples, 1 bread and 1 cheese cost?",
+        2 * TABLE["apple"] + TABLE["bread"] + TABLE["cheese"],
+    ),
     Task("split", "Two friends split the cost of 4 coffee equally. How much does each pay?", 4 * TABLE["coffee"] / 2),
 ]
 SYSTEM = "Find prices with lookup, compute with calculator, then reply: ANSWER: <number>"

@@ -43,10 +43,21 @@ class GatewaySpec:
 
     @classmethod
     def from_config(cls, cfg: Config) -> GatewaySpec:
-        return cls(copy.deepcopy(cfg.gateway), cfg.model.path, served_model_name(cfg.model),
-                   base_model_name(cfg.model), cfg.broker.curve_keys_dir, cfg.engines.request_timeout_s,
-                   cfg.env.group_size, cfg.engines.max_model_len, cfg.sampling.max_tokens, cfg.run.log_interval_s,
-                   cfg.actors.max_unacked, cfg.actors.ack_timeout_s, read_key(cfg.gateway.key_file))
+        return cls(
+            copy.deepcopy(cfg.gateway),
+            cfg.model.path,
+            served_model_name(cfg.model),
+            base_model_name(cfg.model),
+            cfg.broker.curve_keys_dir,
+            cfg.engines.request_timeout_s,
+            cfg.env.group_size,
+            cfg.engines.max_model_len,
+            cfg.sampling.max_tokens,
+            cfg.run.log_interval_s,
+            cfg.actors.max_unacked,
+            cfg.actors.ack_timeout_s,
+            read_key(cfg.gateway.key_file),
+        )
 
     def chat_template(self) -> str | None:
         """The override template's text (gateway.chat_template, relative to the repository), or None."""

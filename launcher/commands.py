@@ -51,21 +51,41 @@ class Commands:
         self.broker_host = ""  # the interface a moved broker binds (empty: broker.host)
         self.config_path = run_dir / "config.yaml"
 
-    def command(self, name: str, role: str, argv: list[str], env: dict[str, str] | None = None,
-                incarnation: int = 0) -> Command:
+    def command(
+        self, name: str, role: str, argv: list[str], env: dict[str, str] | None = None, incarnation: int = 0
+    ) -> Command:
         """A child of this run: its environment names the run folder (every descendant's marker), its log goes to
         RUN/logs/<name>.log."""
-        return Command(name, role, argv, {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
-                       self.run_dir / "logs" / f"{name}.log", incarnation)
+        return Command(
+            name,
+            role,
+            argv,
+            {RUN_ENV: str(self.run_dir.resolve()), **(env or {})},
+            self.run_dir / "logs" / f"{name}.log",
+            incarnation,
+        )
 
     def broker(self, restart: bool = False) -> Command:
         """The broker; `restart`: started again from its log on any free ZeroMQ port (its old one may be held, and on
         another node it is another address anyway), which it writes to its record for the clients to follow."""
         w = self.wiring
         host = ["--host", self.broker_host] if self.broker_host else []  # a node of its own (`_reseat_broker`)
-        return self.command("broker", "broker", [PY, "-m", "broker.server", "--config", str(self.config_path),
-                                                 "--port", "0" if restart else str(w.broker_port),
-                                                 "--dashboard-port", str(w.dashboard_port), *host])
+        return self.command(
+            "broker",
+            "broker",
+            [
+                PY,
+                "-m",
+                "broker.server",
+                "--config",
+                str(self.config_path),
+                "--port",
+                "0" if restart else str(w.broker_port),
+                "--dashboard-port",
+                str(w.dashboard_port),
+                *host,
+            ],
+        )
 
     @property
     def learner_where(self) -> str:
@@ -131,16 +151,34 @@ class Commands:
         w = self.wiring
         frozen_seat = env_traits(self.cfg.env.name, self.cfg.env.kwargs).frozen_seat
         frozen_every = self.cfg.engines.frozen_every if frozen_seat else 0
-        return self.command(f"sidecar-{self.prefix}{i}", "sidecar", [
-            PY, "-m", "engines.sidecar", "--name", f"engine-{self.prefix}{i}", "--url", w.engines[i],
-            "--learner", self.learner_where, "--broker", self.broker_where,
-            "--workdir", str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
-            "--stats-interval", str(self.cfg.run.log_interval_s),
-            "--initial-version", "-1" if self.cfg.engines.external_urls else "0",
-            "--stream-workers", str(self.cfg.engines.gpus_per_engine if takes_stream(self.cfg.model, self.cfg.engines)
-                                    else 0),
-            "--frozen-every", str(frozen_every),  # a frozen seat's copy of the policy (0: none)
-            *self.curve_args()])
+        return self.command(
+            f"sidecar-{self.prefix}{i}",
+            "sidecar",
+            [
+                PY,
+                "-m",
+                "engines.sidecar",
+                "--name",
+                f"engine-{self.prefix}{i}",
+                "--url",
+                w.engines[i],
+                "--learner",
+                self.learner_where,
+                "--broker",
+                self.broker_where,
+                "--workdir",
+                str(self.run_dir / "weights" / f"engine-{self.prefix}{i}"),
+                "--stats-interval",
+                str(self.cfg.run.log_interval_s),
+                "--initial-version",
+                "-1" if self.cfg.engines.external_urls else "0",
+                "--stream-workers",
+                str(self.cfg.engines.gpus_per_engine if takes_stream(self.cfg.model, self.cfg.engines) else 0),
+                "--frozen-every",
+                str(frozen_every),  # a frozen seat's copy of the policy (0: none)
+                *self.curve_args(),
+            ],
+        )
 
     def curve_args(self) -> list[str]:
         """The CURVE key folder for a child that takes no config (broker, actors, learner read
@@ -158,23 +196,56 @@ class Commands:
         c = self.cfg.learner
         node = c.node_rank if node_rank is None else node_rank
         master, port = self.wiring.rdzv.rsplit(":", 1) if self.wiring.rdzv else ("127.0.0.1", str(free_port()))
-        argv = [PY, "-m", "torch.distributed.run", "--nnodes", str(c.nnodes), "--node-rank", str(node),
-                "--nproc-per-node", str(c.world_size // c.nnodes), "--master-addr", master, "--master-port", port,
-                "-m", "learner.train", "--config", str(self.config_path), "--broker", self.broker_where,
-                "--weights-bind", self.wiring.weights_bind, "--out", str(self.run_dir)]
+        argv = [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(c.nnodes),
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            str(c.world_size // c.nnodes),
+            "--master-addr",
+            master,
+            "--master-port",
+            port,
+            "-m",
+            "learner.train",
+            "--config",
+            str(self.config_path),
+            "--broker",
+            self.broker_where,
+            "--weights-bind",
+            self.wiring.weights_bind,
+            "--out",
+            str(self.run_dir),
+        ]
         if self.cfg.engines.external_urls:
             argv.append("--publish-initial")  # servers started elsewhere may hold other weights
         if resume:
             argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
         name = "learner" if c.nnodes == 1 else f"learner-node{node}"
-        return self.command(name, "learner", argv, {"OMP_NUM_THREADS": str(learner_threads(self.cfg)),
-                                                    **self.gpus_of_learner()})
+        return self.command(
+            name, "learner", argv, {"OMP_NUM_THREADS": str(learner_threads(self.cfg)), **self.gpus_of_learner()}
+        )
 
     def actor(self, i: int, incarnation: int = 0) -> Command:
         """Actor i (actors/actor.py); `incarnation`: how many times it was restarted."""
         name = f"actor-{self.prefix}{i}"
-        argv = [PY, "-m", "actors.actor", "--config", str(self.config_path), "--name", name,
-                "--incarnation", str(incarnation), "--broker", self.broker_where]
+        argv = [
+            PY,
+            "-m",
+            "actors.actor",
+            "--config",
+            str(self.config_path),
+            "--name",
+            name,
+            "--incarnation",
+            str(incarnation),
+            "--broker",
+            self.broker_where,
+        ]
         for url in self.wiring.engines:  # none (a joining launch): the actor asks the broker
             argv += ["--engine", url]
         for url in self.wiring.judges:
@@ -185,17 +256,45 @@ class Commands:
         """The OpenAI-compatible gateway (gateway/server.py): to the broker an actor, restarted like one, on the
         same port (agent code keeps its URL; episodes open in the dead incarnation are its groups' loss)."""
         name = f"gateway-{self.prefix}0"
-        argv = [PY, "-m", "gateway", "--config", str(self.config_path), "--name", name,
-                "--incarnation", str(incarnation), "--broker", self.broker_where,
-                "--port", str(self.wiring.gateway_port)]
+        argv = [
+            PY,
+            "-m",
+            "gateway",
+            "--config",
+            str(self.config_path),
+            "--name",
+            name,
+            "--incarnation",
+            str(incarnation),
+            "--broker",
+            self.broker_where,
+            "--port",
+            str(self.wiring.gateway_port),
+        ]
         for url in self.wiring.engines:  # none (a joining launch): the gateway asks the broker
             argv += ["--engine", url]
         return self.command(name, "gateway", argv, incarnation=incarnation)
 
     def evaluator(self) -> Command:  # validation (actors/evaluate.py): held-out seeds, never trained on
-        return self.command("evaluator", "evaluator", [
-            PY, "-m", "actors.evaluate", "--config", str(self.config_path), "--broker", self.broker_where,
-            "--engine", self.wiring.engines[0], "--out", str(self.run_dir), "--t0", str(self.started)])
+        return self.command(
+            "evaluator",
+            "evaluator",
+            [
+                PY,
+                "-m",
+                "actors.evaluate",
+                "--config",
+                str(self.config_path),
+                "--broker",
+                self.broker_where,
+                "--engine",
+                self.wiring.engines[0],
+                "--out",
+                str(self.run_dir),
+                "--t0",
+                str(self.started),
+            ],
+        )
 
 
 __all__ = ["Command", "Commands"]

@@ -59,8 +59,19 @@ from launcher.wiring import Wiring, judge_urls
 
 log = logging.getLogger("join")
 
-_LOCAL_ENGINE_FIELDS = ("count", "host", "base_port", "kv_cache_gib", "cpu_executor", "cpu_threads", "cpu_threads_bind",
-                        "gpu_memory_utilization", "gpus_per_engine", "colocate", "extra_args")
+_LOCAL_ENGINE_FIELDS = (
+    "count",
+    "host",
+    "base_port",
+    "kv_cache_gib",
+    "cpu_executor",
+    "cpu_threads",
+    "cpu_threads_bind",
+    "gpu_memory_utilization",
+    "gpus_per_engine",
+    "colocate",
+    "extra_args",
+)
 """Engine fields that describe this host's servers, not the run: taken from the local command line."""
 
 
@@ -83,9 +94,11 @@ class BrokerLink:
         try:
             return await asyncio.wait_for(self.client.welcomes.get(), timeout_s)
         except TimeoutError:
-            raise RunFailed(f"no answer from a broker at {self.address} within {timeout_s:.0f}s: is the run up, is "
-                            f"broker.address what its launch printed as `broker:`, and (CURVE) is broker.curve_keys_dir "
-                            f"a client key folder the broker allows?") from None
+            raise RunFailed(
+                f"no answer from a broker at {self.address} within {timeout_s:.0f}s: is the run up, is "
+                f"broker.address what its launch printed as `broker:`, and (CURVE) is broker.curve_keys_dir "
+                f"a client key folder the broker allows?"
+            ) from None
 
     async def close(self) -> None:
         await self.client.close()
@@ -98,7 +111,9 @@ async def watch_run(link: BrokerLink, total_steps: float, every_s: float = 2.0, 
         try:
             welcome = await link.welcome(answer_s)
         except RunFailed:
-            return f"the broker at {link.address} stopped answering for {answer_s:.0f}s (the run ended, or is unreachable)"
+            return (
+                f"the broker at {link.address} stopped answering for {answer_s:.0f}s (the run ended, or is unreachable)"
+            )
         if welcome.learner_version >= total_steps:
             return "the run finished"
 
@@ -106,8 +121,9 @@ async def watch_run(link: BrokerLink, total_steps: float, every_s: float = 2.0, 
 def joined_config(local: Config, welcome: Welcome) -> Config:
     """The run's config (from the broker) with this launch's own fields (see the module docstring)."""
     run_cfg = config_mod.to_object(OmegaConf.create(welcome.config))
-    engines = dataclasses.replace(run_cfg.engines, external_urls=[],
-                                  **{f: getattr(local.engines, f) for f in _LOCAL_ENGINE_FIELDS})
+    engines = dataclasses.replace(
+        run_cfg.engines, external_urls=[], **{f: getattr(local.engines, f) for f in _LOCAL_ENGINE_FIELDS}
+    )
     if local.run.role == "learner":
         # A learner node starts no engine, and its ranks must do what node 0's do about the run's: whether the
         # initial weights go out as version 0 first (engines.external_urls) is a gather that every rank joins.
@@ -115,18 +131,30 @@ def joined_config(local: Config, welcome: Welcome) -> Config:
     model = run_cfg.model
     if Path(local.model.path).resolve() != config_mod.TINY_MODEL_DIR.resolve():
         model = dataclasses.replace(model, path=local.model.path)
-    learner = dataclasses.replace(run_cfg.learner, node_rank=local.learner.node_rank,
-                                  torch_threads=local.learner.torch_threads)
+    learner = dataclasses.replace(
+        run_cfg.learner, node_rank=local.learner.node_rank, torch_threads=local.learner.torch_threads
+    )
     # broker.*: this host's own (address to join, its CURVE key folder, socket limits), not the broker's.
-    return dataclasses.replace(run_cfg, run=local.run, actors=local.actors, engines=engines, model=model,
-                               broker=local.broker, learner=learner, gateway=local.gateway, launcher=local.launcher)
+    return dataclasses.replace(
+        run_cfg,
+        run=local.run,
+        actors=local.actors,
+        engines=engines,
+        model=model,
+        broker=local.broker,
+        learner=learner,
+        gateway=local.gateway,
+        launcher=local.launcher,
+    )
 
 
 def joining(cfg: Config) -> str:
     """What this launch adds to the run, in words."""
     if cfg.run.role == "learner":
-        return (f"learner node {cfg.learner.node_rank} of {cfg.learner.nnodes} "
-                f"({cfg.learner.world_size // cfg.learner.nnodes} ranks)")
+        return (
+            f"learner node {cfg.learner.node_rank} of {cfg.learner.nnodes} "
+            f"({cfg.learner.world_size // cfg.learner.nnodes} ranks)"
+        )
     if cfg.run.role == "gateway":
         return "a gateway"
     return f"{cfg.actors.count if cfg.run.role == 'actors' else cfg.engines.count} {cfg.run.role}"
@@ -137,12 +165,16 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
     urls: list[str] = []
     if cfg.run.role == "engines":
         host, base = advertised_host(cfg.engines.host), cfg.engines.base_port
-        urls = [f"http://{host}:{base + 2 * i if base else free_port(cfg.engines.host)}" for i in range(cfg.engines.count)]
+        urls = [
+            f"http://{host}:{base + 2 * i if base else free_port(cfg.engines.host)}" for i in range(cfg.engines.count)
+        ]
     learner_host = welcome.weights.split("//", 1)[-1].rsplit(":", 1)[0]  # node 0's host (rank 0 publishes there)
     gw_port = (cfg.gateway.port or free_port(cfg.gateway.host)) if cfg.run.role == "gateway" else 0
     return Wiring(
-        broker=cfg.broker.address, broker_port=0,  # actors, weight sidecars, learner ranks -> the run's broker
-        dashboard=welcome.dashboard.rstrip("/"), dashboard_port=0,  # this launch -> the run's state
+        broker=cfg.broker.address,
+        broker_port=0,  # actors, weight sidecars, learner ranks -> the run's broker
+        dashboard=welcome.dashboard.rstrip("/"),
+        dashboard_port=0,  # this launch -> the run's state
         judges=judge_urls(cfg) if cfg.run.role == "actors" else [],  # new actors -> this host's own new judges
         weights=welcome.weights,  # new weight sidecars -> the learner's publisher
         engines=urls,  # new weight sidecars -> new servers; empty for actors: they ask the broker
@@ -151,7 +183,8 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
         rdzv=f"{learner_host}:{cfg.learner.rdzv_port}" if cfg.run.role == "learner" else "",
         weights_bind=welcome.weights if cfg.run.role == "learner" else "",
         # agent code -> this host's new gateway (HTTP); it asks the broker for the engines
-        gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "", gateway_port=gw_port,
+        gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "",
+        gateway_port=gw_port,
     )
 
 
@@ -159,14 +192,18 @@ async def _start(launcher: Launcher, session: aiohttp.ClientSession) -> None:
     """Start this launch's processes: engines (and, once each is ready, its weight sidecar), actors or a gateway."""
     if launcher.cfg.run.role == "gateway":
         await launcher.start_gateway(session)
-        print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (URL in {launcher.run_dir / 'gateway_url'})",
-              flush=True)
+        print(
+            f"[agentstream] gateway:    {launcher.wiring.gateway}   (URL in {launcher.run_dir / 'gateway_url'})",
+            flush=True,
+        )
     elif launcher.cfg.run.role == "learner":
         await launcher.spawn(launcher.commands.learner())
     elif launcher.cfg.run.role == "engines":
         if not launcher.wiring.weights:
-            raise RunFailed("the broker does not know the learner's weight address (was the run started with an "
-                            "older launcher?); engines cannot join it")
+            raise RunFailed(
+                "the broker does not know the learner's weight address (was the run started with an "
+                "older launcher?); engines cannot join it"
+            )
         engines = [await launcher.spawn(c) for c in launcher.commands.engines()]
         for child, url in zip(engines, launcher.wiring.engines):
             await launcher.wait_server(child, url)
@@ -216,17 +253,23 @@ async def run_join(local: Config, run_dir: Path) -> int:
         welcome = await link.welcome(local.run.startup_timeout_s)
         cfg = joined_config(local, welcome)
         if cfg.run.role == "learner" and cfg.learner.nnodes == 1:
-            raise config_mod.ConfigError("role=learner: the run's learner runs on one host (learner.nnodes=1); "
-                                         "start the run with learner.nnodes=N to spread it over N hosts")
+            raise config_mod.ConfigError(
+                "role=learner: the run's learner runs on one host (learner.nnodes=1); "
+                "start the run with learner.nnodes=N to spread it over N hosts"
+            )
         check_config(cfg)
         launcher = await _launcher(cfg, run_dir, join_wiring(cfg, welcome), name)
         config_mod.save(cfg, launcher.config_path)
-        print(f"[agentstream] joined the run at {cfg.broker.address} (learner at version {welcome.learner_version}) "
-              f"with {joining(cfg)}", flush=True)
+        print(
+            f"[agentstream] joined the run at {cfg.broker.address} (learner at version {welcome.learner_version}) "
+            f"with {joining(cfg)}",
+            flush=True,
+        )
         print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   run folder: {run_dir}", flush=True)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            progress = asyncio.create_task(progress_loop(session, lambda: launcher.wiring.dashboard,
-                                                         cfg.trainer.total_steps))
+            progress = asyncio.create_task(
+                progress_loop(session, lambda: launcher.wiring.dashboard, cfg.trainer.total_steps)
+            )
             try:
                 await _start(launcher, session)
                 reason = await _supervise_until_over(launcher, link)
@@ -241,13 +284,21 @@ async def run_join(local: Config, run_dir: Path) -> int:
     on_stop_signals(lambda: log.warning("already stopping"))  # a second Ctrl-C must not cut the shutdown short
     left = await launcher.stop_all() if launcher is not None else []
     await link.close()
-    summary = {"status": status, "reason": reason, "role": local.run.role, "broker": local.broker.address,
-               "processes": sorted(c.name for c in launcher.children) if launcher else [],
-               "actor_restarts": launcher.actor_restarts if launcher else 0, "processes_left": left,
-               "run_dir": str(run_dir), "launcher_wall_s": time.time() - launcher.started if launcher else 0.0}
+    summary = {
+        "status": status,
+        "reason": reason,
+        "role": local.run.role,
+        "broker": local.broker.address,
+        "processes": sorted(c.name for c in launcher.children) if launcher else [],
+        "actor_restarts": launcher.actor_restarts if launcher else 0,
+        "processes_left": left,
+        "run_dir": str(run_dir),
+        "launcher_wall_s": time.time() - launcher.started if launcher else 0.0,
+    }
     write_summary(run_dir / "summary.json", summary)
-    print(f"[agentstream] {local.run.role} launch {status}: {reason}", file=sys.stderr if code else sys.stdout,
-          flush=True)
+    print(
+        f"[agentstream] {local.run.role} launch {status}: {reason}", file=sys.stderr if code else sys.stdout, flush=True
+    )
     if left:
         print(f"[agentstream] WARNING: process groups still alive: {left}", file=sys.stderr, flush=True)
     return code

@@ -40,13 +40,13 @@ def visible(gpus: tuple[int, ...], names: Sequence[str]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(names[g] for g in gpus)} if gpus else {}
 
 
-def plan(host_gpus: Sequence[int], engines: int, gpus_per_engine: int, learner_ranks: int,
-         colocate: bool) -> GpuPlan:
+def plan(host_gpus: Sequence[int], engines: int, gpus_per_engine: int, learner_ranks: int, colocate: bool) -> GpuPlan:
     """Place `learner_ranks` learner ranks (one GPU each) and `engines` engines (`gpus_per_engine` GPUs of one host
     each) on hosts with `host_gpus[h]` GPUs."""
     if gpus_per_engine < 1:
-        raise PlacementError(f"engines.gpus_per_engine={gpus_per_engine}: must be at least 1 (its tensor-parallel "
-                             f"size).")
+        raise PlacementError(
+            f"engines.gpus_per_engine={gpus_per_engine}: must be at least 1 (its tensor-parallel size)."
+        )
     if not any(host_gpus):  # CPU: nothing to place
         return GpuPlan(tuple(() for _ in host_gpus), tuple((0, ()) for _ in range(engines)))
     learner = _learner_gpus(host_gpus, learner_ranks)
@@ -57,20 +57,24 @@ def plan(host_gpus: Sequence[int], engines: int, gpus_per_engine: int, learner_r
             placed.append((h, tuple(gpus[:gpus_per_engine])))
             del gpus[:gpus_per_engine]
     if len(placed) < engines:
-        left = ", ".join(f"host {h}: {len(range(n)) - (0 if colocate else len(learner[h]))}"
-                         for h, n in enumerate(host_gpus))
+        left = ", ".join(
+            f"host {h}: {len(range(n)) - (0 if colocate else len(learner[h]))}" for h, n in enumerate(host_gpus)
+        )
         share = "" if colocate else ", or let the engines share the learner's GPUs (engines.colocate=true)"
         raise PlacementError(
             f"engines.count={engines} with engines.gpus_per_engine={gpus_per_engine} needs {engines} groups of "
             f"{gpus_per_engine} GPUs on one host each; only {len(placed)} fit in the GPUs left for engines ({left}). "
-            f"Lower engines.count or engines.gpus_per_engine, give the learner fewer GPUs{share}.")
+            f"Lower engines.count or engines.gpus_per_engine, give the learner fewer GPUs{share}."
+        )
     return GpuPlan(learner, tuple(placed))
 
 
 def _learner_gpus(host_gpus: Sequence[int], ranks: int) -> tuple[tuple[int, ...], ...]:
     if ranks > sum(host_gpus):
-        raise PlacementError(f"the learner's {ranks} ranks need one GPU each; the hosts have {sum(host_gpus)} "
-                             f"({list(host_gpus)}). Lower learner.world_size.")
+        raise PlacementError(
+            f"the learner's {ranks} ranks need one GPU each; the hosts have {sum(host_gpus)} "
+            f"({list(host_gpus)}). Lower learner.world_size."
+        )
     out: list[tuple[int, ...]] = []
     left = ranks
     for n in host_gpus:
@@ -79,8 +83,10 @@ def _learner_gpus(host_gpus: Sequence[int], ranks: int) -> tuple[tuple[int, ...]
         left -= take
     used = [len(g) for g in out if g]
     if len(set(used)) > 1:
-        raise PlacementError(f"the learner's {ranks} ranks fall unevenly on the hosts ({used} GPUs); torchrun starts "
-                             f"the same number on every node: make learner.world_size a multiple of the GPUs per host.")
+        raise PlacementError(
+            f"the learner's {ranks} ranks fall unevenly on the hosts ({used} GPUs); torchrun starts "
+            f"the same number on every node: make learner.world_size a multiple of the GPUs per host."
+        )
     return tuple(out)
 
 

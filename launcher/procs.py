@@ -23,14 +23,21 @@ from pathlib import Path
 from typing import IO
 
 
-def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def start(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
     """Start `argv` in a new session, stdout+stderr appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log: IO[bytes] = open(log_path, "ab")
     try:
         return subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
         )
     finally:
         log.close()  # the child holds its own descriptor
@@ -136,8 +143,9 @@ def _pgid(pid: int) -> int:
     return int(stat[2]) if len(stat) > 2 else 0
 
 
-def end_marked(key: str, value: str, prefix: bool = False, other_than_group: int = 0,
-               timeout_s: float = 5.0) -> tuple[list[str], list[str]]:
+def end_marked(
+    key: str, value: str, prefix: bool = False, other_than_group: int = 0, timeout_s: float = 5.0
+) -> tuple[list[str], list[str]]:
     """SIGKILL every process `marked(key, value, prefix, other_than_group)` finds and wait up to `timeout_s`
     for each to die. Returns (descriptions of those found, descriptions of those still alive after the wait)."""
     found = marked(key, value, prefix, other_than_group)

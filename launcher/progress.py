@@ -57,14 +57,21 @@ def format_progress(state: dict, total_steps: int, eta: float | None, validation
     engines = ",".join(str(e["version"]) for e in state["engines"])
     left = "?" if eta is None else f"{eta:.0f}s"
     held_out = held_out_line(list(validation))
-    return (f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
-            f"{r['tokens_per_s']:.0f} tok/s | {r['transitions_per_s']:.1f} transitions/s | "
-            f"buffered {g['buffered_transitions']:.0f} | success {g['success_rate']:.2f} | "
-            f"actors {g['actors_alive']:.0f} | ETA {left}" + (f" | {held_out}" if held_out else ""))
+    return (
+        f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
+        f"{r['tokens_per_s']:.0f} tok/s | {r['transitions_per_s']:.1f} transitions/s | "
+        f"buffered {g['buffered_transitions']:.0f} | success {g['success_rate']:.2f} | "
+        f"actors {g['actors_alive']:.0f} | ETA {left}" + (f" | {held_out}" if held_out else "")
+    )
 
 
-async def progress_loop(session: aiohttp.ClientSession, dashboard: Callable[[], str], total_steps: int,
-                        every_s: float = 5.0, validation_csv: Path | None = None) -> None:
+async def progress_loop(
+    session: aiohttp.ClientSession,
+    dashboard: Callable[[], str],
+    total_steps: int,
+    every_s: float = 5.0,
+    validation_csv: Path | None = None,
+) -> None:
     """One console line every few seconds: learner step out of total, rates, ETA, and held-out success so far
     (`validation_csv`: the evaluator's validation.csv); `dashboard()`: its URL now (a broker may move)."""
     samples: list[tuple[float, int]] = []

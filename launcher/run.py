@@ -26,11 +26,11 @@ from agentstream.process import on_stop_signals
 from launcher.checks import check_config
 from launcher.join import run_join
 from launcher.progress import get_json, held_out_line, held_out_summary, progress_loop, write_summary
-from launcher.supervisor import Launcher, RunFailed
 from launcher.real_model import ModelSourceError, ensure_smollm2
+from launcher.supervisor import Launcher, RunFailed
 from launcher.tiny_model import ensure_tiny_model
-from launcher.warm_start import ensure_warm_model
 from launcher.tiny_vl_model import make_tiny_vl_model
+from launcher.warm_start import ensure_warm_model
 from launcher.wiring import resolved
 
 
@@ -65,26 +65,43 @@ async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None 
 
     on_stop_signals(on_signal)
     print(f"[agentstream] run folder: {run_dir}", flush=True)
-    print(f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
-          flush=True)
-    print(f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
-          f"broker.address={launcher.wiring.broker} actors.count=N; or "
-          f"broker.address={launcher.commands.broker_where}, followed if the broker moves)", flush=True)
+    print(
+        f"[agentstream] dashboard:  {launcher.wiring.dashboard}/   (metrics: {launcher.wiring.dashboard}/metrics)",
+        flush=True,
+    )
+    print(
+        f"[agentstream] broker:     {launcher.wiring.broker}   (more actors: python scripts/launch.py role=actors "
+        f"broker.address={launcher.wiring.broker} actors.count=N; or "
+        f"broker.address={launcher.commands.broker_where}, followed if the broker moves)",
+        flush=True,
+    )
     if launcher.wiring.gateway:
-        print(f"[agentstream] gateway:    {launcher.wiring.gateway}   (agent code: open episodes there; the URL is in "
-              f"{run_dir / 'gateway_url'} once it answers; docs/gateway.md)", flush=True)
+        print(
+            f"[agentstream] gateway:    {launcher.wiring.gateway}   (agent code: open episodes there; the URL is in "
+            f"{run_dir / 'gateway_url'} once it answers; docs/gateway.md)",
+            flush=True,
+        )
     if cfg.learner.nnodes > 1 and cfg.launcher.backend == "local":
-        print(f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each "
-              f"other host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
-              f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})", flush=True)
+        print(
+            f"[agentstream] learner:    node 0 of {cfg.learner.nnodes}; it trains once the others join: on each "
+            f"other host, python scripts/launch.py role=learner broker.address={launcher.wiring.broker} "
+            f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})",
+            flush=True,
+        )
     status, reason, code = "finished", "", 0
     summary: dict = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         progress: asyncio.Task[None] | None = None
         try:
             await launcher.start_all(session)
-            progress = asyncio.create_task(progress_loop(session, lambda: launcher.wiring.dashboard,
-                                                         cfg.trainer.total_steps, validation_csv=run_dir / CSV_NAME))
+            progress = asyncio.create_task(
+                progress_loop(
+                    session,
+                    lambda: launcher.wiring.dashboard,
+                    cfg.trainer.total_steps,
+                    validation_csv=run_dir / CSV_NAME,
+                )
+            )
             await launcher.supervise()
             if cfg.validation.every > 0:  # actors stop first: the final validation gets the CPU
                 await launcher.stop_roles(("actor", "gateway"))
@@ -106,18 +123,32 @@ async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None 
 
     summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
     summary["held_out_success"] = held_out_summary(summary["validation"])
-    summary.update(status=status, reason=reason, actor_restarts=launcher.actor_restarts, run_dir=str(run_dir),
-                   restarts=dict(launcher.restarts), lost_with_node=launcher.lost,
-                   processes_left=left, launcher_wall_s=time.time() - launcher.started)
+    summary.update(
+        status=status,
+        reason=reason,
+        actor_restarts=launcher.actor_restarts,
+        run_dir=str(run_dir),
+        restarts=dict(launcher.restarts),
+        lost_with_node=launcher.lost,
+        processes_left=left,
+        launcher_wall_s=time.time() - launcher.started,
+    )
     write_summary(run_dir / "summary.json", summary)
     if reason:
         print(f"[agentstream] run {status}: {reason}", file=sys.stderr, flush=True)
     if left:
-        print(f"[agentstream] WARNING: processes left behind (groups still alive, or descendants found by the run's "
-              f"marker after the orderly stops): {left}", file=sys.stderr, flush=True)
+        print(
+            f"[agentstream] WARNING: processes left behind (groups still alive, or descendants found by the run's "
+            f"marker after the orderly stops): {left}",
+            file=sys.stderr,
+            flush=True,
+        )
     if summary["validation"]:
-        print(f"[agentstream] {held_out_line(summary['validation'])} "
-              f"({cfg.validation.episodes} episodes each, seeds never trained on)", flush=True)
+        print(
+            f"[agentstream] {held_out_line(summary['validation'])} "
+            f"({cfg.validation.episodes} episodes each, seeds never trained on)",
+            flush=True,
+        )
     print(f"[agentstream] summary: {run_dir / 'summary.json'}", flush=True)
     return code
 
@@ -145,7 +176,11 @@ def run(cfg: Config, run_dir: Path) -> int:
         except ModelSourceError as exc:
             print(f"[agentstream] {exc}", file=sys.stderr)
             return 2
-    if cfg.judges.count and cfg.judges.model and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve():
+    if (
+        cfg.judges.count
+        and cfg.judges.model
+        and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve()
+    ):
         ensure_tiny_model(cfg.judges.model)  # a judge of the tiny model beside another policy
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run

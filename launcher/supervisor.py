@@ -60,8 +60,12 @@ class Child:
         self.marker = child_marker(self.name)
         with open(self.log_path, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **self.env, CHILD_ENV: self.marker}, start_new_session=True,
+                *self.argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, **self.env, CHILD_ENV: self.marker},
+                start_new_session=True,
             )
 
     def signal(self, sig: int) -> None:
@@ -151,8 +155,9 @@ class Launcher:
 
     def child_of(self, command: Command) -> Child:
         """The child that runs `command` (on this host; `RayLauncher`'s: on a node of the cluster)."""
-        return Child(command.name, command.role, command.argv, command.env, command.log_path,
-                     incarnation=command.incarnation)
+        return Child(
+            command.name, command.role, command.argv, command.env, command.log_path, incarnation=command.incarnation
+        )
 
     async def wait_judges(self, judges: list[Child]) -> None:
         for child, url in zip(judges, self.wiring.judges):
@@ -178,8 +183,10 @@ class Launcher:
             try:
                 await asyncio.wait_for(child.proc.wait(), self.cfg.validation.final_timeout_s)
             except TimeoutError:
-                log.warning("the evaluator did not validate the final version within validation.final_timeout_s=%.0fs",
-                            self.cfg.validation.final_timeout_s)
+                log.warning(
+                    "the evaluator did not validate the final version within validation.final_timeout_s=%.0fs",
+                    self.cfg.validation.final_timeout_s,
+                )
 
     # ------------------------------------------------------------------ lifecycle
     async def spawn(self, command: Command) -> Child:
@@ -224,14 +231,17 @@ class Launcher:
         if exit_wait in done:
             task.cancel()
             dead = exit_wait.result()
-            raise RunFailed(f"{dead.name} exited with code {dead.proc.returncode if dead.proc else '?'} while "
-                            f"waiting for {child.name} to start; its log ends with:\n{dead.log_tail()}")
+            raise RunFailed(
+                f"{dead.name} exited with code {dead.proc.returncode if dead.proc else '?'} while "
+                f"waiting for {child.name} to start; its log ends with:\n{dead.log_tail()}"
+            )
         exit_wait.cancel()
         try:
             task.result()
         except Exception as exc:
-            raise RunFailed(f"{child.name} did not become ready: {exc}\n"
-                            f"its log ends with:\n{child.log_tail()}") from exc
+            raise RunFailed(
+                f"{child.name} did not become ready: {exc}\nits log ends with:\n{child.log_tail()}"
+            ) from exc
 
     async def _wait_http(self, session: aiohttp.ClientSession, url: str, what: str) -> None:
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
@@ -269,20 +279,25 @@ class Launcher:
                 continue
             if child in self.children and not self._stopping:
                 why = self.death_reason(child)
-                raise RunFailed(f"{child.name} died (exit code {code}{'; ' + why if why else ''}); the run cannot "
-                                f"continue without it. "
-                                f"Its log ({child.log_path}) ends with:\n{child.log_tail()}")
+                raise RunFailed(
+                    f"{child.name} died (exit code {code}{'; ' + why if why else ''}); the run cannot "
+                    f"continue without it. "
+                    f"Its log ({child.log_path}) ends with:\n{child.log_tail()}"
+                )
 
     async def _restart_actor(self, child: Child, code: int | None) -> None:
         if self.actor_restarts >= self.cfg.actors.max_restarts:
-            raise RunFailed(f"{child.name} died (exit code {code}) and actors.max_restarts="
-                            f"{self.cfg.actors.max_restarts} restarts are used up. "
-                            f"Its log ends with:\n{child.log_tail()}")
+            raise RunFailed(
+                f"{child.name} died (exit code {code}) and actors.max_restarts="
+                f"{self.cfg.actors.max_restarts} restarts are used up. "
+                f"Its log ends with:\n{child.log_tail()}"
+            )
         self.actor_restarts += 1
         self.children.remove(child)
         if child.role == "gateway":  # counted as an actor's restart, as the broker counts it as an actor
-            log.warning("%s died (exit code %s); restarting it as incarnation %d", child.name, code,
-                        child.incarnation + 1)
+            log.warning(
+                "%s died (exit code %s); restarting it as incarnation %d", child.name, code, child.incarnation + 1
+            )
             await self.spawn(self.commands.gateway(child.incarnation + 1))
             return
         i = int(child.name.rsplit("-", 1)[1])
@@ -294,17 +309,27 @@ class Launcher:
         weight sidecar (both of the pair; the sidecar brings the new server to the current weights), or learner
         (from its latest checkpoint), within each role's restart budget. False: not restartable."""
         key = "engine" if child.role == "sidecar" else child.role
-        budget = {"broker": self.cfg.broker.max_restarts, "engine": self.cfg.engines.max_restarts,
-                  "judge": self.cfg.judges.max_restarts,
-                  # a learner on several hosts restarts as a whole or not at all: not by one host's launch
-                  "learner": self.cfg.learner.max_restarts
-                  if self.cfg.checkpoint.every_steps > 0 and self.cfg.learner.nnodes == 1 else 0}.get(key, 0)
+        budget = {
+            "broker": self.cfg.broker.max_restarts,
+            "engine": self.cfg.engines.max_restarts,
+            "judge": self.cfg.judges.max_restarts,
+            # a learner on several hosts restarts as a whole or not at all: not by one host's launch
+            "learner": self.cfg.learner.max_restarts
+            if self.cfg.checkpoint.every_steps > 0 and self.cfg.learner.nnodes == 1
+            else 0,
+        }.get(key, 0)
         if self.restarts[key] >= budget:
             return False
         self.restarts[key] += 1
         self.children.remove(child)
-        log.warning("%s died (exit code %s); restarting it (%s restart %d of %d)", child.name, code, key,
-                    self.restarts[key], budget)
+        log.warning(
+            "%s died (exit code %s); restarting it (%s restart %d of %d)",
+            child.name,
+            code,
+            key,
+            self.restarts[key],
+            budget,
+        )
         if key == "broker":
             before = read_record(self.run_dir / BROKER_RECORD)
             await self._reseat_broker()
@@ -337,8 +362,12 @@ class Launcher:
         while time.monotonic() < deadline:
             now = read_record(self.run_dir / BROKER_RECORD)
             if now is not None and now != before:
-                self.wiring = dataclasses.replace(self.wiring, broker=now["address"], dashboard=now["dashboard"],
-                                                  broker_port=int(now["address"].rsplit(":", 1)[1]))
+                self.wiring = dataclasses.replace(
+                    self.wiring,
+                    broker=now["address"],
+                    dashboard=now["dashboard"],
+                    broker_port=int(now["address"].rsplit(":", 1)[1]),
+                )
                 log.warning("the broker is back on %s (dashboard %s/)", now["address"], now["dashboard"])
                 return
             await asyncio.sleep(0.5)
@@ -354,8 +383,11 @@ class Launcher:
     async def _restart_engine(self, child: Child) -> None:
         from engines.server import wait_ready
 
-        i = next(i for i in range(len(self.wiring.engines))
-                 if child.name in (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}"))
+        i = next(
+            i
+            for i in range(len(self.wiring.engines))
+            if child.name in (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}")
+        )
         pair = (f"engine-{self.prefix}{i}", f"sidecar-{self.prefix}{i}")
         for partner in [c for c in self.children if c.name in pair]:
             self.children.remove(partner)  # its exit is then not a death to handle
@@ -366,8 +398,9 @@ class Launcher:
             try:
                 await wait_ready(self.wiring.engines[i], self.cfg.run.startup_timeout_s, proc=None)
             except Exception as exc:
-                raise RunFailed(f"{engine.name} did not come back: {exc}\n"
-                                f"its log ends with:\n{engine.log_tail()}") from exc
+                raise RunFailed(
+                    f"{engine.name} did not come back: {exc}\nits log ends with:\n{engine.log_tail()}"
+                ) from exc
         await self.spawn(self.commands.sidecar(i))
 
     async def _reseat_engine(self, i: int) -> None:
@@ -416,8 +449,9 @@ class Launcher:
         strays, alive = await asyncio.to_thread(end_marked, CHILD_ENV, f"{os.getpid()}/", True)
         if strays:
             log.error("%d process(es) of this launch outlived the orderly stops: %s", len(strays), "; ".join(strays))
-        return [groups[pid] for pid in left] + [f"{d}: {'still running' if d in alive else 'ended at the end'}"
-                                               for d in strays]
+        return [groups[pid] for pid in left] + [
+            f"{d}: {'still running' if d in alive else 'ended at the end'}" for d in strays
+        ]
 
 
 def learner_node_rank(name: str) -> int:

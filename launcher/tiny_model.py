@@ -52,11 +52,12 @@ def env_corpus(episodes_per_env: int = 40, seed: int = 0, steps_per_episode: int
     admissible actions, `last_k` memory), each prompt with its answer rendered with the chat template."""
     import asyncio
 
+    from jinja2 import Template
+
     import envs
     import memory
     from actors import episode
     from actors.episode import Answer, StepRecord, Turn
-    from jinja2 import Template
 
     template = Template(CHAT_TEMPLATE)
     rng = random.Random(seed)

@@ -67,12 +67,11 @@ def make_tiny_vl_model(out: str | Path, seed: int = 0, texts: Iterable[str] | No
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VL_TOKENS]})
     tokenizer.chat_template = VL_CHAT_TEMPLATE
     image_processor = Idefics3ImageProcessorPil(
-        do_image_splitting=False,
-        size={"longest_edge": IMAGE_SIZE},
-        max_image_size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=False, size={"longest_edge": IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE}
     )
-    processor = Idefics3Processor(image_processor, tokenizer, image_seq_len=IMAGE_TOKENS,
-                                  chat_template=VL_CHAT_TEMPLATE)
+    processor = Idefics3Processor(
+        image_processor, tokenizer, image_seq_len=IMAGE_TOKENS, chat_template=VL_CHAT_TEMPLATE
+    )
     processor.save_pretrained(out)  # the tokenizer too
 
     n_vocab = len(tokenizer)

@@ -30,8 +30,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentstream.config import REPO_ROOT, TINY_MODEL_DIR, TINY_WARM_MODEL_DIR, EnvConfig, MemoryConfig
@@ -69,8 +69,10 @@ def parser(env: str, kwargs: Mapping[str, Any] | None = None) -> Callable[[str],
 
     parse = traits(env, kwargs).answer_parser()
     if parse is None:
-        raise ValueError(f"{env} declares no answer parser that reads an answer without the game's state, so the warm "
-                         f"start cannot check its sampled answers: give its EnvTraits a parser in envs/registry.py")
+        raise ValueError(
+            f"{env} declares no answer parser that reads an answer without the game's state, so the warm "
+            f"start cannot check its sampled answers: give its EnvTraits a parser in envs/registry.py"
+        )
     return parse
 
 
@@ -87,16 +89,28 @@ def format_spec(args: argparse.Namespace) -> FormatSpec:
             lo, hi = map(int, args.answer_range.split(","))
             answers = tuple(str(n) for n in range(lo, hi + 1))
         else:
-            answers = tuple(str(load_item(args.dataset, seed, kwargs["dataset_kwargs"])[1]["answer"])
-                            for seed in VALIDATION_SEEDS[-args.answers:])  # items no run trains on
+            answers = tuple(
+                str(load_item(args.dataset, seed, kwargs["dataset_kwargs"])[1]["answer"])
+                for seed in VALIDATION_SEEDS[-args.answers :]
+            )  # items no run trains on
         return FormatSpec(args.env, kwargs, 1, args.memory, args.k, template="<answer>{}</answer>", answers=answers)
-    kwargs = {"map_size": args.map_size, "frozen_prob": args.frozen_prob, "show_safe_moves": args.show_safe_moves,
-              "view": args.view, **json.loads(args.env_kwargs)} if "FrozenLake" in args.env else json.loads(args.env_kwargs)
+    kwargs = (
+        {
+            "map_size": args.map_size,
+            "frozen_prob": args.frozen_prob,
+            "show_safe_moves": args.show_safe_moves,
+            "view": args.view,
+            **json.loads(args.env_kwargs),
+        }
+        if "FrozenLake" in args.env
+        else json.loads(args.env_kwargs)
+    )
     return FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
 
 
-def sample_check(model, tokenizer, demos, parse: Callable[[str], object], n: int = 64,
-                 seed: int = 1) -> dict[str, float]:
+def sample_check(
+    model, tokenizer, demos, parse: Callable[[str], object], n: int = 64, seed: int = 1
+) -> dict[str, float]:
     """Sample answers (temperature 1) to `n` held-out prompts: fraction that parse, and the shares of the four
     most common answers."""
     import torch
@@ -108,10 +122,17 @@ def sample_check(model, tokenizer, demos, parse: Callable[[str], object], n: int
     valid = 0
     for d in demos[:n]:
         ids = torch.tensor([d.prompt_ids])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                             max_new_tokens=24, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
-        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=24,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         parsed = parse(text)
         if isinstance(parsed, Action):
             valid += 1
@@ -124,16 +145,36 @@ def argv_for(env: EnvConfig, memory: MemoryConfig, out: Path) -> list[str]:
     """The warm start's arguments for a run of `env` with `memory`: its demonstrations' prompts are the run's
     (FrozenLake's size, holes, step limit and view; the memory's kind and k). Other envs: ValueError."""
     if "FrozenLake" not in env.name:
-        raise ValueError(f"model.path={out} is the warm-started tiny model, which the launcher makes for FrozenLake runs; "
-                         f"for env.name={env.name} make one with `python -m launcher.warm_start --env {env.name} "
-                         f"--out DIR` (see its --help) and set model.path=DIR")
+        raise ValueError(
+            f"model.path={out} is the warm-started tiny model, which the launcher makes for FrozenLake runs; "
+            f"for env.name={env.name} make one with `python -m launcher.warm_start --env {env.name} "
+            f"--out DIR` (see its --help) and set model.path=DIR"
+        )
     kw = env.kwargs
-    argv = ["--out", str(out), "--env", env.name, "--map-size", str(kw.get("map_size", 4)),
-            "--frozen-prob", str(kw.get("frozen_prob", 0.8)), "--max-steps", str(env.max_steps),
-            "--view", str(kw.get("view", "grid")), "--memory", memory.kind, "--k", str(memory.k)]
+    argv = [
+        "--out",
+        str(out),
+        "--env",
+        env.name,
+        "--map-size",
+        str(kw.get("map_size", 4)),
+        "--frozen-prob",
+        str(kw.get("frozen_prob", 0.8)),
+        "--max-steps",
+        str(env.max_steps),
+        "--view",
+        str(kw.get("view", "grid")),
+        "--memory",
+        memory.kind,
+        "--k",
+        str(memory.k),
+    ]
     rest = {k: v for k, v in kw.items() if k == "instructions"}  # others are flags above or do not shape prompts
-    return argv + (["--show-safe-moves"] if kw.get("show_safe_moves") else []) + (
-        ["--env-kwargs", json.dumps(rest)] if rest else [])
+    return (
+        argv
+        + (["--show-safe-moves"] if kw.get("show_safe_moves") else [])
+        + (["--env-kwargs", json.dumps(rest)] if rest else [])
+    )
 
 
 def ensure_warm_model(env: EnvConfig, memory: MemoryConfig, out: Path) -> None:
@@ -152,12 +193,22 @@ def main() -> int:
     p.add_argument("--map-size", type=int, default=5)
     p.add_argument("--frozen-prob", type=float, default=0.9)
     p.add_argument("--max-steps", type=int, default=16)
-    p.add_argument("--show-safe-moves", action="store_true",
-                   help="FrozenLake observations say which moves are safe (the env's show_safe_moves)")
-    p.add_argument("--view", default="grid", choices=["grid", "local"],
-                   help="FrozenLake's view: the whole lake, or only the four cells one move away (the env's view)")
-    p.add_argument("--env-kwargs", default="{}",
-                   help="other envs (e.g. Sokoban): the env's arguments, a JSON object, as the run's env.kwargs")
+    p.add_argument(
+        "--show-safe-moves",
+        action="store_true",
+        help="FrozenLake observations say which moves are safe (the env's show_safe_moves)",
+    )
+    p.add_argument(
+        "--view",
+        default="grid",
+        choices=["grid", "local"],
+        help="FrozenLake's view: the whole lake, or only the four cells one move away (the env's view)",
+    )
+    p.add_argument(
+        "--env-kwargs",
+        default="{}",
+        help="other envs (e.g. Sokoban): the env's arguments, a JSON object, as the run's env.kwargs",
+    )
     p.add_argument("--dataset", default="basic_arithmetic", help="Reasoning: the reasoning-gym generator")
     p.add_argument("--dataset-kwargs", default="{}", help="Reasoning: the generator's arguments, a JSON object")
     p.add_argument("--answers", type=int, default=500, help="Reasoning: how many other items' answers to draw from")
@@ -202,10 +253,14 @@ def main() -> int:
     parse = parser(args.env, spec.env_kwargs)  # (before the fit: an env without a parser stops here)
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
     held_out = format_demos(spec, tokenizer, 64, seed=args.seed + 10_000)
-    print(f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} "
-          f"{spec.env_kwargs}", flush=True)
-    history = train_sft(model, demos, SftOptions(args.steps, args.batch_size, args.lr, seed=args.seed),
-                        pad_id=tokenizer.pad_token_id)
+    print(
+        f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} "
+        f"{spec.env_kwargs}",
+        flush=True,
+    )
+    history = train_sft(
+        model, demos, SftOptions(args.steps, args.batch_size, args.lr, seed=args.seed), pad_id=tokenizer.pad_token_id
+    )
     check = sample_check(model, tokenizer, held_out, parse)
     print(f"[warm-start] held-out sampled answers: {check}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,8 +268,20 @@ def main() -> int:
     tokenizer.save_pretrained(out)
     if (base / "generation_config.json").is_file():
         (out / "generation_config.json").write_bytes((base / "generation_config.json").read_bytes())
-    stamp.write_text(json.dumps({"key": key, "args": vars(args), "demos": len(demos), "final": history[-1],
-                                 "check": check, "seconds": time.time() - started}, indent=2, default=str))
+    stamp.write_text(
+        json.dumps(
+            {
+                "key": key,
+                "args": vars(args),
+                "demos": len(demos),
+                "final": history[-1],
+                "check": check,
+                "seconds": time.time() - started,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print(f"[warm-start] wrote {out} in {time.time() - started:.0f}s", flush=True)
     return 0
 

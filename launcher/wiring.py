@@ -44,11 +44,17 @@ def wire(cfg: Config) -> Wiring:
     rdzv = f"{advertised_host(wh)}:{cfg.learner.rdzv_port or free_port(wh)}" if cfg.learner.nnodes > 1 else ""
     gw_port = (cfg.gateway.port or free_port(cfg.gateway.host)) if cfg.gateway.enabled else 0  # a restart keeps it
     return Wiring(
-        broker=f"tcp://{advertised_host(host)}:{broker_port}", broker_port=broker_port,
-        dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}", dashboard_port=dash_port,
-        weights=f"tcp://{advertised_host(wh)}:{weight_port}", weights_bind=f"tcp://{wh}:{weight_port}",
-        engines=engine_urls, rdzv=rdzv, judges=judge_urls(cfg),
-        gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "", gateway_port=gw_port,
+        broker=f"tcp://{advertised_host(host)}:{broker_port}",
+        broker_port=broker_port,
+        dashboard=f"http://{advertised_host(cfg.broker.dashboard_host)}:{dash_port}",
+        dashboard_port=dash_port,
+        weights=f"tcp://{advertised_host(wh)}:{weight_port}",
+        weights_bind=f"tcp://{wh}:{weight_port}",
+        engines=engine_urls,
+        rdzv=rdzv,
+        judges=judge_urls(cfg),
+        gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "",
+        gateway_port=gw_port,
     )
 
 
@@ -68,9 +74,12 @@ def wire_placed(cfg: Config, p: Places) -> Wiring:
     ip, broker_port, dash_port = p.broker
     lip, weight_port, rdzv_port = p.learner
     return Wiring(
-        broker=f"tcp://{ip}:{broker_port}", broker_port=broker_port,  # actors, learner ranks, sidecars -> broker
-        dashboard=f"http://{ip}:{dash_port}", dashboard_port=dash_port,  # browser, launcher -> broker (HTTP)
-        weights=f"tcp://{lip}:{weight_port}", weights_bind=f"tcp://{lip}:{weight_port}",  # sidecars -> learner rank 0
+        broker=f"tcp://{ip}:{broker_port}",
+        broker_port=broker_port,  # actors, learner ranks, sidecars -> broker
+        dashboard=f"http://{ip}:{dash_port}",
+        dashboard_port=dash_port,  # browser, launcher -> broker (HTTP)
+        weights=f"tcp://{lip}:{weight_port}",
+        weights_bind=f"tcp://{lip}:{weight_port}",  # sidecars -> learner rank 0
         engines=list(cfg.engines.external_urls) or [f"http://{h}:{port}" for h, port in p.engines],  # actors, sidecars
         rdzv=f"{lip}:{rdzv_port}",  # learner ranks -> torchrun's rendezvous on learner node 0 (any nnodes: its IP)
         judges=[],  # (judges are not placed on Ray: launcher.checks)
@@ -92,7 +101,10 @@ def resolved(cfg: Config, w: Wiring) -> Config:
     broker's Welcome) sees the addresses actually in use."""
     out = copy.deepcopy(cfg)
     out.broker.port, out.broker.dashboard_port, out.learner.weight_port = (
-        w.broker_port, w.dashboard_port, int(w.weights.rsplit(":", 1)[1]))
+        w.broker_port,
+        w.dashboard_port,
+        int(w.weights.rsplit(":", 1)[1]),
+    )
     if w.rdzv:
         out.learner.rdzv_port = int(w.rdzv.rsplit(":", 1)[1])
     if w.gateway_port:

@@ -104,14 +104,18 @@ def compute_advantages(name: str, inp: AdvantageInput, **options: float | bool) 
     if unknown:
         raise TypeError(f"unknown advantage option(s) {sorted(unknown)}; known: {sorted(known)}")
     if traits.needs_values and inp.values is None:
-        raise ValueError(f"advantage estimator {name!r} needs per-step values (a critic); "
-                         f"AdvantageInput.values is None")
+        raise ValueError(
+            f"advantage estimator {name!r} needs per-step values (a critic); AdvantageInput.values is None"
+        )
     if traits.needs_anchors and inp.anchors is None:
-        raise ValueError(f"advantage estimator {name!r} needs per-step anchor observations; "
-                         f"AdvantageInput.anchors is None")
+        raise ValueError(
+            f"advantage estimator {name!r} needs per-step anchor observations; AdvantageInput.anchors is None"
+        )
     if traits.needs_logprobs and (inp.logp is None or inp.ref_logp is None):
-        raise ValueError(f"advantage estimator {name!r} needs each step's log-probs under the policy and a reference; "
-                         f"AdvantageInput.logp or ref_logp is None")
+        raise ValueError(
+            f"advantage estimator {name!r} needs each step's log-probs under the policy and a reference; "
+            f"AdvantageInput.logp or ref_logp is None"
+        )
     mine = _options_of(fn)
     return fn(inp, **{k: v for k, v in options.items() if k in mine})
 
@@ -159,8 +163,9 @@ def whiten(adv: Tensor, n: float, total: float, total_sq: float, eps: float = 1e
 Sums = tuple[float, float, float]
 
 
-def whiten_batch(adv: Tensor, tokens: Tensor | None = None, total: Callable[[Sums], Sums] = lambda sums: sums
-                 ) -> Tensor:
+def whiten_batch(
+    adv: Tensor, tokens: Tensor | None = None, total: Callable[[Sums], Sums] = lambda sums: sums
+) -> Tensor:
     """`whiten` over the batch [N]: every step counts once per response token (`tokens` [N]; None = one each).
     Two passes: the mean, then the sums around it. `total`: each pass's `whitening_sums` over the whole batch
     (a learner spread over ranks sums them over every rank: `learner.step.whiten_global`); default: this input's."""
@@ -195,7 +200,7 @@ def check_group_of_one(value: str) -> None:
 
 
 def normalise_in_groups(
-    x: Tensor, group: Tensor, n_groups: int, *, norm_by_std: bool, eps: float, group_of_one: str = "zero",
+    x: Tensor, group: Tensor, n_groups: int, *, norm_by_std: bool, eps: float, group_of_one: str = "zero"
 ) -> tuple[Tensor, Tensor]:
     """(x - mean_g(x)) [/ (std_g(x) + eps)] for x [M] float64 in dense groups [M] -> (normalised [M], std [K]).
 
@@ -256,7 +261,7 @@ def _stats(adv: Tensor, **extra: float) -> dict[str, float]:
 # --------------------------------------------------------------------------------------- GRPO
 @ADVANTAGES.register("grpo", AdvantageTraits())
 def grpo(
-    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero",
+    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero"
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, eq. 3), multi-turn as in verl-agent.
 
@@ -268,8 +273,9 @@ def grpo(
     """
     traj, n_traj, group, n_groups = trajectory_groups(inp)
     returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
-    adv_traj, std = normalise_in_groups(returns, group, n_groups, norm_by_std=norm_by_std, eps=eps,
-                                        group_of_one=group_of_one)  # [J], [K]
+    adv_traj, std = normalise_in_groups(
+        returns, group, n_groups, norm_by_std=norm_by_std, eps=eps, group_of_one=group_of_one
+    )  # [J], [K]
     adv = adv_traj[traj].to(inp.rewards.dtype)  # [N]
     return adv, _stats(
         adv,
@@ -294,7 +300,12 @@ def _step_groups(inp: AdvantageInput, group_of_step: Tensor) -> tuple[Tensor, in
 
 @ADVANTAGES.register("gigpo", AdvantageTraits(needs_anchors=True))
 def gigpo(
-    inp: AdvantageInput, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6,
+    inp: AdvantageInput,
+    *,
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
     group_of_one: str = "zero",
 ) -> tuple[Tensor, dict[str, float]]:
     """GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
@@ -313,8 +324,9 @@ def gigpo(
     """
     traj, n_traj, group, n_groups = trajectory_groups(inp)
     returns = torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, inp.rewards.to(torch.float64))  # [J]
-    a_ep, ep_std = normalise_in_groups(returns, group, n_groups, norm_by_std=norm_by_std, eps=eps,
-                                       group_of_one=group_of_one)  # [J]
+    a_ep, ep_std = normalise_in_groups(
+        returns, group, n_groups, norm_by_std=norm_by_std, eps=eps, group_of_one=group_of_one
+    )  # [J]
     sgroup, n_sg = _step_groups(inp, group[traj])  # [N]
     g = discounted_returns(inp, gamma)  # [N]
     a_step, _ = normalise_in_groups(g, sgroup, n_sg, norm_by_std=norm_by_std, eps=eps)  # [N]
@@ -372,7 +384,7 @@ def reinforce_pp(inp: AdvantageInput, *, gamma: float = 1.0, whiten: bool = True
 
 @ADVANTAGES.register("reinforce_pp_baseline", AdvantageTraits(whitens=True))
 def reinforce_pp_baseline(
-    inp: AdvantageInput, *, gamma: float = 1.0, group_of_one: str = "zero", whiten: bool = True,
+    inp: AdvantageInput, *, gamma: float = 1.0, group_of_one: str = "zero", whiten: bool = True
 ) -> tuple[Tensor, dict[str, float]]:
     """REINFORCE++ with a group baseline (Hu et al. 2025, "REINFORCE++-baseline"; OpenRLHF; verl's
     `compute_reinforce_plus_plus_baseline_outcome_advantage`):
@@ -434,8 +446,15 @@ def online_dpo(inp: AdvantageInput, *, beta: float = 0.1, pair_count: float = 0.
     assert inp.logp is not None and inp.ref_logp is not None
     traj, n_traj, group, n_groups = trajectory_groups(inp)
     per_traj = lambda x: torch.zeros(n_traj, dtype=torch.float64).index_add_(0, traj, x.to(torch.float64))  # noqa: E731
-    adv_traj, stats = dpo_advantages(per_traj(inp.rewards), per_traj(inp.logp), per_traj(inp.ref_logp), group,
-                                     n_groups, beta=beta, pair_count=pair_count)  # [J]
+    adv_traj, stats = dpo_advantages(
+        per_traj(inp.rewards),
+        per_traj(inp.logp),
+        per_traj(inp.ref_logp),
+        group,
+        n_groups,
+        beta=beta,
+        pair_count=pair_count,
+    )  # [J]
     adv = adv_traj[traj].to(inp.rewards.dtype)  # [N]
     return adv, _stats(adv, **stats)
 

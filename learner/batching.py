@@ -48,8 +48,9 @@ class Sequences:
     model generated, in a response or quoted in a later prompt) stays a token, as in the engine."""
 
     @classmethod
-    def from_batch(cls, batch: Batch, expand: "Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]] | None"
-                   = None) -> "Sequences":
+    def from_batch(
+        cls, batch: Batch, expand: "Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]] | None" = None
+    ) -> "Sequences":
         """Check that the columnar arrays agree with each other; raise ValueError saying what does not.
 
         A batch with images needs `expand` (a vision-language policy's `learner.vision.expand_images`): each such
@@ -80,12 +81,15 @@ class Sequences:
         if not batch.image_data.size:
             return seqs
         if expand is None:
-            raise ValueError(f"batch {batch.step} holds images but the policy is not a vision-language model "
-                             f"(model.path has no vision_config): train a VL model, or run with memory.images=none")
+            raise ValueError(
+                f"batch {batch.step} holds images but the policy is not a vision-language model "
+                f"(model.path has no vision_config): train a VL model, or run with memory.images=none"
+            )
         return seqs.with_images(batch, expand)
 
-    def with_images(self, batch: Batch, expand: Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]]
-                    ) -> "Sequences":
+    def with_images(
+        self, batch: Batch, expand: Callable[[np.ndarray, Sequence[np.ndarray]], dict[str, Tensor]]
+    ) -> "Sequences":
         """These sequences with each prompt's images expanded (`from_batch`)."""
         ends = torch.cumsum(self.prompt_lens, 0).tolist()
         prompts, slots, pixels = [], [], []
@@ -95,9 +99,15 @@ class Sequences:
             prompts.append(inputs.pop("input_ids")[0])
             slots.append(inputs.pop("image_slots", torch.zeros_like(prompts[-1], dtype=torch.bool)[None])[0])
             pixels.append(inputs)  # this prompt's images, in the model's layout
-        return Sequences(torch.cat(prompts), self.response_ids, self.behav_logp,
-                         torch.tensor([len(p) for p in prompts], dtype=torch.long), self.response_lens, tuple(pixels),
-                         torch.cat(slots))
+        return Sequences(
+            torch.cat(prompts),
+            self.response_ids,
+            self.behav_logp,
+            torch.tensor([len(p) for p in prompts], dtype=torch.long),
+            self.response_lens,
+            tuple(pixels),
+            torch.cat(slots),
+        )
 
     @property
     def num_transitions(self) -> int:
@@ -163,8 +173,13 @@ def plan_packed_rows(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 
 def make_micro_batches(
-    seqs: Sequences, advantages: Tensor, token_budget: int, packing: bool = False, per_token: bool = False,
-    share_prompts: bool = False, trained: Tensor | None = None,
+    seqs: Sequences,
+    advantages: Tensor,
+    token_budget: int,
+    packing: bool = False,
+    per_token: bool = False,
+    share_prompts: bool = False,
+    trained: Tensor | None = None,
 ) -> list[MicroBatch]:
     """Pad (or, with `packing`, pack) every transition with a non-empty response into micro-batches (of those that
     `trained` [N] bool marks, when given: the others' tokens are in none);
@@ -173,18 +188,24 @@ def make_micro_batches(
     `share_prompts`: the transitions of one prompt share one copy of it (`_share`; not with images)."""
     want = seqs.num_response_tokens if per_token else seqs.num_transitions
     if advantages.shape != (want,):
-        raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected [{want}]"
-                         f"{' (one per response token)' if per_token else ' (one per transition)'}")
+        raise ValueError(
+            f"advantages have shape {tuple(advantages.shape)}, expected [{want}]"
+            f"{' (one per response token)' if per_token else ' (one per transition)'}"
+        )
     if not per_token:
         advantages = advantages.repeat_interleave(seqs.response_lens)  # [R]
     p_off = torch.cumsum(seqs.prompt_lens, 0) - seqs.prompt_lens  # [N]
     r_off = torch.cumsum(seqs.response_lens, 0) - seqs.response_lens  # [N]
-    keep = [i for i in range(seqs.num_transitions)
-            if int(seqs.response_lens[i]) > 0 and (trained is None or bool(trained[i]))]
+    keep = [
+        i
+        for i in range(seqs.num_transitions)
+        if int(seqs.response_lens[i]) > 0 and (trained is None or bool(trained[i]))
+    ]
     plan = plan_packed_rows if packing else plan_micro_batches
     if share_prompts and seqs.image_slots is None:
         units = prompt_units(seqs, keep, p_off, token_budget)
         lengths = [int(seqs.prompt_lens[u[0]] + sum(int(seqs.response_lens[i]) for i in u)) for u in units]
+
         def rows_of(m: list[int]) -> list[list[list[int]]]:  # packed: a bin's units in one row; padded: a row each
             return [[units[j] for j in m]] if packing else [[units[j]] for j in m]
 
@@ -201,7 +222,7 @@ def prompt_units(seqs: Sequences, keep: list[int], p_off: Tensor, token_budget: 
     by_prompt: dict[bytes, list[int]] = {}
     for i in keep:
         po, p = int(p_off[i]), int(seqs.prompt_lens[i])
-        by_prompt.setdefault(seqs.prompt_ids[po:po + p].numpy().tobytes(), []).append(i)
+        by_prompt.setdefault(seqs.prompt_ids[po : po + p].numpy().tobytes(), []).append(i)
     units: list[list[int]] = []
     for members in by_prompt.values():
         prompt = int(seqs.prompt_lens[members[0]])
@@ -217,15 +238,17 @@ def prompt_units(seqs: Sequences, keep: list[int], p_off: Tensor, token_budget: 
     return units
 
 
-def _share(rows: list[list[list[int]]], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor
-           ) -> MicroBatch:
+def _share(
+    rows: list[list[list[int]]], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor
+) -> MicroBatch:
     """Rows [B, L] of units (transitions with one prompt, `prompt_units`): each unit is its prompt once, then each
     member's response, with a [B, 1, L, L] attention mask (a prompt token sees the prompt up to itself, a response
     token the prompt and its own response up to itself, nothing of another unit) and position ids that go on from
     the prompt's end in every response, so each response's log-probs are the ones it has alone after its prompt.
     The first token of every response is predicted by the prompt's last position; padding sees only itself."""
-    width = max(sum(int(seqs.prompt_lens[u[0]]) + sum(int(seqs.response_lens[i]) for i in u) for u in row)
-                for row in rows)
+    width = max(
+        sum(int(seqs.prompt_lens[u[0]]) + sum(int(seqs.response_lens[i]) for i in u) for u in row) for row in rows
+    )
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
     positions = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
     unit = torch.full((len(rows), width), -1, dtype=torch.long)  # [B, L] unit of each position (-1: padding)
@@ -235,26 +258,34 @@ def _share(rows: list[list[list[int]]], seqs: Sequences, advantages: Tensor, p_o
         start = 0
         for k, members in enumerate(row):
             p, po = int(seqs.prompt_lens[members[0]]), int(p_off[members[0]])
-            input_ids[b, start:start + p] = seqs.prompt_ids[po:po + p]
-            positions[b, start:start + p] = torch.arange(p)
-            unit[b, start:start + p] = k
+            input_ids[b, start : start + p] = seqs.prompt_ids[po : po + p]
+            positions[b, start : start + p] = torch.arange(p)
+            unit[b, start : start + p] = k
             last_prompt, start = start + p - 1, start + p
             for i in members:
                 r, ro = int(seqs.response_lens[i]), int(r_off[i])
-                input_ids[b, start:start + r] = seqs.response_ids[ro:ro + r]
-                positions[b, start:start + r] = torch.arange(p, p + r)
-                unit[b, start:start + r], span[b, start:start + r] = k, i
+                input_ids[b, start : start + r] = seqs.response_ids[ro : ro + r]
+                positions[b, start : start + r] = torch.arange(p, p + r)
+                unit[b, start : start + r], span[b, start : start + r] = k, i
                 logit_rows.append(torch.full((r,), b, dtype=torch.long))
                 logit_pos.append(torch.cat([torch.tensor([last_prompt]), torch.arange(start, start + r - 1)]))
                 tok_index.append(torch.arange(ro, ro + r))
-                adv.append(advantages[ro:ro + r])
+                adv.append(advantages[ro : ro + r])
                 start += r
     q, k = unit[:, :, None], unit[:, None, :]  # [B, L, 1], [B, 1, L]
     causal = torch.ones(width, width, dtype=torch.bool).tril()  # [L, L]
     sees = (q == k) & (q >= 0) & causal & ((span[:, None, :] == -1) | (span[:, :, None] == span[:, None, :]))
     sees |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: a row of no keys would give NaN
-    return _micro_batch(seqs, input_ids, sees[:, None], logit_rows, logit_pos, tok_index, adv,  # mask [B, 1, L, L]
-                        position_ids=positions)
+    return _micro_batch(
+        seqs,
+        input_ids,
+        sees[:, None],
+        logit_rows,
+        logit_pos,
+        tok_index,
+        adv,  # mask [B, 1, L, L]
+        position_ids=positions,
+    )
 
 
 def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_off: Tensor) -> MicroBatch:
@@ -272,12 +303,28 @@ def _pack(seq_ids: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor
         adv.append(advantages[ro : ro + r])
         start += p + r
     return _micro_batch(
-        seqs, torch.cat(ids)[None], None, logit_rows, logit_pos, tok_index, adv,  # one row [1, L], no mask
+        seqs,
+        torch.cat(ids)[None],
+        None,
+        logit_rows,
+        logit_pos,
+        tok_index,
+        adv,  # one row [1, L], no mask
         position_ids=torch.cat(pos)[None],  # [1, L]
         pixels=_pixels(seqs, seq_ids),
-        image_slots=None if seqs.image_slots is None else torch.cat(
-            [torch.cat([seqs.image_slots[int(p_off[i]):int(p_off[i] + seqs.prompt_lens[i])],
-                        torch.zeros(int(seqs.response_lens[i]), dtype=torch.bool)]) for i in seq_ids])[None],
+        image_slots=None
+        if seqs.image_slots is None
+        else torch.cat(
+            [
+                torch.cat(
+                    [
+                        seqs.image_slots[int(p_off[i]) : int(p_off[i] + seqs.prompt_lens[i])],
+                        torch.zeros(int(seqs.response_lens[i]), dtype=torch.bool),
+                    ]
+                )
+                for i in seq_ids
+            ]
+        )[None],
     )
 
 
@@ -299,12 +346,29 @@ def _pad(rows: list[int], seqs: Sequences, advantages: Tensor, p_off: Tensor, r_
         logit_pos.append(torch.arange(p - 1, p + r - 1))
         tok_index.append(torch.arange(ro, ro + r))
         adv.append(advantages[ro : ro + r])
-    return _micro_batch(seqs, input_ids, attention_mask, logit_rows, logit_pos, tok_index, adv,
-                        pixels=_pixels(seqs, rows), image_slots=slots)
+    return _micro_batch(
+        seqs,
+        input_ids,
+        attention_mask,
+        logit_rows,
+        logit_pos,
+        tok_index,
+        adv,
+        pixels=_pixels(seqs, rows),
+        image_slots=slots,
+    )
 
 
-def _micro_batch(seqs: Sequences, input_ids: Tensor, attention_mask: Tensor | None, logit_rows: list[Tensor],
-                 logit_pos: list[Tensor], tok_index: list[Tensor], adv: list[Tensor], **layout: Any) -> MicroBatch:
+def _micro_batch(
+    seqs: Sequences,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    logit_rows: list[Tensor],
+    logit_pos: list[Tensor],
+    tok_index: list[Tensor],
+    adv: list[Tensor],
+    **layout: Any,
+) -> MicroBatch:
     """A MicroBatch of rows `input_ids` from the per-sequence pieces every layout collects (each response's rows,
     logit positions, token indices and advantages, in the same order); `layout`: its position ids and images."""
     token_index = torch.cat(tok_index)  # [Q]

@@ -54,7 +54,8 @@ def rng_state() -> dict[str, Any]:
     """This process's RNG states, as tensors and plain values (loadable with weights_only=True)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
-        "torch": torch.get_rng_state(), "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
         "numpy": (name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, cached),
     }
     if torch.cuda.is_available():
@@ -80,8 +81,9 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, extras: Extras) -
     return state
 
 
-def save_checkpoint(root: Path, model: nn.Module, optimizer: torch.optim.Optimizer, version: int,
-                    extras: Extras | None = None) -> Path:
+def save_checkpoint(
+    root: Path, model: nn.Module, optimizer: torch.optim.Optimizer, version: int, extras: Extras | None = None
+) -> Path:
     """Write ROOT/step_{version}. A collective; returns the folder."""
     folder = Path(root) / f"{STEP_PREFIX}{version:08d}"
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -113,26 +115,33 @@ def resolve_resume(resume_from: str, root: Path) -> Path | None:
     if resume_from == "latest":
         found = complete_checkpoints(root)
         if not found:
-            raise FileNotFoundError(f"checkpoint.resume_from=latest, but {root} holds no complete checkpoint "
-                                    f"(a {STEP_PREFIX}* folder with {META}); set checkpoint.dir, or leave "
-                                    f"resume_from empty")
+            raise FileNotFoundError(
+                f"checkpoint.resume_from=latest, but {root} holds no complete checkpoint "
+                f"(a {STEP_PREFIX}* folder with {META}); set checkpoint.dir, or leave "
+                f"resume_from empty"
+            )
         return found[-1]
     folder = Path(resume_from)
     if not (folder / META).is_file():
-        raise FileNotFoundError(f"checkpoint.resume_from={resume_from!r} is not a complete checkpoint (no {META}); "
-                                f"give a {STEP_PREFIX}XXXXXXXX folder written by the learner, or `latest`")
+        raise FileNotFoundError(
+            f"checkpoint.resume_from={resume_from!r} is not a complete checkpoint (no {META}); "
+            f"give a {STEP_PREFIX}XXXXXXXX folder written by the learner, or `latest`"
+        )
     return folder
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    extras: Extras | None = None) -> int:
+def load_checkpoint(
+    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extras: Extras | None = None
+) -> int:
     """Load model, optimizer, `extras` and this rank's RNG states from `folder`; returns its version.
     An extra the checkpoint lacks (e.g. a critic added on resume) keeps its fresh state, with a warning.
     A collective."""
     meta = json.loads((Path(folder) / META).read_text())
     if bool(meta["lora"]) != is_lora(model):
-        raise ValueError(f"checkpoint {folder} was saved {'with' if meta['lora'] else 'without'} LoRA, but "
-                         f"model.lora_rank says otherwise; resume with the model config it was saved with")
+        raise ValueError(
+            f"checkpoint {folder} was saved {'with' if meta['lora'] else 'without'} LoRA, but "
+            f"model.lora_rank says otherwise; resume with the model config it was saved with"
+        )
     saved = set(meta.get("extras", []))
     extras = extras or {}
     for name in sorted(set(extras) - saved):
@@ -140,16 +149,26 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: torch.optim.Optim
     extras = {k: v for k, v in extras.items() if k in saved}
     state = _state(model, optimizer, extras)
     dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_options(model))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_options(model)
+    )
     for name, (m, opt) in extras.items():
-        set_state_dict(m, opt, model_state_dict=state[f"{name}.model"], optim_state_dict=state[f"{name}.optim"],
-                       options=_options(m))
+        set_state_dict(
+            m,
+            opt,
+            model_state_dict=state[f"{name}.model"],
+            optim_state_dict=state[f"{name}.optim"],
+            options=_options(m),
+        )
     rng_file = Path(folder) / f"rng-rank{dist.get_rank()}.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=True))
     else:  # saved with fewer ranks: the weights reshard, RNG streams cannot
-        log.warning("%s has no RNG state for rank %d (saved by %d ranks); this rank's RNG is not restored",
-                    folder, dist.get_rank(), meta["world_size"])
+        log.warning(
+            "%s has no RNG state for rank %d (saved by %d ranks); this rank's RNG is not restored",
+            folder,
+            dist.get_rank(),
+            meta["world_size"],
+        )
     log.info("resumed from %s at version %d", folder, meta["version"])
     return int(meta["version"])

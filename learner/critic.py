@@ -26,8 +26,15 @@ from learner.model import DTYPES, decoder_layers
 
 
 def clipped_value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, value_clip: float,
-    tokens: Tensor | None = None, agg: str = "token-mean", denom: Tensor | float | None = None,
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    value_clip: float,
+    tokens: Tensor | None = None,
+    agg: str = "token-mean",
+    denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO's clipped value loss (Schulman et al. 2017 / OpenAI baselines ppo2), as verl's `compute_value_loss`:
 
@@ -52,10 +59,13 @@ def clipped_value_loss(
     with torch.no_grad():
         w = torch.where(m, n_tok, 0.0)  # [B] tokens of the masked steps
         nf = w.sum().clamp(min=1)
-        stats = {"values": float(m.sum()), "value_tokens": float(w.sum()),
-                 "value_clip_frac": float((w * (clipped > unclipped).double()).sum() / nf),
-                 "value_mean": float((w * torch.where(m, values.detach(), 0.0).double()).sum() / nf),
-                 "return_mean": float((w * torch.where(m, returns, 0.0).double()).sum() / nf)}
+        stats = {
+            "values": float(m.sum()),
+            "value_tokens": float(w.sum()),
+            "value_clip_frac": float((w * (clipped > unclipped).double()).sum() / nf),
+            "value_mean": float((w * torch.where(m, values.detach(), 0.0).double()).sum() / nf),
+            "return_mean": float((w * torch.where(m, returns, 0.0).double()).sum() / nf),
+        }
     return loss, stats
 
 
@@ -131,9 +141,20 @@ class Critic:
     value_loss_agg: str = "token-mean"  # learner.losses.VALUE_LOSS_AGGREGATIONS
 
     @classmethod
-    def load(cls, path: str, dtype: str, device: torch.device, world_size: int, *, lr: float, weight_decay: float,
-             max_grad_norm: float, micro_batch_tokens: int, value_clip: float,
-             value_loss_agg: str = "token-mean") -> "Critic":
+    def load(
+        cls,
+        path: str,
+        dtype: str,
+        device: torch.device,
+        world_size: int,
+        *,
+        lr: float,
+        weight_decay: float,
+        max_grad_norm: float,
+        micro_batch_tokens: int,
+        value_clip: float,
+        value_loss_agg: str = "token-mean",
+    ) -> "Critic":
         """Backbone from `path` (fp32 master weights), each decoder layer then the root `fully_shard`-ed."""
         from transformers import AutoModel
         from transformers.utils import logging as hf_logging
@@ -163,8 +184,9 @@ class Critic:
                 out[pb.index[real]] = v[real]
         return out
 
-    def update(self, seqs: Sequences, returns: Tensor, old_values: Tensor, device: torch.device,
-               world_size: int) -> dict[str, float]:
+    def update(
+        self, seqs: Sequences, returns: Tensor, old_values: Tensor, device: torch.device, world_size: int
+    ) -> dict[str, float]:
         """One optimizer step of the clipped value loss, aggregated by `value_loss_agg` over all ranks'
         transitions (token-mean: each weighted by its response tokens). Returns this rank's stats (loss already
         divided by W, as the policy's)."""
@@ -180,9 +202,16 @@ class Critic:
             v = self._forward(pb, device)  # [B]
             real = pb.index >= 0
             idx = pb.index.clamp(min=0)
-            loss, stats = clipped_value_loss(v, old_values[idx].to(device), returns[idx].to(device).float(),
-                                             real.to(device), value_clip=self.value_clip, tokens=tokens[idx],
-                                             agg=self.value_loss_agg, denom=denom)
+            loss, stats = clipped_value_loss(
+                v,
+                old_values[idx].to(device),
+                returns[idx].to(device).float(),
+                real.to(device),
+                value_clip=self.value_clip,
+                tokens=tokens[idx],
+                agg=self.value_loss_agg,
+                denom=denom,
+            )
             loss.backward()
             total += float(loss.detach()) / world_size
             sums["value_tokens"] += stats["value_tokens"]
@@ -192,5 +221,9 @@ class Critic:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         n = max(sums["value_tokens"], 1.0)
-        return {"value_loss": total * world_size, "value_clip_frac": sums["value_clip_frac"] / n,
-                "grad_norm": float(norm), "value_mean": float(old_values.double().mean()) if old_values.numel() else 0.0}
+        return {
+            "value_loss": total * world_size,
+            "value_clip_frac": sums["value_clip_frac"] / n,
+            "grad_norm": float(norm),
+            "value_mean": float(old_values.double().mean()) if old_values.numel() else 0.0,
+        }

@@ -50,7 +50,7 @@ class PolicyLossFn(Protocol):
     """Every policy loss: per-token terms l_t [B, T] (to be minimised) and stats over masked tokens."""
 
     def __call__(
-        self, inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float,
+        self, inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float
     ) -> tuple[Tensor, dict[str, float]]: ...
 
 
@@ -60,7 +60,7 @@ name."""
 
 
 def _clipped_surrogate(
-    ratio: Tensor, adv: Tensor, m: Tensor, clip_low: float, clip_high: float, dual_clip: float,
+    ratio: Tensor, adv: Tensor, m: Tensor, clip_low: float, clip_high: float, dual_clip: float
 ) -> tuple[Tensor, dict[str, float]]:
     """max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), and for A < 0 with dual_clip = c > 1:
     min(that, -c A) (Ye et al. 2020, "Mastering Complex Control in MOBA Games", dual-clip PPO)."""
@@ -83,7 +83,9 @@ def _clipped_surrogate(
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float) -> tuple[Tensor, dict[str, float]]:
+def ppo_clip(
+    inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float
+) -> tuple[Tensor, dict[str, float]]:
     """PPO-clip (Schulman et al. 2017, eq. 7) with separate bounds (DAPO clip-higher, Yu et al. 2025,
     eq. 10) and optional dual-clip c (0 = off):
 
@@ -99,7 +101,9 @@ def ppo_clip(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_cl
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo(inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float) -> tuple[Tensor, dict[str, float]]:
+def gspo(
+    inp: PolicyLossInput, *, clip_low: float, clip_high: float, dual_clip: float
+) -> tuple[Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071, eqs. 5-7 and
     GSPO-token eq. 13): the ratio is the geometric mean of the sequence's token ratios,
 
@@ -134,9 +138,11 @@ def _k2(logp: Tensor, ref: Tensor) -> Tensor:
 def _straight_through(forward: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
     """`forward`'s value with k2's gradient (verl's `k1+`, `k3+`): k1's and k3's expected values are the KL,
     but their expected gradients are not its gradient, while k2's is."""
+
     def estimate(logp: Tensor, ref: Tensor) -> Tensor:
         backward = _k2(logp, ref)  # [B, T]
         return backward - backward.detach() + forward(logp, ref).detach()
+
     return estimate
 
 
@@ -149,8 +155,9 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "k3": _k3,
 }
 KL_ESTIMATORS.update(kl=KL_ESTIMATORS["k1"], mse=_k2, low_var_kl=_k3)
-KL_ESTIMATORS.update({f"{name}+": _straight_through(fn) for name, fn in list(KL_ESTIMATORS.items())
-                      if fn is not _k2})  # k2+ would be k2 itself: verl has none
+KL_ESTIMATORS.update(
+    {f"{name}+": _straight_through(fn) for name, fn in list(KL_ESTIMATORS.items()) if fn is not _k2}
+)  # k2+ would be k2 itself: verl has none
 
 
 def kl_estimate(name: str, logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -179,8 +186,13 @@ def _aggregation(mode: str) -> Callable[[Tensor, Tensor, int], Tensor] | None:
 
 
 def aggregate(
-    terms: Tensor, mask: Tensor, mode: str, *, norm_length: int = 1,
-    token_denom: Tensor | float | None = None, seq_denom: Tensor | float | None = None,
+    terms: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    norm_length: int = 1,
+    token_denom: Tensor | float | None = None,
+    seq_denom: Tensor | float | None = None,
 ) -> Tensor:
     """One scalar from per-token terms [B, T] (masked tokens only), as verl's `agg_loss`:
 
@@ -238,10 +250,22 @@ def value_loss_weights(mode: str, tokens: Tensor) -> tuple[Tensor, Tensor]:
 
 # --------------------------------------------------------------------------------------- the objective
 def policy_objective(
-    inp: PolicyLossInput, *, loss: str = "ppo_clip", clip_low: float = 0.2, clip_high: float = 0.28,
-    dual_clip: float = 0.0, off_policy: str = "tis", is_level: str = "token", is_cap: float = 2.0,
-    agg: str = "token-mean", norm_length: int = 1, entropy_coef: float = 0.0, kl_coef: float = 0.0,
-    kl_estimator: str = "k3", token_denom: Tensor | float | None = None, seq_denom: Tensor | float | None = None,
+    inp: PolicyLossInput,
+    *,
+    loss: str = "ppo_clip",
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float = 0.0,
+    off_policy: str = "tis",
+    is_level: str = "token",
+    is_cap: float = 2.0,
+    agg: str = "token-mean",
+    norm_length: int = 1,
+    entropy_coef: float = 0.0,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    token_denom: Tensor | float | None = None,
+    seq_denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The learner's loss on one micro-batch:
 
@@ -254,8 +278,15 @@ def policy_objective(
     """
     m = inp.mask.bool()
     clean = lambda t: None if t is None else torch.where(m, t, 0.0)  # noqa: E731  garbage -> 0 before any op
-    inp = replace(inp, logp=clean(inp.logp), prox_logp=clean(inp.prox_logp), behav_logp=clean(inp.behav_logp),
-                  ref_logp=clean(inp.ref_logp), entropy=clean(inp.entropy), mask=m)
+    inp = replace(
+        inp,
+        logp=clean(inp.logp),
+        prox_logp=clean(inp.prox_logp),
+        behav_logp=clean(inp.behav_logp),
+        ref_logp=clean(inp.ref_logp),
+        entropy=clean(inp.entropy),
+        mask=m,
+    )
     (weight, keep), stats = OFF_POLICY.get(off_policy)(inp.prox_logp, inp.behav_logp, m, level=is_level, cap=is_cap)
     pg, pg_stats = POLICY_LOSSES.get(loss)(inp, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
     terms = weight * pg  # [B, T]
@@ -273,7 +304,7 @@ def policy_objective(
         kl = kl_estimate(kl_estimator, inp.logp, inp.ref_logp)  # [B, T]
         terms = terms + kl_coef * kl
         stats["kl_mean"] = float(kl.detach()[m].double().sum() / nf)
-    out = aggregate(torch.where(keep, terms, 0.0), m, agg, norm_length=norm_length, token_denom=token_denom,
-                    seq_denom=seq_denom)
+    out = aggregate(
+        torch.where(keep, terms, 0.0), m, agg, norm_length=norm_length, token_denom=token_denom, seq_denom=seq_denom
+    )
     return out, stats
-

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from agentstream.models import is_vision_language
 from learner.batching import MicroBatch
@@ -80,10 +80,19 @@ class LoraSpec:
         them (a vision-language model's language model: its vision tower has layers of the same names)."""
         from peft import LoraConfig, TaskType
 
-        targets = list(self.target_modules) if within is None else [
-            name for name in within if name.rsplit(".", 1)[-1] in self.target_modules]
-        return LoraConfig(task_type=TaskType.CAUSAL_LM, r=self.rank, lora_alpha=self.alpha,
-                          target_modules=targets, lora_dropout=self.dropout, bias="none")
+        targets = (
+            list(self.target_modules)
+            if within is None
+            else [name for name in within if name.rsplit(".", 1)[-1] in self.target_modules]
+        )
+        return LoraConfig(
+            task_type=TaskType.CAUSAL_LM,
+            r=self.rank,
+            lora_alpha=self.alpha,
+            target_modules=targets,
+            lora_dropout=self.dropout,
+            bias="none",
+        )
 
 
 def lora_spec(
@@ -114,8 +123,13 @@ def freeze_vision(model: nn.Module) -> None:
 
 
 def load_policy(
-    path: str, dtype: str, device: torch.device, world_size: int, lora: LoraSpec | None = None,
-    train_vision: bool = False, activation_checkpointing: bool = False,
+    path: str,
+    dtype: str,
+    device: torch.device,
+    world_size: int,
+    lora: LoraSpec | None = None,
+    train_vision: bool = False,
+    activation_checkpointing: bool = False,
 ) -> nn.Module:
     """Load `path` with fp32 master weights, `fully_shard` each decoder layer, then the root.
     dtype=bfloat16 computes in bf16 (MixedPrecisionPolicy) and reduces gradients in fp32. A vision-language
@@ -233,8 +247,9 @@ def token_logprobs(
     if mb.position_ids is not None:
         inputs["position_ids"] = mb.position_ids.to(device)
     inputs.update({k: v.to(device) for k, v in (mb.pixels or {}).items()})
-    positions = mrope_position_ids(model, mb.input_ids, mb.image_slots, (mb.pixels or {}).get("image_grid_thw"),
-                                   mb.attention_mask, mb.position_ids)  # Qwen-VL's [4, B, L]; None: the model's own
+    positions = mrope_position_ids(
+        model, mb.input_ids, mb.image_slots, (mb.pixels or {}).get("image_grid_thw"), mb.attention_mask, mb.position_ids
+    )  # Qwen-VL's [4, B, L]; None: the model's own
     if positions is not None:
         inputs["position_ids"] = positions.to(device)
     targets = mb.targets.to(device)  # [Q]
@@ -257,7 +272,7 @@ def token_logprobs(
         run = lambda h_c, t_c: checkpoint(piece, h_c, t_c, use_reentrant=False)
     else:  # nothing is kept for a backward
         run = piece
-    parts = [run(h[i:i + chunk_tokens], targets[i:i + chunk_tokens]) for i in range(0, h.shape[0], chunk_tokens)]
+    parts = [run(h[i : i + chunk_tokens], targets[i : i + chunk_tokens]) for i in range(0, h.shape[0], chunk_tokens)]
     if not parts:  # no response token in this micro-batch
         empty = h.new_zeros(0, dtype=torch.float32)
         return empty, empty if entropy else None
@@ -300,9 +315,11 @@ def _output_layer(model: nn.Module) -> nn.Module:
     cfg = model.config
     for name in ("final_logit_softcapping", "logit_scale"):
         if getattr(cfg, name, None) not in (None, 1.0):
-            raise ValueError(f"learner.logprob_chunk_tokens: {type(model).__name__} transforms its logits "
-                             f"({name}={getattr(cfg, name)}) after the output layer, which the chunked path does "
-                             f"not repeat; set learner.logprob_chunk_tokens=0 for this model")
+            raise ValueError(
+                f"learner.logprob_chunk_tokens: {type(model).__name__} transforms its logits "
+                f"({name}={getattr(cfg, name)}) after the output layer, which the chunked path does "
+                f"not repeat; set learner.logprob_chunk_tokens=0 for this model"
+            )
     if isinstance(model, FSDPModule):
         model.unshard()
     return model.get_output_embeddings()

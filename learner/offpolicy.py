@@ -29,7 +29,7 @@ class OffPolicyFn(Protocol):
     """Every correction: `(prox_logp, behav_logp, mask, *, level, cap) -> (weight, keep, stats)`."""
 
     def __call__(
-        self, prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
+        self, prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float
     ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]: ...
 
 
@@ -67,7 +67,7 @@ def _ratio_stats(log_r: Tensor, m: Tensor, clipped: Tensor, masked: Tensor) -> d
 
 @OFF_POLICY.register("tis")
 def truncated_is(
-    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
+    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
     """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
     off-policy RL training"; Espeholt et al. 2018, IMPALA's truncated rho):
@@ -83,7 +83,7 @@ def truncated_is(
 
 @OFF_POLICY.register("mis")
 def masked_is(
-    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
+    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
     """Masked importance sampling (Yao et al. 2025, MIS; verl `rollout_is` mask mode): a token (or a
     whole sequence) whose ratio leaves [1/C, C] is dropped from the loss; the others are weighted by it:
@@ -100,7 +100,7 @@ def masked_is(
 
 @OFF_POLICY.register("decoupled")
 def decoupled(
-    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
+    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
     """Decoupled PPO (Fu et al. 2025, AReaL, arXiv 2505.24298, eq. 5): clip against the proximal policy
     (the PPO ratio pi / pi_prox of the policy loss) and weight by the untruncated behaviour ratio:
@@ -116,7 +116,7 @@ def decoupled(
 
 @OFF_POLICY.register("none")
 def no_correction(
-    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
+    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float
 ) -> tuple[tuple[Tensor, Tensor], dict[str, float]]:
     """No correction: w = 1 (the ratio pi_prox / pi_behav is still reported)."""
     m = mask.bool()
@@ -140,6 +140,9 @@ def logprob_mismatch(learner_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> 
     m = mask.bool()
     log_r = (learner_logp.detach().double() - behav_logp.double())[m]  # [n]
     log_r = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return {"mismatch_tokens": float(log_r.numel()), "mismatch_abs_sum": float(log_r.abs().sum()),
-            "mismatch_kl_sum": float((log_r.exp() - 1 - log_r).sum()),
-            "max:mismatch_abs_max": float(log_r.abs().max()) if log_r.numel() else 0.0}
+    return {
+        "mismatch_tokens": float(log_r.numel()),
+        "mismatch_abs_sum": float(log_r.abs().sum()),
+        "mismatch_kl_sum": float((log_r.exp() - 1 - log_r).sum()),
+        "max:mismatch_abs_max": float(log_r.abs().max()) if log_r.numel() else 0.0,
+    }

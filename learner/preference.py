@@ -57,29 +57,41 @@ def preference_pairs(returns: Tensor, group: Tensor, n_groups: int) -> Pairs:
     return Pairs(best[paired], worst[paired], ties=int(((size > 1) & (hi == lo)).sum()), lone=int((size == 1).sum()))
 
 
-def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor,
-             beta: float) -> tuple[Tensor, Tensor]:
+def dpo_loss(
+    policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float
+) -> tuple[Tensor, Tensor]:
     """DPO's loss per pair [P] and its logit z [P] from sequence log-probs [P] of the policy and the reference."""
     z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # [P]
     return -F.logsigmoid(z), z
 
 
-def dpo_advantages(returns: Tensor, logp: Tensor, ref_logp: Tensor, group: Tensor, n_groups: int, *, beta: float,
-                   pair_count: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+def dpo_advantages(
+    returns: Tensor,
+    logp: Tensor,
+    ref_logp: Tensor,
+    group: Tensor,
+    n_groups: int,
+    *,
+    beta: float,
+    pair_count: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
     """Online DPO's advantage of each trajectory [J] (see the module docstring): +-beta sigmoid(-z_p) / P on pair
     p's chosen and rejected trajectories, 0 elsewhere. returns, logp, ref_logp: per trajectory [J] (sums over its
     steps); group: dense group ids [J]. `pair_count`: P, the global batch's pairs (a learner spread over ranks sums
     them first); 0 = these trajectories' pairs."""
     pairs = preference_pairs(returns, group, n_groups)
-    losses, z = dpo_loss(logp[pairs.chosen], logp[pairs.rejected], ref_logp[pairs.chosen], ref_logp[pairs.rejected],
-                         beta)  # [P] each
+    losses, z = dpo_loss(
+        logp[pairs.chosen], logp[pairs.rejected], ref_logp[pairs.chosen], ref_logp[pairs.rejected], beta
+    )  # [P] each
     n = pairs.chosen.numel()
     per = pair_count or max(n, 1)  # P
     scale = beta * torch.sigmoid(-z) / per  # [P]
     adv = torch.zeros(returns.numel(), dtype=torch.float64).index_add_(0, pairs.chosen, scale)  # [J]
     adv.index_add_(0, pairs.rejected, -scale)
     return adv, {  # the means are over the P pairs: these pairs' share of them (GLOBAL_SHARES)
-        "dpo_pair_count": float(n), "dpo_tie_count": float(pairs.ties), "dpo_lone_count": float(pairs.lone),
+        "dpo_pair_count": float(n),
+        "dpo_tie_count": float(pairs.ties),
+        "dpo_lone_count": float(pairs.lone),
         "dpo_loss": float(losses.sum()) / per,
         "dpo_accuracy": float((z > 0).double().sum()) / per,  # the policy prefers chosen more than ref does
         "dpo_margin": float(z.sum() / beta) / per,

@@ -96,8 +96,14 @@ def serialize_adapter(
 class WeightPublisher:
     """Rank 0's end of the weight channel. Not thread-safe: call it from one thread."""
 
-    def __init__(self, bind_address: str, dtype: torch.dtype | None = None, linger_ms: int = 1000,
-                 curve_keys_dir: str = "", epoch: int = 0):
+    def __init__(
+        self,
+        bind_address: str,
+        dtype: torch.dtype | None = None,
+        linger_ms: int = 1000,
+        curve_keys_dir: str = "",
+        epoch: int = 0,
+    ):
         """Bind a ROUTER at `bind_address` (e.g. tcp://127.0.0.1:5600, or tcp://127.0.0.1:* for any free
         port; `self.address` says which). `dtype` casts floating tensors
         before sending (e.g. bfloat16 halves the bytes for a bf16 engine); None sends them as given.
@@ -154,8 +160,13 @@ class WeightPublisher:
         self._latest = (version, payload, fmt)
         for engine in list(self._acked):
             self._send_latest(engine)
-        log.info("published version %d (%.1f MB, %.2f s) to %s", version, len(payload) / 1e6,
-                 time.perf_counter() - t0, sorted(self._sent))
+        log.info(
+            "published version %d (%.1f MB, %.2f s) to %s",
+            version,
+            len(payload) / 1e6,
+            time.perf_counter() - t0,
+            sorted(self._sent),
+        )
 
     def publish_stream(self, version: int, source: StreamSource) -> None:
         """Stream `version` to every engine that takes streamed weights and does not run it; returns when the
@@ -168,8 +179,11 @@ class WeightPublisher:
         self._latest, self._source = (version, b"", "stream"), source
         files_only = sorted(e for e in self._acked if self._workers.get(e, 0) == 0)
         if files_only:
-            log.warning("engines %s take weights as files only (their sidecars run without --stream-workers): they get "
-                        "no streamed version; start them with the run's engines.weight_sync", files_only)
+            log.warning(
+                "engines %s take weights as files only (their sidecars run without --stream-workers): they get "
+                "no streamed version; start them with the run's engines.weight_sync",
+                files_only,
+            )
         self._stream(version, source)
 
     def stream_pending(self) -> bool:
@@ -188,8 +202,9 @@ class WeightPublisher:
     def stream_again(self, version: int, source: StreamSource) -> None:
         """Stream the newest version (`version`, the same weights) to the engines that need it."""
         if self._latest is None or version != self._latest[0]:
-            raise ValueError(f"stream_again({version}): the newest version published is "
-                             f"{self._latest[0] if self._latest else None}")
+            raise ValueError(
+                f"stream_again({version}): the newest version published is {self._latest[0] if self._latest else None}"
+            )
         self._stream(version, source)
 
     def service(self) -> None:
@@ -297,8 +312,9 @@ class WeightPublisher:
         try:
             self._sock.send_multipart([engine.encode(), *encode(msg)], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            log.warning("engine %r is still taking earlier weights; it gets version %d when it reports", engine,
-                        msg.version)
+            log.warning(
+                "engine %r is still taking earlier weights; it gets version %d when it reports", engine, msg.version
+            )
             return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
@@ -319,9 +335,14 @@ class WeightPublisher:
         """The engines that take streamed weights and neither run `version` nor were sent it -> their workers."""
         # An engine silent for a few heartbeats (its node died) is left out: a group waits for every member.
         now = time.monotonic()
-        return {e: self._workers[e] for e, v in sorted(self._acked.items())
-                if self._workers.get(e, 0) > 0 and v < version and self._sent.get(e, -1) < version
-                and now - self._seen.get(e, 0.0) < max(_SILENT_S, 3 * self._gap.get(e, 0.0))}
+        return {
+            e: self._workers[e]
+            for e, v in sorted(self._acked.items())
+            if self._workers.get(e, 0) > 0
+            and v < version
+            and self._sent.get(e, -1) < version
+            and now - self._seen.get(e, 0.0) < max(_SILENT_S, 3 * self._gap.get(e, 0.0))
+        }
 
     def _stream(self, version: int, source: StreamSource) -> None:
         targets = self._stream_targets(version)
@@ -333,17 +354,29 @@ class WeightPublisher:
             group = self._join(targets, version, source)
             layout = json.dumps({**source.layout.as_dict(), "group": group.number}).encode()
             for engine in targets:
-                if not self._send(engine, WeightUpdate(version=version, payload=layout, format="stream",
-                                                       epoch=self.epoch)):
+                if not self._send(
+                    engine, WeightUpdate(version=version, payload=layout, format="stream", epoch=self.epoch)
+                ):
                     raise RuntimeError(f"engine {engine!r} could not be told to take version {version}")
             sent = send_buckets(group.pg, source.layout, tensors, source.device)
             self._sent.update(dict.fromkeys(targets, version))
-            log.info("streamed version %d (%.1f MB, %.2f s) to group %d: %s", version, sent / 1e6,
-                     time.perf_counter() - t0, group.number, sorted(targets))
+            log.info(
+                "streamed version %d (%.1f MB, %.2f s) to group %d: %s",
+                version,
+                sent / 1e6,
+                time.perf_counter() - t0,
+                group.number,
+                sorted(targets),
+            )
         except (RuntimeError, ValueError, TimeoutError) as exc:  # torch's store and gloo errors are RuntimeErrors
             self._group, self._failed_at = None, time.monotonic()
-            log.error("streaming version %d to %s failed after %.1f s: %s; the next update forms a new weight group",
-                      version, sorted(targets), time.perf_counter() - t0, exc)
+            log.error(
+                "streaming version %d to %s failed after %.1f s: %s; the next update forms a new weight group",
+                version,
+                sorted(targets),
+                time.perf_counter() - t0,
+                exc,
+            )
         finally:
             if not source.solo:
                 for _ in tensors:  # the other ranks gather every parameter: keep in step with them
@@ -360,10 +393,21 @@ class WeightPublisher:
         self._stores = [*self._stores[-3:], store]
         offset = 1
         for engine, workers in members.items():
-            info = {"host": self.stream_host, "port": store.port, "rank_offset": offset, "world_size": world,
-                    "backend": source.backend, "timeout_s": source.timeout_s, "group": self._generation}
-            if not self._send(engine, WeightUpdate(version=version, payload=json.dumps(info).encode(),
-                                                   format="stream_join", epoch=self.epoch)):
+            info = {
+                "host": self.stream_host,
+                "port": store.port,
+                "rank_offset": offset,
+                "world_size": world,
+                "backend": source.backend,
+                "timeout_s": source.timeout_s,
+                "group": self._generation,
+            }
+            if not self._send(
+                engine,
+                WeightUpdate(
+                    version=version, payload=json.dumps(info).encode(), format="stream_join", epoch=self.epoch
+                ),
+            ):
                 raise RuntimeError(f"engine {engine!r} could not be asked to join weight group {self._generation}")
             offset += workers
         pg = open_group(self.stream_host, store.port, 0, world, source.backend, source.timeout_s, store=store)

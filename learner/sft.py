@@ -63,7 +63,7 @@ def collate(demos: Sequence[Demonstration], pad_id: int) -> tuple[Tensor, Tensor
     for row, d in enumerate(demos):
         seq = d.prompt_ids + d.response_ids
         ids[row, : len(seq)] = torch.tensor(seq)
-        labels[row, len(d.prompt_ids): len(seq)] = torch.tensor(d.response_ids)
+        labels[row, len(d.prompt_ids) : len(seq)] = torch.tensor(d.response_ids)
         mask[row, : len(seq)] = 1
     return ids, labels, mask
 
@@ -84,8 +84,9 @@ def answer_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, float
     return loss, {"loss": float(loss.detach()), "token_accuracy": float(acc), "tokens": float(n)}
 
 
-def train_sft(model: nn.Module, demos: Sequence[Demonstration], opts: SftOptions, pad_id: int,
-              log_every: int = 50) -> list[dict[str, float]]:
+def train_sft(
+    model: nn.Module, demos: Sequence[Demonstration], opts: SftOptions, pad_id: int, log_every: int = 50
+) -> list[dict[str, float]]:
     """Fit `demos` with `answer_loss` for `opts.steps` AdamW steps; returns each step's stats."""
     if not demos:
         raise ValueError("no demonstrations to train on")
@@ -105,8 +106,11 @@ def train_sft(model: nn.Module, demos: Sequence[Demonstration], opts: SftOptions
         sched.step()
         history.append(stats)
         if log_every and (step % log_every == 0 or step == opts.steps - 1):
-            print(f"[warm-start] step {step + 1}/{opts.steps} loss {stats['loss']:.4f} "
-                  f"answer-token accuracy {stats['token_accuracy']:.3f}", flush=True)
+            print(
+                f"[warm-start] step {step + 1}/{opts.steps} loss {stats['loss']:.4f} "
+                f"answer-token accuracy {stats['token_accuracy']:.3f}",
+                flush=True,
+            )
     model.eval()
     return history
 

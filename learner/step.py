@@ -41,11 +41,15 @@ from agentstream.config import AlgorithmConfig, LearnerConfig, ModelConfig
 from agentstream.models import is_vision_language
 from agentstream.wire.messages import Batch
 from learner.advantages import (
-    AdvantageInput, advantage_traits, compute_advantages, count_pairs, returns_of, whiten_batch,
+    AdvantageInput,
+    advantage_traits,
+    compute_advantages,
+    count_pairs,
+    returns_of,
+    whiten_batch,
 )
 from learner.batching import MicroBatch, Sequences, dummy_micro_batch, make_micro_batches
 from learner.losses import PolicyLossInput, kl_estimate, loss_denominators, policy_objective
-from learner.offpolicy import logprob_mismatch
 from learner.model import (
     disabled_adapter,
     is_lora,
@@ -56,6 +60,7 @@ from learner.model import (
     token_logprobs,
     vocab_size,
 )
+from learner.offpolicy import logprob_mismatch
 from learner.preference import GLOBAL_SHARES
 from learner.token_rewards import rewards_to_go
 from learner.vision import expand_images
@@ -63,8 +68,16 @@ from learner.vision import expand_images
 if TYPE_CHECKING:
     from learner.critic import Critic
 
-_MEAN_KEYS = ("is_ratio_mean", "ppo_ratio_mean", "ppo_clip_frac", "dual_clip_frac", "is_clip_frac", "is_mask_frac",
-              "entropy_mean", "kl_mean")
+_MEAN_KEYS = (
+    "is_ratio_mean",
+    "ppo_ratio_mean",
+    "ppo_clip_frac",
+    "dual_clip_frac",
+    "is_clip_frac",
+    "is_mask_frac",
+    "entropy_mean",
+    "kl_mean",
+)
 _SUM_KEYS = ("tokens", "sequences", "is_masked_tokens", "is_masked_seqs")
 _MAX_KEYS = ("is_ratio_max",)
 STALENESS_BUCKETS = 4  # staleness_frac_0 .. staleness_frac_3, then staleness_frac_4plus
@@ -86,11 +99,17 @@ class StepOptions:
 
     @classmethod
     def from_config(cls, learner: LearnerConfig, algorithm: AlgorithmConfig) -> "StepOptions":
-        return cls(algo=algorithm, max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
-                   packing=learner.packing, share_prompts=learner.share_prompts,
-                   logprob_chunk_tokens=learner.logprob_chunk_tokens,
-                   ppo_epochs=learner.ppo_epochs, mini_batches=learner.mini_batches,
-                   skip_zero_advantage=learner.skip_zero_advantage)
+        return cls(
+            algo=algorithm,
+            max_grad_norm=learner.max_grad_norm,
+            micro_batch_tokens=learner.micro_batch_tokens,
+            packing=learner.packing,
+            share_prompts=learner.share_prompts,
+            logprob_chunk_tokens=learner.logprob_chunk_tokens,
+            ppo_epochs=learner.ppo_epochs,
+            mini_batches=learner.mini_batches,
+            skip_zero_advantage=learner.skip_zero_advantage,
+        )
 
     @property
     def updates(self) -> int:
@@ -98,16 +117,32 @@ class StepOptions:
 
     def advantage_options(self) -> dict[str, float | bool]:
         a = self.algo
-        return {"norm_by_std": a.norm_by_std, "gamma": a.gamma, "lam": a.lam, "step_weight": a.step_weight,
-                "group_of_one": a.group_of_one, "whiten": False,
-                "beta": a.dpo_beta}
+        return {
+            "norm_by_std": a.norm_by_std,
+            "gamma": a.gamma,
+            "lam": a.lam,
+            "step_weight": a.step_weight,
+            "group_of_one": a.group_of_one,
+            "whiten": False,
+            "beta": a.dpo_beta,
+        }
 
     def objective_options(self) -> dict[str, float | str]:
         a = self.algo
-        return {"loss": a.policy_loss, "clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip,
-                "off_policy": a.off_policy, "is_level": a.is_level, "is_cap": a.is_cap, "agg": a.loss_agg,
-                "norm_length": a.norm_length, "entropy_coef": a.entropy_coef,
-                "kl_coef": 0.0 if a.kl_in_reward else a.kl_coef, "kl_estimator": a.kl_estimator}
+        return {
+            "loss": a.policy_loss,
+            "clip_low": a.clip_low,
+            "clip_high": a.clip_high,
+            "dual_clip": a.dual_clip,
+            "off_policy": a.off_policy,
+            "is_level": a.is_level,
+            "is_cap": a.is_cap,
+            "agg": a.loss_agg,
+            "norm_length": a.norm_length,
+            "entropy_coef": a.entropy_coef,
+            "kl_coef": 0.0 if a.kl_in_reward else a.kl_coef,
+            "kl_estimator": a.kl_estimator,
+        }
 
     @property
     def kl_in_loss(self) -> bool:
@@ -128,8 +163,9 @@ class StepModels:
     """A vision-language policy's HF processor: expands a batch's images into the policy's inputs."""
 
 
-def make_step_models(model_cfg: ModelConfig, algo: AlgorithmConfig, learner: LearnerConfig, device: torch.device,
-                     world_size: int) -> StepModels:
+def make_step_models(
+    model_cfg: ModelConfig, algo: AlgorithmConfig, learner: LearnerConfig, device: torch.device, world_size: int
+) -> StepModels:
     """Build what `algo` needs: the critic when its advantage estimator needs values, the frozen reference
     copy when KL is on or the estimator compares with a reference (online DPO), and algorithm.reference=frozen_copy.
     A collective (FSDP2 sharding)."""
@@ -138,10 +174,18 @@ def make_step_models(model_cfg: ModelConfig, algo: AlgorithmConfig, learner: Lea
     critic = reference = None
     traits = advantage_traits(algo.advantage)
     if traits.needs_values:
-        critic = Critic.load(model_cfg.path, model_cfg.dtype, device, world_size, lr=algo.critic_lr,
-                             weight_decay=learner.weight_decay, max_grad_norm=learner.max_grad_norm,
-                             micro_batch_tokens=learner.micro_batch_tokens, value_clip=algo.value_clip,
-                             value_loss_agg=algo.value_loss_agg)
+        critic = Critic.load(
+            model_cfg.path,
+            model_cfg.dtype,
+            device,
+            world_size,
+            lr=algo.critic_lr,
+            weight_decay=learner.weight_decay,
+            max_grad_norm=learner.max_grad_norm,
+            micro_batch_tokens=learner.micro_batch_tokens,
+            value_clip=algo.value_clip,
+            value_loss_agg=algo.value_loss_agg,
+        )
     if (algo.kl_coef > 0 or traits.needs_logprobs) and algo.reference == "frozen_copy":
         reference = load_frozen_reference(model_cfg.path, model_cfg.dtype, device, world_size)
     processor = None
@@ -164,15 +208,17 @@ def refresh_reference(model: nn.Module, reference: nn.Module) -> None:
     """Copy the policy's weights into the frozen reference (SPIN: the opponent becomes the current model). Both are
     sharded alike (`load_policy` on the same ranks), so each rank copies its own shards; nothing is gathered."""
     with torch.no_grad():
-        for (name, ref), (other, new) in zip(resharded(reference).named_parameters(), resharded(model).named_parameters(),
-                                             strict=True):
+        for (name, ref), (other, new) in zip(
+            resharded(reference).named_parameters(), resharded(model).named_parameters(), strict=True
+        ):
             if name != other:
                 raise RuntimeError(f"the reference's {name} faces the policy's {other}: not the same architecture")
             ref.copy_(new)
 
 
-def reference_logprobs(model: nn.Module, mb: MicroBatch, frozen: nn.Module | None = None,
-                       chunk_tokens: int = 0) -> Tensor:
+def reference_logprobs(
+    model: nn.Module, mb: MicroBatch, frozen: nn.Module | None = None, chunk_tokens: int = 0
+) -> Tensor:
     """log pi_ref of `mb`'s response tokens [Q], no gradient: the frozen copy when there is one, else the
     LoRA policy with its adapter disabled (its base model). A collective like any forward."""
     with torch.no_grad():
@@ -181,12 +227,19 @@ def reference_logprobs(model: nn.Module, mb: MicroBatch, frozen: nn.Module | Non
         if is_lora(model):
             with disabled_adapter(model):
                 return response_logprobs(model, mb, chunk_tokens)
-    raise RuntimeError("KL to a reference needs algorithm.reference=frozen_copy or LoRA (model.lora_rank > 0): "
-                       "without either there is no reference policy; or set algorithm.kl_coef=0")
+    raise RuntimeError(
+        "KL to a reference needs algorithm.reference=frozen_copy or LoRA (model.lora_rank > 0): "
+        "without either there is no reference policy; or set algorithm.kl_coef=0"
+    )
 
 
-def advantage_input(batch: Batch, rewards: Tensor | None = None, values: Tensor | None = None,
-                    logp: Tensor | None = None, ref_logp: Tensor | None = None) -> AdvantageInput:
+def advantage_input(
+    batch: Batch,
+    rewards: Tensor | None = None,
+    values: Tensor | None = None,
+    logp: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+) -> AdvantageInput:
     """The batch's per-transition columns as an estimator's input (`rewards` replaces the batch's)."""
     return AdvantageInput(
         rewards=torch.from_numpy(np.array(batch.rewards, dtype=np.float32)) if rewards is None else rewards,
@@ -196,7 +249,9 @@ def advantage_input(batch: Batch, rewards: Tensor | None = None, values: Tensor 
         dones=torch.from_numpy(np.array(batch.dones, dtype=np.bool_)),
         tokens=torch.from_numpy(np.array(batch.response_lens, dtype=np.int64)),
         anchors=[str(a) for a in batch.anchors] if len(batch.anchors) == len(batch.rewards) else None,
-        values=values, logp=logp, ref_logp=ref_logp,
+        values=values,
+        logp=logp,
+        ref_logp=ref_logp,
     )
 
 
@@ -212,6 +267,7 @@ def whiten_global(adv: Tensor, tokens: Tensor, device: torch.device) -> Tensor:
     """`learner.advantages.whiten_batch` of `adv` (each value weighted by `tokens`, the response tokens it stands
     for: [N] steps, or [R] tokens of weight 1) over the global batch's response tokens (verl's masked_whiten): each
     pass's sums over every rank (exact with a large mean). Two collectives."""
+
     def total(sums: tuple[float, float, float]) -> tuple[float, float, float]:
         out = all_reduce_dict(dict(zip(("n", "s", "ss"), sums)), dist.ReduceOp.SUM, device)
         return out["n"], out["s"], out["ss"]
@@ -273,16 +329,18 @@ def per_transition(seqs: Sequences, mbs: list[MicroBatch], per_token: list[Tenso
     return out
 
 
-def reward_kl(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, estimator: str,
-              chunk_tokens: int = 0) -> Tensor:
+def reward_kl(
+    model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, estimator: str, chunk_tokens: int = 0
+) -> Tensor:
     """KL(behaviour || reference) of each transition [N]: the sum over its response tokens of the
     per-token estimate at the sampled tokens (log pi_behav vs log pi_ref). One no-grad pass; a collective."""
     refs = [reference_logprobs(model, mb, models.reference, chunk_tokens).cpu() for mb in mbs]  # [Q] each
     return per_transition(seqs, mbs, [kl_estimate(estimator, mb.behav_logp, ref) for mb, ref in zip(mbs, refs)]).float()
 
 
-def sequence_logprobs(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels,
-                      chunk_tokens: int = 0) -> tuple[Tensor, Tensor]:
+def sequence_logprobs(
+    model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, models: StepModels, chunk_tokens: int = 0
+) -> tuple[Tensor, Tensor]:
     """(log pi, log pi_ref) of each transition's response [N]: sums over its tokens, no gradient (online DPO's
     sequence log-probs). One no-grad pass of the policy and one of the reference; a collective."""
     policy = proximal_logprobs(model, mbs, chunk_tokens)
@@ -290,9 +348,17 @@ def sequence_logprobs(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
     return per_transition(seqs, mbs, policy).float(), per_transition(seqs, mbs, refs).float()
 
 
-def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, opts: StepOptions,
-                      models: StepModels, token_denom: float, seq_denom: float,
-                      prox: list[Tensor] | None = None, same_weights: Tensor | None = None) -> dict[str, float]:
+def run_micro_batches(
+    model: nn.Module,
+    mbs: list[MicroBatch],
+    seqs: Sequences,
+    opts: StepOptions,
+    models: StepModels,
+    token_denom: float,
+    seq_denom: float,
+    prox: list[Tensor] | None = None,
+    same_weights: Tensor | None = None,
+) -> dict[str, float]:
     """Forward/backward every micro-batch; gradients sync only on the last. `prox`: each micro-batch's
     log pi_prox (None: the policy itself, detached). `same_weights` [R]: the response tokens sampled on the
     weights the model holds now, whose log-probs measure the train-inference mismatch (None: not measured
@@ -305,19 +371,25 @@ def run_micro_batches(model: nn.Module, mbs: list[MicroBatch], seqs: Sequences, 
     for i, mb in enumerate(mbs):
         model.set_requires_gradient_sync(i == len(mbs) - 1)
         logp, entropy = token_logprobs(model, mb, opts.logprob_chunk_tokens, entropy=opts.algo.entropy_coef > 0)  # [Q]
-        ref = (reference_logprobs(model, mb, models.reference, opts.logprob_chunk_tokens)
-               if opts.kl_in_loss else None)  # [Q]
+        ref = (
+            reference_logprobs(model, mb, models.reference, opts.logprob_chunk_tokens) if opts.kl_in_loss else None
+        )  # [Q]
         rows = RowLayout.of(mb, tok_seq, r_off)
         device = logp.device
         inp = PolicyLossInput(
-            logp=rows(logp), prox_logp=rows(logp.detach() if prox is None else prox[i].to(device)),
+            logp=rows(logp),
+            prox_logp=rows(logp.detach() if prox is None else prox[i].to(device)),
             behav_logp=rows(mb.behav_logp.to(device)),
-            advantages=rows(mb.advantages.to(device)), mask=rows(mb.mask.to(device)),
-            ref_logp=None if ref is None else rows(ref), entropy=None if entropy is None else rows(entropy),
+            advantages=rows(mb.advantages.to(device)),
+            mask=rows(mb.mask.to(device)),
+            ref_logp=None if ref is None else rows(ref),
+            entropy=None if entropy is None else rows(entropy),
         )  # [S, T] each
         loss, stats = policy_objective(inp, **objective, token_denom=token_denom, seq_denom=seq_denom)
         if same_weights is not None:
-            add_stats(sums, logprob_mismatch(logp, mb.behav_logp.to(device), same_weights_mask(mb, same_weights, device)))
+            add_stats(
+                sums, logprob_mismatch(logp, mb.behav_logp.to(device), same_weights_mask(mb, same_weights, device))
+            )
         loss.backward()
         sums["loss"] += float(loss.detach())
         for k in _SUM_KEYS:
@@ -355,10 +427,13 @@ def batch_stats(batch: Batch, version: int) -> dict[str, float]:
     buckets = {f"staleness_n_{k}": float(np.count_nonzero(lag == k)) for k in range(STALENESS_BUCKETS)}
     buckets[f"staleness_n_{STALENESS_BUCKETS}plus"] = float(np.count_nonzero(lag >= STALENESS_BUCKETS))
     return {
-        "staleness_sum": float(lag.sum()), "max:staleness_max": float(lag.max()) if lag.size else 0.0,
-        "transitions": float(lag.size), "max:batch_version_lag": float(version - batch.learner_version),
+        "staleness_sum": float(lag.sum()),
+        "max:staleness_max": float(lag.max()) if lag.size else 0.0,
+        "transitions": float(lag.size),
+        "max:batch_version_lag": float(version - batch.learner_version),
         "reward_sum": float(np.sum(batch.rewards, dtype=np.float64)),
-        "invalid": float(np.size(batch.valid) - np.count_nonzero(batch.valid)), **buckets,
+        "invalid": float(np.size(batch.valid) - np.count_nonzero(batch.valid)),
+        **buckets,
         "images": float(batch.image_shapes[:, 0].sum()) if batch.image_shapes.size else 0.0,
     }
 
@@ -369,8 +444,14 @@ def _pad_to_max(mbs: list[MicroBatch], device: torch.device, at_least: int = 0) 
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, opts: StepOptions, version: int,
-    world_size: int, device: torch.device, models: StepModels | None = None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    opts: StepOptions,
+    version: int,
+    world_size: int,
+    device: torch.device,
+    models: StepModels | None = None,
 ) -> dict[str, float]:
     """Train on `batch` (this rank's share) at policy `version`; returns global (all-rank) metrics. The stages:
     score the batch, its advantages, the policy's update, the critic's update; then the metrics over all ranks."""
@@ -381,22 +462,49 @@ def train_step(
     inp, local = score_batch(model, batch, seqs, opts, models, device, share)
     adv = batch_advantages(batch, seqs, inp, opts, device)
     skipped = zero_gradient_samples(seqs, adv.policy, adv.per_token, opts)  # the critic and the stats keep them
-    update = update_policy(model, optimizer, batch, seqs, adv.policy, adv.per_token, opts, models, version,
-                           world_size, device, share, skipped)
+    update = update_policy(
+        model,
+        optimizer,
+        batch,
+        seqs,
+        adv.policy,
+        adv.per_token,
+        opts,
+        models,
+        version,
+        world_size,
+        device,
+        share,
+        skipped,
+    )
     local.update(update.stats)
     local.update(update_critic(seqs, inp, adv.per_step, opts, models, world_size, device))
     local.update(batch_stats(batch, version))
-    local.update({f"adv_{k}": v for k, v in adv.stats.items()}, zero_weight_micro_batches=float(update.padding),
-                 skipped_samples=float(skipped.samples), skipped_tokens=float(skipped.tokens))
+    local.update(
+        {f"adv_{k}": v for k, v in adv.stats.items()},
+        zero_weight_micro_batches=float(update.padding),
+        skipped_samples=float(skipped.samples),
+        skipped_tokens=float(skipped.tokens),
+    )
     return _global_metrics(local, world_size, device, version) | {
-        "grad_norm": sum(update.grad_norms) / len(update.grad_norms), "updates": float(len(update.grad_norms)),
-        "micro_batches": float(update.micro_batches), "compute_s": time.perf_counter() - t0,
-        "local_tokens": float(update.local_tokens), "local_zero_weight_micro_batches": float(update.padding),
+        "grad_norm": sum(update.grad_norms) / len(update.grad_norms),
+        "updates": float(len(update.grad_norms)),
+        "micro_batches": float(update.micro_batches),
+        "compute_s": time.perf_counter() - t0,
+        "local_tokens": float(update.local_tokens),
+        "local_zero_weight_micro_batches": float(update.padding),
     }
 
 
-def score_batch(model: nn.Module, batch: Batch, seqs: Sequences, opts: StepOptions, models: StepModels,
-                device: torch.device, share: bool) -> tuple[AdvantageInput, dict[str, float]]:
+def score_batch(
+    model: nn.Module,
+    batch: Batch,
+    seqs: Sequences,
+    opts: StepOptions,
+    models: StepModels,
+    device: torch.device,
+    share: bool,
+) -> tuple[AdvantageInput, dict[str, float]]:
     """The estimator's input: the batch's rewards (less kl_coef times each transition's KL to the reference, with
     the KL in the reward), the critic's values [N] and online DPO's sequence log-probs [N] where the estimator needs
     them; each a no-grad pass, a collective. Returns it and the local stat sums (reward_kl_sum)."""
@@ -405,8 +513,9 @@ def score_batch(model: nn.Module, batch: Batch, seqs: Sequences, opts: StepOptio
     stats: dict[str, float] = {}
     rewards = values = logp = ref_logp = None
     if opts.kl_in_reward or traits.needs_logprobs:  # no-grad passes before the advantages
-        zero = make_micro_batches(seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens,
-                                  packing=opts.packing, share_prompts=share)
+        zero = make_micro_batches(
+            seqs, torch.zeros(seqs.num_transitions), opts.micro_batch_tokens, packing=opts.packing, share_prompts=share
+        )
         zero = _pad_to_max(zero, device)[0]
     if opts.kl_in_reward:
         kl = reward_kl(model, zero, seqs, models, opts.algo.kl_estimator, opts.logprob_chunk_tokens)  # [N]
@@ -461,8 +570,9 @@ class StepAdvantages:
     per_token: bool  # the batch has token rewards and the estimator's advantage is a return: one per token
 
 
-def batch_advantages(batch: Batch, seqs: Sequences, inp: AdvantageInput, opts: StepOptions,
-                     device: torch.device) -> StepAdvantages:
+def batch_advantages(
+    batch: Batch, seqs: Sequences, inp: AdvantageInput, opts: StepOptions, device: torch.device
+) -> StepAdvantages:
     """`opts.algo.advantage` of the scored batch `inp`, then per token where the batch has token rewards and the
     estimator gives returns (each token's reward to go, `learner.token_rewards`), whitened over the global batch's
     response tokens where asked or where the estimator whitens (it ran with whiten=False). Collectives: online
@@ -473,8 +583,11 @@ def batch_advantages(batch: Batch, seqs: Sequences, inp: AdvantageInput, opts: S
         options["pair_count"] = all_reduce_dict({"p": count_pairs(inp)}, dist.ReduceOp.SUM, device)["p"]
     adv, adv_stats = compute_advantages(name, inp, **options)  # [N]
     per_token = traits.to_go and batch.token_rewards.size > 0  # rewards on tokens: each token's reward to go
-    policy_adv = rewards_to_go(adv, torch.from_numpy(np.array(batch.token_rewards, dtype=np.float32)),
-                               seqs.response_lens) if per_token else adv  # [R] or [N]
+    policy_adv = (
+        rewards_to_go(adv, torch.from_numpy(np.array(batch.token_rewards, dtype=np.float32)), seqs.response_lens)
+        if per_token
+        else adv
+    )  # [R] or [N]
     if opts.algo.whiten_advantages or traits.whitens:  # estimators that whiten got whiten=False
         weights = torch.ones_like(policy_adv) if per_token else seqs.response_lens  # each token once
         policy_adv = whiten_global(policy_adv, weights, device)
@@ -492,15 +605,34 @@ class PolicyUpdate:
     padding: int  # zero-weight micro-batches: as many micro-batches as the rank with the most
 
 
-def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, seqs: Sequences,
-                  advantages: Tensor, per_token: bool, opts: StepOptions, models: StepModels, version: int,
-                  world_size: int, device: torch.device, share: bool, skipped: Skipped = Skipped(None)) -> PolicyUpdate:
+def update_policy(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    seqs: Sequences,
+    advantages: Tensor,
+    per_token: bool,
+    opts: StepOptions,
+    models: StepModels,
+    version: int,
+    world_size: int,
+    device: torch.device,
+    share: bool,
+    skipped: Skipped = Skipped(None),
+) -> PolicyUpdate:
     """The policy's `opts.updates` optimizer steps on the batch, weighing its tokens by `advantages` ([R] with
     `per_token`, else [N]). With several, a no-grad pass first takes log pi_prox and measures the train-inference
     mismatch on it; with one, the update's own forward measures it (see the module docstring). The `skipped` samples
     are in no micro-batch (`zero_gradient_samples`)."""
-    mbs = make_micro_batches(seqs, advantages, opts.micro_batch_tokens, packing=opts.packing, per_token=per_token,
-                             share_prompts=share, trained=skipped.trained)
+    mbs = make_micro_batches(
+        seqs,
+        advantages,
+        opts.micro_batch_tokens,
+        packing=opts.packing,
+        per_token=per_token,
+        share_prompts=share,
+        trained=skipped.trained,
+    )
     local_tokens = sum(mb.num_tokens for mb in mbs)
     mbs, padding = _pad_to_max(mbs, device, at_least=opts.mini_batches)
     prox = proximal_logprobs(model, mbs, opts.logprob_chunk_tokens) if opts.updates > 1 else None
@@ -510,17 +642,40 @@ def update_policy(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Bat
     for mb, px in zip(mbs, prox or []):  # several updates: measured on the no-grad pass before them
         add_stats(stats, logprob_mismatch(px, mb.behav_logp.to(px.device), same_weights_mask(mb, same, px.device)))
     seq_counts = [int(tok_seq[mb.token_index[mb.mask]].unique().numel()) for mb in mbs]  # with a response token
-    passes, grad_norms = epochs_of_updates(model, optimizer, mbs, seq_counts, seqs, opts, models, world_size, device,
-                                           prox, same, uncounted=(skipped.tokens, skipped.samples))
+    passes, grad_norms = epochs_of_updates(
+        model,
+        optimizer,
+        mbs,
+        seq_counts,
+        seqs,
+        opts,
+        models,
+        world_size,
+        device,
+        prox,
+        same,
+        uncounted=(skipped.tokens, skipped.samples),
+    )
     stats.update(passes)
-    return PolicyUpdate(stats=stats, grad_norms=grad_norms, micro_batches=len(mbs), local_tokens=local_tokens,
-                        padding=padding)
+    return PolicyUpdate(
+        stats=stats, grad_norms=grad_norms, micro_batches=len(mbs), local_tokens=local_tokens, padding=padding
+    )
 
 
-def epochs_of_updates(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], seq_counts: list[int],
-                      seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
-                      prox: list[Tensor] | None, same: Tensor, uncounted: tuple[int, int] = (0, 0),
-                      ) -> tuple[dict[str, float], list[float]]:
+def epochs_of_updates(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mbs: list[MicroBatch],
+    seq_counts: list[int],
+    seqs: Sequences,
+    opts: StepOptions,
+    models: StepModels,
+    world_size: int,
+    device: torch.device,
+    prox: list[Tensor] | None,
+    same: Tensor,
+    uncounted: tuple[int, int] = (0, 0),
+) -> tuple[dict[str, float], list[float]]:
     """`opts.ppo_epochs` passes over `mbs` (`seq_counts`: the sequences of each), each split into `opts.mini_batches`
     optimizer steps (`optimizer_update`; `uncounted`: the skipped samples' tokens and sequences, one mini-batch
     only). Returns the local stat sums per pass and each step's grad norm."""
@@ -529,9 +684,20 @@ def epochs_of_updates(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: l
     grad_norms = []
     for _ in range(opts.ppo_epochs):
         for part in parts:
-            sums = optimizer_update(model, optimizer, [mbs[i] for i in part], sum(seq_counts[i] for i in part), seqs,
-                                    opts, models, world_size, device, None if prox is None else [prox[i] for i in part],
-                                    same_weights=same if prox is None else None, uncounted=uncounted)
+            sums = optimizer_update(
+                model,
+                optimizer,
+                [mbs[i] for i in part],
+                sum(seq_counts[i] for i in part),
+                seqs,
+                opts,
+                models,
+                world_size,
+                device,
+                None if prox is None else [prox[i] for i in part],
+                same_weights=same if prox is None else None,
+                uncounted=uncounted,
+            )
             grad_norms.append(sums.pop("grad_norm"))
             add_stats(passes, sums)
     for k in passes:
@@ -541,8 +707,15 @@ def epochs_of_updates(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: l
     return passes, grad_norms
 
 
-def update_critic(seqs: Sequences, inp: AdvantageInput, advantages: Tensor, opts: StepOptions, models: StepModels,
-                  world_size: int, device: torch.device) -> dict[str, float]:
+def update_critic(
+    seqs: Sequences,
+    inp: AdvantageInput,
+    advantages: Tensor,
+    opts: StepOptions,
+    models: StepModels,
+    world_size: int,
+    device: torch.device,
+) -> dict[str, float]:
     """The critic's update towards the estimator's returns (`learner.advantages.returns_of` of `advantages` [N]):
     its stats, prefixed critic_; nothing without a critic."""
     if models.critic is None:
@@ -551,19 +724,41 @@ def update_critic(seqs: Sequences, inp: AdvantageInput, advantages: Tensor, opts
     return {f"critic_{k}": v for k, v in models.critic.update(seqs, returns, inp.values, device, world_size).items()}
 
 
-def optimizer_update(model: nn.Module, optimizer: torch.optim.Optimizer, mbs: list[MicroBatch], n_seqs: int,
-                     seqs: Sequences, opts: StepOptions, models: StepModels, world_size: int, device: torch.device,
-                     prox: list[Tensor] | None, same_weights: Tensor | None = None,
-                     uncounted: tuple[int, int] = (0, 0)) -> dict[str, float]:
+def optimizer_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mbs: list[MicroBatch],
+    n_seqs: int,
+    seqs: Sequences,
+    opts: StepOptions,
+    models: StepModels,
+    world_size: int,
+    device: torch.device,
+    prox: list[Tensor] | None,
+    same_weights: Tensor | None = None,
+    uncounted: tuple[int, int] = (0, 0),
+) -> dict[str, float]:
     """One optimizer step on `mbs` (this rank's part of a mini-batch, holding `n_seqs` sequences; every rank
     passes as many micro-batches): the loss is a mean over the mini-batch's tokens or sequences on all ranks
     (token-sum: their sum), those of skipped samples included (`uncounted`: their tokens and sequences), so that
     skipping them leaves the update as it was. Returns local stat sums and the grad norm."""
-    totals = all_reduce_dict({"tokens": sum(mb.num_tokens for mb in mbs) + uncounted[0],
-                              "sequences": n_seqs + uncounted[1]}, dist.ReduceOp.SUM, device)
+    totals = all_reduce_dict(
+        {"tokens": sum(mb.num_tokens for mb in mbs) + uncounted[0], "sequences": n_seqs + uncounted[1]},
+        dist.ReduceOp.SUM,
+        device,
+    )
     token_denom, seq_denom = loss_denominators(opts.algo.loss_agg, totals["tokens"], totals["sequences"], world_size)
-    sums = run_micro_batches(model, mbs, seqs, opts, models, token_denom=token_denom, seq_denom=seq_denom, prox=prox,
-                             same_weights=same_weights)
+    sums = run_micro_batches(
+        model,
+        mbs,
+        seqs,
+        opts,
+        models,
+        token_denom=token_denom,
+        seq_denom=seq_denom,
+        prox=prox,
+        same_weights=same_weights,
+    )
     sums["loss"] /= world_size  # each rank's loss was scaled by W (see module docstring)
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], opts.max_grad_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
@@ -579,9 +774,13 @@ def mismatch_metrics(sums: dict[str, float], maxes: dict[str, float], version: i
     n = sums.get("mismatch_tokens", 0.0)
     if n == 0:
         return {"mismatch_tokens": 0.0}
-    return {"mismatch_tokens": n, "mismatch_logp_abs_mean": sums["mismatch_abs_sum"] / n,
-            "mismatch_logp_abs_max": maxes["max:mismatch_abs_max"], "mismatch_kl": sums["mismatch_kl_sum"] / n,
-            "mismatch_version": float(version)}
+    return {
+        "mismatch_tokens": n,
+        "mismatch_logp_abs_mean": sums["mismatch_abs_sum"] / n,
+        "mismatch_logp_abs_max": maxes["max:mismatch_abs_max"],
+        "mismatch_kl": sums["mismatch_kl_sum"] / n,
+        "mismatch_version": float(version),
+    }
 
 
 def _global_metrics(local: dict[str, float], world_size: int, device: torch.device, version: int) -> dict[str, float]:
@@ -592,12 +791,19 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     out = {k: sums[k] for k in ("loss", "transitions") + _SUM_KEYS}
     out.update({k: sums[k] / tokens for k in _MEAN_KEYS})
     out.update({k.removeprefix("max:"): v for k, v in maxes.items() if not k.startswith("max:mismatch_")})
-    out.update(staleness_mean=sums["staleness_sum"] / n, reward_mean=sums["reward_sum"] / n,
-               invalid_frac=sums["invalid"] / n, valid_action_ratio=1.0 - sums["invalid"] / n,
-               images_per_transition=sums["images"] / n,
-               zero_weight_micro_batches=sums["zero_weight_micro_batches"],
-               skipped_samples=sums["skipped_samples"], skipped_tokens=sums["skipped_tokens"])
-    out.update({k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")})
+    out.update(
+        staleness_mean=sums["staleness_sum"] / n,
+        reward_mean=sums["reward_sum"] / n,
+        invalid_frac=sums["invalid"] / n,
+        valid_action_ratio=1.0 - sums["invalid"] / n,
+        images_per_transition=sums["images"] / n,
+        zero_weight_micro_batches=sums["zero_weight_micro_batches"],
+        skipped_samples=sums["skipped_samples"],
+        skipped_tokens=sums["skipped_tokens"],
+    )
+    out.update(
+        {k.replace("staleness_n_", "staleness_frac_"): v / n for k, v in sums.items() if k.startswith("staleness_n_")}
+    )
     if "reward_kl_sum" in sums:
         out["reward_kl_mean"] = sums["reward_kl_sum"] / n
     out.update(mismatch_metrics(sums, maxes, version))
@@ -606,4 +812,3 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     summed = lambda k: k.endswith("_count") or k.removeprefix("adv_") in GLOBAL_SHARES  # noqa: E731
     out.update({k: v if summed(k) else v / world_size for k, v in sums.items() if k.startswith(("adv_", "critic_"))})
     return out
-

@@ -37,7 +37,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from agentstream.config import (
-    AlgorithmConfig, CheckpointConfig, Config, LearnerConfig, ModelConfig, learner_threads, load,
+    AlgorithmConfig,
+    CheckpointConfig,
+    Config,
+    LearnerConfig,
+    ModelConfig,
+    learner_threads,
+    load,
 )
 from agentstream.process import setup_logging
 from agentstream.weights import StreamLayout, StreamSource
@@ -65,14 +71,7 @@ from learner.model import (
     trainable_parameters,
 )
 from learner.publish import WeightPublisher
-from learner.step import (
-    StepModels,
-    StepOptions,
-    all_reduce_dict,
-    make_step_models,
-    refresh_reference,
-    train_step,
-)
+from learner.step import StepModels, StepOptions, all_reduce_dict, make_step_models, refresh_reference, train_step
 
 log = logging.getLogger("learner")
 
@@ -104,27 +103,42 @@ def default_publisher(bind_address: str, curve_keys_dir: str = "") -> Publisher:
     # The epoch tells agents that this process's weights replace any they run, even of a higher version
     # (a learner restarted from a checkpoint publishes the checkpoint's version again).
     # Compared for equality only; kept in int32 (the protocol's range) and never 0 (the engines' initial weights).
-    return WeightPublisher(bind_address, epoch=time.time_ns() // 1_000_000 % (2**31 - 1) + 1,
-                           curve_keys_dir=curve_keys_dir)
+    return WeightPublisher(
+        bind_address, epoch=time.time_ns() // 1_000_000 % (2**31 - 1) + 1, curve_keys_dir=curve_keys_dir
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m learner.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="resolved run config (agentstream.config.save)")
-    p.add_argument("--broker", required=True, help="broker ROUTER address, e.g. tcp://127.0.0.1:5555, or its record "
-                   "(RUN/broker.json: followed when the broker moves)")
+    p.add_argument(
+        "--broker",
+        required=True,
+        help="broker ROUTER address, e.g. tcp://127.0.0.1:5555, or its record "
+        "(RUN/broker.json: followed when the broker moves)",
+    )
     p.add_argument("--weights-bind", default=None, help="address rank 0 binds to publish weights; omit: no publishing")
     p.add_argument("--out", default=None, type=Path, help="run folder; rank 0 appends learner_metrics.jsonl there")
-    p.add_argument("--engines", default=None, type=int,
-                   help="engines that must ack the final version (default: engines.count; 0: do not wait)")
-    p.add_argument("--publish-initial", action="store_true",
-                   help="publish the initial weights as version 0 before training (engines started elsewhere)")
-    p.add_argument("--resume", default="",
-                   help="override checkpoint.resume_from (the launcher passes `latest` to a restarted learner)")
-    p.add_argument("--batch-timeout-s", default=1800.0, type=float,
-                   help="give up when a batch takes longer than this")
-    p.add_argument("--final-timeout-s", default=300.0, type=float,
-                   help="give up waiting for the engines' acks after this")
+    p.add_argument(
+        "--engines",
+        default=None,
+        type=int,
+        help="engines that must ack the final version (default: engines.count; 0: do not wait)",
+    )
+    p.add_argument(
+        "--publish-initial",
+        action="store_true",
+        help="publish the initial weights as version 0 before training (engines started elsewhere)",
+    )
+    p.add_argument(
+        "--resume",
+        default="",
+        help="override checkpoint.resume_from (the launcher passes `latest` to a restarted learner)",
+    )
+    p.add_argument("--batch-timeout-s", default=1800.0, type=float, help="give up when a batch takes longer than this")
+    p.add_argument(
+        "--final-timeout-s", default=300.0, type=float, help="give up waiting for the engines' acks after this"
+    )
     return p.parse_args(argv)
 
 
@@ -139,18 +153,33 @@ class RankState:
     reference_version: int = 0  # the policy version the frozen reference holds (SPIN refreshes it)
 
     def record(self, metrics: dict[str, float], version: int, wait_s: float, step_s: float) -> None:
-        for name, key in [("steps", None), ("tokens", "local_tokens"), ("micro_batches", "micro_batches"),
-                          ("zero_weight_micro_batches", "local_zero_weight_micro_batches")]:
+        for name, key in [
+            ("steps", None),
+            ("tokens", "local_tokens"),
+            ("micro_batches", "micro_batches"),
+            ("zero_weight_micro_batches", "local_zero_weight_micro_batches"),
+        ]:
             self.counters[name] = self.counters.get(name, 0) + (1 if key is None else metrics[key])
         # Idle = waiting for the broker's batch; busy = the rest of the step (train, gather, publish).
         self.counters["batch_wait_s"] = self.counters.get("batch_wait_s", 0.0) + wait_s
         self.counters["step_time_s"] = self.counters.get("step_time_s", 0.0) + step_s
-        self.gauges.update(version=version, batch_wait_s=wait_s, step_time_s=step_s, loss=metrics["loss"],
-                           grad_norm=metrics["grad_norm"], local_tokens=metrics["local_tokens"])
+        self.gauges.update(
+            version=version,
+            batch_wait_s=wait_s,
+            step_time_s=step_s,
+            loss=metrics["loss"],
+            grad_norm=metrics["grad_norm"],
+            local_tokens=metrics["local_tokens"],
+        )
 
     def stats(self, final: bool = False) -> Stats:
-        return Stats(source=f"learner-{self.rank}", role="learner", counters=dict(self.counters),
-                     gauges=dict(self.gauges), final=final)
+        return Stats(
+            source=f"learner-{self.rank}",
+            role="learner",
+            counters=dict(self.counters),
+            gauges=dict(self.gauges),
+            final=final,
+        )
 
 
 BATCH_RESEND_S = 10.0  # no batch this long: ask again (a broker restarted from its log lost the request)
@@ -163,14 +192,25 @@ def _answers(reply: Batch | Reject, step: int, rank: int) -> bool:
     return (reply.step, reply.rank) == (step, rank)
 
 
-def request_batch(client: SyncClient, step: int, rank: int, world: int, timeout_s: float,
-                  before: tuple = (), on_wait: Callable[[], None] | None = None) -> Batch:
+def request_batch(
+    client: SyncClient,
+    step: int,
+    rank: int,
+    world: int,
+    timeout_s: float,
+    before: tuple = (),
+    on_wait: Callable[[], None] | None = None,
+) -> Batch:
     """Rank `rank`'s share of batch `step`; `before` (rank 0: its last VersionUpdate) is resent with it, so a
     restarted broker learns the learner's version again."""
-    reply = client.request(BatchRequest(step=step, rank=rank, world_size=world), timeout_s=timeout_s,
-                           resend_every_s=BATCH_RESEND_S, before=before,
-                           accept=lambda r: not isinstance(r, (Batch, Reject)) or _answers(r, step, rank),
-                           on_wait=on_wait)
+    reply = client.request(
+        BatchRequest(step=step, rank=rank, world_size=world),
+        timeout_s=timeout_s,
+        resend_every_s=BATCH_RESEND_S,
+        before=before,
+        accept=lambda r: not isinstance(r, (Batch, Reject)) or _answers(r, step, rank),
+        on_wait=on_wait,
+    )
     if not isinstance(reply, Batch):
         raise RuntimeError(f"asked the broker for batch {step}, got a {reply.kind} message")
     if reply.step != step or reply.rank != rank:
@@ -227,8 +267,15 @@ class WeightSync:
     timeout_s: float
 
 
-def publish_weights(model: torch.nn.Module, publisher: Publisher | None, version: int, sync: WeightSync,
-                    world: int, device: torch.device, again: bool = False) -> float:
+def publish_weights(
+    model: torch.nn.Module,
+    publisher: Publisher | None,
+    version: int,
+    sync: WeightSync,
+    world: int,
+    device: torch.device,
+    again: bool = False,
+) -> float:
     """All ranks gather (a collective); rank 0 (the one holding `publisher`) publishes. Returns seconds.
     `again`: streamed, the same version once more to the engines that need it (`request_batch_in_step`)."""
     t0 = time.perf_counter()
@@ -289,15 +336,30 @@ def train_spec(cfg: Config, args: argparse.Namespace) -> TrainSpec:
     """The learner's part of the run's config, with the command line's overrides."""
     checkpoint = dataclasses.replace(cfg.checkpoint, resume_from=args.resume) if args.resume else cfg.checkpoint
     return TrainSpec(
-        model=cfg.model, learner=cfg.learner, algorithm=cfg.algorithm, checkpoint=checkpoint,
-        total_steps=cfg.trainer.total_steps, seed=cfg.run.seed, curve_keys_dir=cfg.broker.curve_keys_dir,
-        broker=args.broker, weights_bind=args.weights_bind or "", weights=advertised_address(args.weights_bind or ""),
-        out=Path(args.out) if args.out is not None else None, run_dir=cfg.run.output_dir,
+        model=cfg.model,
+        learner=cfg.learner,
+        algorithm=cfg.algorithm,
+        checkpoint=checkpoint,
+        total_steps=cfg.trainer.total_steps,
+        seed=cfg.run.seed,
+        curve_keys_dir=cfg.broker.curve_keys_dir,
+        broker=args.broker,
+        weights_bind=args.weights_bind or "",
+        weights=advertised_address(args.weights_bind or ""),
+        out=Path(args.out) if args.out is not None else None,
+        run_dir=cfg.run.output_dir,
         engines=cfg.engines.count if args.engines is None else args.engines,
-        publish_initial=args.publish_initial, restarted=args.resume == "latest",
-        batch_timeout_s=args.batch_timeout_s, final_timeout_s=args.final_timeout_s,
-        weight_sync=WeightSync(cfg.engines.weight_sync, cfg.engines.weight_bucket_mb << 20, cfg.model.dtype,
-                               cfg.engines.weight_sync_timeout_s))
+        publish_initial=args.publish_initial,
+        restarted=args.resume == "latest",
+        batch_timeout_s=args.batch_timeout_s,
+        final_timeout_s=args.final_timeout_s,
+        weight_sync=WeightSync(
+            cfg.engines.weight_sync,
+            cfg.engines.weight_bucket_mb << 20,
+            cfg.model.dtype,
+            cfg.engines.weight_sync_timeout_s,
+        ),
+    )
 
 
 @dataclass
@@ -326,14 +388,37 @@ def train(spec: TrainSpec, rank: int, world: int, device: torch.device, publishe
     try:
         m = spec.model
         lora = lora_spec(m.lora_rank, m.lora_alpha, m.lora_target_modules, m.lora_dropout, spec.seed)
-        model = load_policy(m.path, m.dtype, device, world, lora=lora, train_vision=m.train_vision,
-                            activation_checkpointing=spec.learner.activation_checkpointing)
-        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=spec.learner.lr, betas=tuple(spec.learner.betas),
-                                      eps=spec.learner.eps, weight_decay=spec.learner.weight_decay)
+        model = load_policy(
+            m.path,
+            m.dtype,
+            device,
+            world,
+            lora=lora,
+            train_vision=m.train_vision,
+            activation_checkpointing=spec.learner.activation_checkpointing,
+        )
+        optimizer = torch.optim.AdamW(
+            trainable_parameters(model),
+            lr=spec.learner.lr,
+            betas=tuple(spec.learner.betas),
+            eps=spec.learner.eps,
+            weight_decay=spec.learner.weight_decay,
+        )
         # The critic and the frozen reference policy, when the algorithm needs them (a collective: FSDP2 sharding).
         step_models = make_step_models(m, spec.algorithm, spec.learner, device, world)
-        r = Rank(spec, rank, world, device, client, publisher, model, optimizer,
-                 StepOptions.from_config(spec.learner, spec.algorithm), step_models, RankState(rank))
+        r = Rank(
+            spec,
+            rank,
+            world,
+            device,
+            client,
+            publisher,
+            model,
+            optimizer,
+            StepOptions.from_config(spec.learner, spec.algorithm),
+            step_models,
+            RankState(rank),
+        )
         ckpt_root = checkpoint_root(spec.checkpoint, spec.out if spec.out is not None else spec.run_dir)
         critic = step_models.critic  # trained beside the policy: checkpointed with it
         extras = {"critic": (critic.model, critic.optimizer)} if critic is not None else {}
@@ -378,8 +463,7 @@ def resume(r: Rank, root: Path, extras: Extras) -> int:
         publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
     if (version > 0 or r.spec.restarted) and r.rank == 0:
         # The broker serves batch `version` again (it kept what this checkpoint had not consumed).
-        r.state.last_update = VersionUpdate(version=version, resumed=True, checkpointed=version,
-                                            weights=r.spec.weights)
+        r.state.last_update = VersionUpdate(version=version, resumed=True, checkpointed=version, weights=r.spec.weights)
         r.client.send(r.state.last_update)
         if r.spec.out is not None:  # versions after this line replace any later ones written before it
             with open(r.spec.out / "learner_metrics.jsonl", "a") as f:
@@ -399,30 +483,52 @@ def run_one_step(r: Rank, k: int) -> None:
     if streams_together(r):
         batch = request_batch_in_step(r, k, before)  # with the other ranks: streaming is a collective
     else:
-        batch = request_batch(r.client, k, r.rank, r.world, r.spec.batch_timeout_s, before,
-                              r.publisher.service if r.publisher is not None else None)
+        batch = request_batch(
+            r.client,
+            k,
+            r.rank,
+            r.world,
+            r.spec.batch_timeout_s,
+            before,
+            r.publisher.service if r.publisher is not None else None,
+        )
     wait_s = time.perf_counter() - t0
-    metrics = train_step(r.model, r.optimizer, batch, r.opts, version=k, world_size=r.world, device=r.device,
-                         models=r.step_models)
+    metrics = train_step(
+        r.model, r.optimizer, batch, r.opts, version=k, world_size=r.world, device=r.device, models=r.step_models
+    )
     version = k + 1
     metrics.update(maybe_refresh_reference(r, version))
-    publish_s = (publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
-                 if r.spec.weights_bind else 0.0)
+    publish_s = (
+        publish_weights(r.model, r.publisher, version, r.spec.weight_sync, r.world, r.device)
+        if r.spec.weights_bind
+        else 0.0
+    )
     step_s = time.perf_counter() - t0
     state.record(metrics, version, wait_s, step_s)
     if r.rank == 0:
         drop = ("local_tokens", "local_zero_weight_micro_batches")
         report = {k: v for k, v in metrics.items() if k not in drop}
-        report.update(step_time_s=step_s, batch_wait_s=wait_s, publish_s=publish_s,
-                      learner_idle_fraction=state.counters["batch_wait_s"] / max(state.counters["step_time_s"], 1e-9),
-                      learner_busy_s_total=state.counters["step_time_s"] - state.counters["batch_wait_s"])
+        report.update(
+            step_time_s=step_s,
+            batch_wait_s=wait_s,
+            publish_s=publish_s,
+            learner_idle_fraction=state.counters["batch_wait_s"] / max(state.counters["step_time_s"], 1e-9),
+            learner_busy_s_total=state.counters["step_time_s"] - state.counters["batch_wait_s"],
+        )
         state.last_update = VersionUpdate(version=version, metrics=report, weights=r.spec.weights)
         r.client.send(state.last_update)
         if r.spec.out is not None:
             with open(r.spec.out / "learner_metrics.jsonl", "a") as f:
                 f.write(json.dumps({"version": version, **report}) + "\n")
-        log.info("version %d  loss %.4f  grad_norm %.3f  tokens %d  %.2fs (waited %.2fs)", version,
-                 metrics["loss"], metrics["grad_norm"], metrics["tokens"], step_s, wait_s)
+        log.info(
+            "version %d  loss %.4f  grad_norm %.3f  tokens %d  %.2fs (waited %.2fs)",
+            version,
+            metrics["loss"],
+            metrics["grad_norm"],
+            metrics["tokens"],
+            step_s,
+            wait_s,
+        )
     r.client.send(state.stats())
 
 
@@ -436,8 +542,10 @@ def maybe_refresh_reference(r: Rank, version: int) -> dict[str, float]:
         refresh_reference(r.model, reference)
         r.state.reference_version = version
         r.state.counters["reference_refreshes"] = r.state.counters.get("reference_refreshes", 0.0) + 1
-    return {"reference_version": float(r.state.reference_version),
-            "reference_refreshes": r.state.counters.get("reference_refreshes", 0.0)}
+    return {
+        "reference_version": float(r.state.reference_version),
+        "reference_refreshes": r.state.counters.get("reference_refreshes", 0.0),
+    }
 
 
 def wait_for_engines(r: Rank, version: int, wait: bool) -> None:
@@ -446,8 +554,12 @@ def wait_for_engines(r: Rank, version: int, wait: bool) -> None:
     over the parameters is a collective), so the ranks meet every half second; otherwise rank 0 waits alone."""
     spec, publisher = r.spec, r.publisher
     if wait and publisher is not None:
-        log.info("waiting up to %.0fs for %d engine(s) to acknowledge version %d", spec.final_timeout_s, spec.engines,
-                 version)
+        log.info(
+            "waiting up to %.0fs for %d engine(s) to acknowledge version %d",
+            spec.final_timeout_s,
+            spec.engines,
+            version,
+        )
     if not streams_together(r):
         if wait and publisher is not None:
             if publisher.wait_for(version, spec.engines, spec.final_timeout_s) is False:
@@ -463,8 +575,9 @@ def wait_for_engines(r: Rank, version: int, wait: bool) -> None:
                 done = publisher.wait_for(version, spec.engines, 0.5) is not False
             except TimeoutError:
                 needs, late = publisher.stream_pending(), time.monotonic() > deadline
-        flags = all_reduce_dict({"done": float(done), "serve": float(needs), "late": float(late)},
-                                dist.ReduceOp.SUM, r.device)
+        flags = all_reduce_dict(
+            {"done": float(done), "serve": float(needs), "late": float(late)}, dist.ReduceOp.SUM, r.device
+        )
         if flags["serve"]:
             publish_weights(r.model, publisher, version, spec.weight_sync, r.world, r.device, again=True)
         if flags["done"]:
@@ -474,8 +587,10 @@ def wait_for_engines(r: Rank, version: int, wait: bool) -> None:
 
 
 def _unacknowledged(n_engines: int, version: int, timeout_s: float) -> str:
-    return (f"{n_engines} engine(s) did not all acknowledge weights version {version} within {timeout_s}s; "
-            f"check the engines' weight-sidecar logs (or pass --engines 0 to skip waiting)")
+    return (
+        f"{n_engines} engine(s) did not all acknowledge weights version {version} within {timeout_s}s; "
+        f"check the engines' weight-sidecar logs (or pass --engines 0 to skip waiting)"
+    )
 
 
 def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = default_publisher) -> int:
@@ -492,8 +607,10 @@ def main(argv: list[str] | None = None, publisher_factory: PublisherFactory = de
         return 2
     try:
         if world != cfg.learner.world_size:
-            raise RuntimeError(f"torchrun started {world} ranks but learner.world_size={cfg.learner.world_size}; "
-                               f"run torchrun --nproc-per-node {cfg.learner.world_size}")
+            raise RuntimeError(
+                f"torchrun started {world} ranks but learner.world_size={cfg.learner.world_size}; "
+                f"run torchrun --nproc-per-node {cfg.learner.world_size}"
+            )
         if spec.out is not None:
             spec.out.mkdir(parents=True, exist_ok=True)
         train(spec, rank, world, device, publisher_factory)

@@ -37,8 +37,9 @@ from torch import Tensor, nn
 TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"}
 
 
-def expand_images(processor: Any, prompt_ids: Sequence[int] | np.ndarray,
-                  images: Sequence[np.ndarray]) -> dict[str, Tensor]:
+def expand_images(
+    processor: Any, prompt_ids: Sequence[int] | np.ndarray, images: Sequence[np.ndarray]
+) -> dict[str, Tensor]:
     """The HF forward's inputs for `prompt_ids` [P] holding one `processor.image_token` id per image of `images`
     ([H0, W0, 3] uint8 each, in order): input_ids [1, L] int64 with each placeholder replaced by the processor's
     ids for its image, image_slots [1, L] bool (the positions the images' features fill: the image token ids the
@@ -49,15 +50,18 @@ def expand_images(processor: Any, prompt_ids: Sequence[int] | np.ndarray,
     ids = np.asarray(prompt_ids, dtype=np.int64)  # [P]
     slots = np.flatnonzero(ids == processor.image_token_id)
     if len(slots) != len(images):
-        raise ValueError(f"the prompt holds {len(slots)} image placeholders ({processor.image_token!r}, id "
-                         f"{processor.image_token_id}) but {len(images)} images came with it; each image needs "
-                         f"exactly one unexpanded placeholder where it goes")
+        raise ValueError(
+            f"the prompt holds {len(slots)} image placeholders ({processor.image_token!r}, id "
+            f"{processor.image_token_id}) but {len(images)} images came with it; each image needs "
+            f"exactly one unexpanded placeholder where it goes"
+        )
     pieces, fills, per_image = [], [], []
     start = 0
     for slot, image in zip(slots, images):
         # add_special_tokens=False: the image's own ids, without the BOS a tokenizer may put before any text
-        enc = processor(text=processor.image_token, images=[np.asarray(image)], add_special_tokens=False,
-                        return_tensors="pt")
+        enc = processor(
+            text=processor.image_token, images=[np.asarray(image)], add_special_tokens=False, return_tensors="pt"
+        )
         text, expanded = torch.from_numpy(ids[start:slot]), enc["input_ids"][0]
         pieces += [text, expanded]
         fills += [torch.zeros(len(text), dtype=torch.bool), expanded == processor.image_token_id]
@@ -77,8 +81,13 @@ def join_images(parts: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
     return {k: torch.cat([p[k] for p in parts], dim=axis) for k in parts[0]}
 
 
-def vl_response_logprobs(model: nn.Module, processor: Any, prompt_ids: Sequence[int] | np.ndarray,
-                         response_ids: Sequence[int] | np.ndarray, images: Sequence[np.ndarray]) -> Tensor:
+def vl_response_logprobs(
+    model: nn.Module,
+    processor: Any,
+    prompt_ids: Sequence[int] | np.ndarray,
+    response_ids: Sequence[int] | np.ndarray,
+    images: Sequence[np.ndarray],
+) -> Tensor:
     """log pi(response_ids[t] | prompt, images, response_ids[:t]) for every t: [T] float32, from one forward of the
     plain HF model (e.g. Idefics3ForConditionalGeneration) on the expanded prompt followed by the response, the
     images' features put at the prompt's image slots only, as vLLM does (an image token in the response stays a
@@ -88,8 +97,9 @@ def vl_response_logprobs(model: nn.Module, processor: Any, prompt_ids: Sequence[
     device = next(model.parameters()).device
     response = torch.as_tensor(np.asarray(response_ids, dtype=np.int64), device=device)  # [T]
     ids = torch.cat([inputs.pop("input_ids").to(device), response[None]], dim=1)  # [1, L + T]
-    slots = torch.cat([inputs.pop("image_slots").to(device), torch.zeros_like(response, dtype=torch.bool)[None]],
-                      dim=1)  # [1, L + T]
+    slots = torch.cat(
+        [inputs.pop("image_slots").to(device), torch.zeros_like(response, dtype=torch.bool)[None]], dim=1
+    )  # [1, L + T]
     embeds = model.get_input_embeddings()(ids)  # [1, L + T, H]
     pixels = {k: v.to(device) for k, v in inputs.items()}
     if images:
@@ -97,8 +107,13 @@ def vl_response_logprobs(model: nn.Module, processor: Any, prompt_ids: Sequence[
         features = torch.cat(list(features)) if isinstance(features, (tuple, list)) else features
         embeds = embeds.masked_scatter(slots[..., None], features.to(embeds.dtype))  # in order
     rope = _rope_module(model)
-    positions = None if rope is None else rope.get_rope_index(  # M-RoPE: [3, 1, L + T], the model's own
-        ids, mm_token_type_ids=slots.int(), image_grid_thw=pixels.get("image_grid_thw"))[0]
+    positions = (
+        None
+        if rope is None
+        else rope.get_rope_index(  # M-RoPE: [3, 1, L + T], the model's own
+            ids, mm_token_type_ids=slots.int(), image_grid_thw=pixels.get("image_grid_thw")
+        )[0]
+    )
     n = response.shape[0]
     # The last T + 1 positions: the logits at position i predict token i + 1, so the last one predicts nothing.
     out = model(inputs_embeds=embeds, position_ids=positions, use_cache=False, logits_to_keep=n + 1)
@@ -116,8 +131,9 @@ def merge_at_slots(model: nn.Module) -> None:
 
         def merger(input_ids: Tensor, inputs_embeds: Tensor, image_hidden_states: Tensor) -> Tensor:
             if inner.image_slots is None:
-                return plain_merger(input_ids=input_ids, inputs_embeds=inputs_embeds,
-                                    image_hidden_states=image_hidden_states)
+                return plain_merger(
+                    input_ids=input_ids, inputs_embeds=inputs_embeds, image_hidden_states=image_hidden_states
+                )
             slots = inner.image_slots.to(inputs_embeds.device)[..., None]  # [B, L, 1]
             return inputs_embeds.masked_scatter(slots, image_hidden_states.to(inputs_embeds.dtype))
 
@@ -125,23 +141,32 @@ def merge_at_slots(model: nn.Module) -> None:
     elif (inner := _module_with(model, "get_placeholder_mask")) is not None:
         plain_mask = inner.get_placeholder_mask
 
-        def placeholder_mask(input_ids: Tensor | None, inputs_embeds: Tensor, image_features: Tensor | None = None,
-                             video_features: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        def placeholder_mask(
+            input_ids: Tensor | None,
+            inputs_embeds: Tensor,
+            image_features: Tensor | None = None,
+            video_features: Tensor | None = None,
+        ) -> tuple[Tensor, Tensor]:
             if inner.image_slots is None or image_features is None:
-                return plain_mask(input_ids, inputs_embeds=inputs_embeds, image_features=image_features,
-                                  video_features=video_features)
+                return plain_mask(
+                    input_ids, inputs_embeds=inputs_embeds, image_features=image_features, video_features=video_features
+                )
             image_mask, video_mask = plain_mask(input_ids, inputs_embeds=inputs_embeds, video_features=video_features)
             slots = inner.image_slots.to(image_mask.device)  # [B, L]
             if int(slots.sum()) * inputs_embeds.shape[-1] != image_features.numel():
-                raise ValueError(f"{int(slots.sum())} image slots for image features of shape "
-                                 f"{tuple(image_features.shape)}: the expanded prompt and its pixels disagree")
+                raise ValueError(
+                    f"{int(slots.sum())} image slots for image features of shape "
+                    f"{tuple(image_features.shape)}: the expanded prompt and its pixels disagree"
+                )
             return slots.reshape(*slots.shape, *[1] * (image_mask.dim() - 2)).expand_as(image_mask), video_mask
 
         inner.get_placeholder_mask = placeholder_mask
     else:
-        raise ValueError(f"{type(model).__name__}: the learner takes the vision-language models that merge images "
-                         f"with an inputs_merger (Idefics3, SmolVLM) or a get_placeholder_mask (Qwen-VL); this "
-                         f"one's merge is not supported yet")
+        raise ValueError(
+            f"{type(model).__name__}: the learner takes the vision-language models that merge images "
+            f"with an inputs_merger (Idefics3, SmolVLM) or a get_placeholder_mask (Qwen-VL); this "
+            f"one's merge is not supported yet"
+        )
     inner.image_slots = None  # [B, L] bool while `image_slots` holds
 
 
@@ -160,8 +185,14 @@ def image_slots(model: nn.Module, slots: Tensor | None) -> Iterator[None]:
         inner.image_slots = None
 
 
-def mrope_position_ids(model: nn.Module, input_ids: Tensor, slots: Tensor | None, image_grid_thw: Tensor | None,
-                       attention_mask: Tensor | None, position_ids: Tensor | None) -> Tensor | None:
+def mrope_position_ids(
+    model: nn.Module,
+    input_ids: Tensor,
+    slots: Tensor | None,
+    image_grid_thw: Tensor | None,
+    attention_mask: Tensor | None,
+    position_ids: Tensor | None,
+) -> Tensor | None:
     """A micro-batch's position ids [4, B, L] for a model with multimodal RoPE (Qwen-VL: text positions, then the
     temporal, height and width ones), or None for any other model (it counts positions itself).
 
@@ -186,8 +217,9 @@ def mrope_position_ids(model: nn.Module, input_ids: Tensor, slots: Tensor | None
             n_images = int((seg[1:] & ~seg[:-1]).sum()) + int(seg[:1].sum())  # runs of slots: one image each
             if n_images:
                 grid = torch.stack([next(grids) for _ in range(n_images)])  # [n, 3]
-                out[1:, b, s:e] = rope.get_rope_index(input_ids[b:b + 1, s:e], mm_token_type_ids=seg[None].int(),
-                                                      image_grid_thw=grid)[0][:, 0]
+                out[1:, b, s:e] = rope.get_rope_index(
+                    input_ids[b : b + 1, s:e], mm_token_type_ids=seg[None].int(), image_grid_thw=grid
+                )[0][:, 0]
     return out
 
 

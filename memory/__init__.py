@@ -61,8 +61,9 @@ class Memory(Protocol):
 
     def reset(self, instructions: str) -> None: ...
 
-    def record(self, observation: str, action: str, reward: float = 0.0,
-               info: Mapping[str, Any] | None = None) -> None: ...
+    def record(
+        self, observation: str, action: str, reward: float = 0.0, info: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     def messages(self, observation: str, image: np.ndarray | None = None) -> Messages: ...
 
@@ -76,9 +77,17 @@ MEMORIES.add("summary", lambda k, max_events, fitter: Summary(k, fitter))
 MEMORIES.add("key_events", lambda k, max_events, fitter: KeyEvents(k, max_events, fitter))
 
 
-def make(kind: str, *, k: int = 2, max_events: int = 8, tokenizer: ChatTokenizer | None = None,
-         max_prompt_tokens: int | None = None, images: str = "none", image_tokens: int = 0,
-         image_placeholder: str = "") -> Memory:
+def make(
+    kind: str,
+    *,
+    k: int = 2,
+    max_events: int = 8,
+    tokenizer: ChatTokenizer | None = None,
+    max_prompt_tokens: int | None = None,
+    images: str = "none",
+    image_tokens: int = 0,
+    image_placeholder: str = "",
+) -> Memory:
     """Build a memory module by name; an unknown name lists the known ones.
 
     k: recent steps shown verbatim (ignored by `full`); max_events: older key steps `key_events` keeps;
@@ -87,8 +96,9 @@ def make(kind: str, *, k: int = 2, max_events: int = 8, tokenizer: ChatTokenizer
     in the model on top of the chat template's tokens (needed with images under a budget); image_placeholder:
     the model's image token as text ("<image>"), written "[image]" where the text holds it (see memory.prompt).
     """
-    return MEMORIES.get(kind)(k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens,
-                                                          image_placeholder))
+    return MEMORIES.get(kind)(
+        k, max_events, PromptFitter(tokenizer, max_prompt_tokens, images, image_tokens, image_placeholder)
+    )
 
 
 __all__ = ["MEMORIES", "Memory", "Full", "KeyEvents", "LastK", "Summary", "make"]

@@ -46,8 +46,7 @@ class EpisodeMemory:
         self._history.clear()
         self._picture = None
 
-    def record(self, observation: str, action: str, reward: float = 0.0,
-               info: Mapping[str, Any] | None = None) -> None:
+    def record(self, observation: str, action: str, reward: float = 0.0, info: Mapping[str, Any] | None = None) -> None:
         self._history.record(observation, action, reward, info, self._picture)
         self._picture = (info or {}).get("image") if self._keeps_pictures else None
 

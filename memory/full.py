@@ -20,5 +20,6 @@ class Full(EpisodeMemory):
 
     def _prompt(self, observation: str, image: np.ndarray | None) -> Messages:
         blocks = tuple(step_block(s) for s in self._history.steps)
-        return self.fitter.fit(self._instructions, [Section("Steps so far:", blocks)], self._history.next_index,
-                               observation, image)
+        return self.fitter.fit(
+            self._instructions, [Section("Steps so far:", blocks)], self._history.next_index, observation, image
+        )

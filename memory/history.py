@@ -75,15 +75,26 @@ class History:
     def clear(self) -> None:
         self.steps.clear()
 
-    def record(self, observation: str, action: str, reward: float = 0.0,
-               info: Mapping[str, Any] | None = None, image: np.ndarray | None = None) -> Step:
+    def record(
+        self,
+        observation: str,
+        action: str,
+        reward: float = 0.0,
+        info: Mapping[str, Any] | None = None,
+        image: np.ndarray | None = None,
+    ) -> Step:
         info = info or {}
         previous = self.steps[-1].reward if self.steps else 0.0
         valid = info.get("valid", True) is not False
         step = Step(
-            index=len(self.steps) + 1, observation=observation, action=action, reward=float(reward), valid=valid,
+            index=len(self.steps) + 1,
+            observation=observation,
+            action=action,
+            reward=float(reward),
+            valid=valid,
             parse_error="" if valid else str(info.get("parse_error", "")),
-            event=key_event_reason(float(reward), previous, info), image=image,
+            event=key_event_reason(float(reward), previous, info),
+            image=image,
         )
         self.steps.append(step)
         return step

@@ -32,7 +32,9 @@ class KeyEvents(EpisodeMemory):
         steps = self._history.steps
         split = max(0, len(steps) - self.k)
         events = [s for s in steps[:split] if s.event]
-        events = events[max(0, len(events) - self.max_events):]
-        sections = [Section("Key events:", tuple(_block(s) for s in events)),
-                    Section("Recent steps:", tuple(_block(s) for s in steps[split:]))]
+        events = events[max(0, len(events) - self.max_events) :]
+        sections = [
+            Section("Key events:", tuple(_block(s) for s in events)),
+            Section("Recent steps:", tuple(_block(s) for s in steps[split:])),
+        ]
         return self.fitter.fit(self._instructions, sections, self._history.next_index, observation, image)

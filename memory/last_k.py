@@ -22,7 +22,8 @@ class LastK(EpisodeMemory):
         super().__init__(fitter)
 
     def _prompt(self, observation: str, image: np.ndarray | None) -> Messages:
-        recent = self._history.steps[max(0, len(self._history.steps) - self.k):]
+        recent = self._history.steps[max(0, len(self._history.steps) - self.k) :]
         blocks = tuple(step_block(s) for s in recent)
-        return self.fitter.fit(self._instructions, [Section("Recent steps:", blocks)], self._history.next_index,
-                               observation, image)
+        return self.fitter.fit(
+            self._instructions, [Section("Recent steps:", blocks)], self._history.next_index, observation, image
+        )

@@ -80,8 +80,14 @@ def current_step(step: int, observation: str) -> str:
     return f"Now (step {step}):\n{observation}"
 
 
-def assemble(instructions: str, sections: Sequence[Section], current: str, image: bool = False,
-             parts: bool = False, placeholder: str = "") -> Messages:
+def assemble(
+    instructions: str,
+    sections: Sequence[Section],
+    current: str,
+    image: bool = False,
+    parts: bool = False,
+    placeholder: str = "",
+) -> Messages:
     """The chat messages: instructions as the system message, history and the current step as the user's.
 
     With `parts`, contents are lists of chat parts: an image part before each block that has a picture and
@@ -107,8 +113,10 @@ def assemble(instructions: str, sections: Sequence[Section], current: str, image
             content[-1]["text"] += chunk
         else:
             content.append({"type": "text", "text": chunk})
-    return [{"role": "system", "content": [{"type": "text", "text": instructions}]},
-            {"role": "user", "content": content}]
+    return [
+        {"role": "system", "content": [{"type": "text", "text": instructions}]},
+        {"role": "user", "content": content},
+    ]
 
 
 def image_parts(messages: Messages) -> int:
@@ -121,7 +129,7 @@ def keep_newest(sections: Sequence[Section], kept: int) -> list[Section]:
     out: list[Section] = []
     for section in reversed(sections):
         take = min(kept, len(section.blocks))
-        out.append(Section(section.title, section.blocks[len(section.blocks) - take:]))
+        out.append(Section(section.title, section.blocks[len(section.blocks) - take :]))
         kept -= take
     return out[::-1]
 
@@ -174,8 +182,14 @@ def _frozen(value: Any) -> Any:
 class PromptFitter:
     """Builds each prompt under an optional token budget and counts what the budget cost."""
 
-    def __init__(self, tokenizer: ChatTokenizer | None = None, max_prompt_tokens: int | None = None,
-                 images: str = "none", image_tokens: int = 0, image_placeholder: str = ""):
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer | None = None,
+        max_prompt_tokens: int | None = None,
+        images: str = "none",
+        image_tokens: int = 0,
+        image_placeholder: str = "",
+    ):
         if max_prompt_tokens is not None and max_prompt_tokens <= 0:
             raise ValueError(f"max_prompt_tokens={max_prompt_tokens}: must be positive (None: no budget)")
         if max_prompt_tokens is not None and tokenizer is None:
@@ -183,8 +197,10 @@ class PromptFitter:
         if images not in IMAGE_MODES:
             raise ValueError(f"images={images!r}: use one of {', '.join(IMAGE_MODES)}")
         if image_tokens < 0 or (images != "none" and max_prompt_tokens is not None and image_tokens == 0):
-            raise ValueError(f"image_tokens={image_tokens}: with images under a token budget, give the tokens one "
-                             "image costs in the model (from its processor), a positive int")
+            raise ValueError(
+                f"image_tokens={image_tokens}: with images under a token budget, give the tokens one "
+                "image costs in the model (from its processor), a positive int"
+            )
         self.tokenizer, self.max_prompt_tokens = tokenizer, max_prompt_tokens
         self.images, self.image_tokens, self.image_placeholder = images, image_tokens, image_placeholder
         self.dropped_steps = 0
@@ -213,8 +229,9 @@ class PromptFitter:
             raise ValueError("token ids need the model's tokenizer: pass tokenizer=...")
         key = _frozen(messages)
         if self._last is None or self._last[0] != key:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False)
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
             self._last = (key, list(ids))
         return self._last[1]
 
@@ -225,8 +242,14 @@ class PromptFitter:
     def _assemble(self, instructions: str, sections: Sequence[Section], current: str, image: bool) -> Messages:
         """`assemble` in this fitter's form: part lists when it shows images; `image`: the current step has one."""
         shows = self.images != "none"
-        return assemble(instructions, sections, current, image and shows, parts=shows,
-                        placeholder=self.image_placeholder if shows else "")
+        return assemble(
+            instructions,
+            sections,
+            current,
+            image and shows,
+            parts=shows,
+            placeholder=self.image_placeholder if shows else "",
+        )
 
     def check(self, instructions: str, step: int = 1, image: bool = True) -> None:
         """Raise unless the instructions fit with an empty observation and, when this fitter shows images and
@@ -242,19 +265,32 @@ class PromptFitter:
             raise ValueError(
                 f"memory.max_prompt_tokens={self.max_prompt_tokens} is too small for the env's instructions "
                 f"alone ({self.count(self._assemble(instructions, [], '', image))} tokens with the chat template"
-                f"{' and an image' if self.images != 'none' and image else ''}): raise it.")
+                f"{' and an image' if self.images != 'none' and image else ''}): raise it."
+            )
         passed.add(key)
 
-    def fits_text(self, instructions: str, sections: Sequence[Section], step: int, observation: str,
-                  image: np.ndarray | None = None) -> bool:
+    def fits_text(
+        self,
+        instructions: str,
+        sections: Sequence[Section],
+        step: int,
+        observation: str,
+        image: np.ndarray | None = None,
+    ) -> bool:
         """Whether the sections' text fits beside the instructions and the current step (and its picture), the
         history's pictures left out: `fit` drops those before any history step, so a memory that shortens its
         history for the budget (summary) tests this."""
         current = current_step(step, observation)
         return self.fits(self._assemble(instructions, keep_newest_images(sections, 0), current, image is not None))
 
-    def fit(self, instructions: str, sections: Sequence[Section], step: int, observation: str,
-            image: np.ndarray | None = None) -> Messages:
+    def fit(
+        self,
+        instructions: str,
+        sections: Sequence[Section],
+        step: int,
+        observation: str,
+        image: np.ndarray | None = None,
+    ) -> Messages:
         """The prompt for step `step`: as much history as fits, newest kept; see the module docstring.
 
         `image`: the current observation's picture (left out with images="none"). Sets `prompt_images`."""
@@ -263,8 +299,9 @@ class PromptFitter:
         self.prompt_images = shown_images(sections, image)
         return self._assemble(instructions, sections, current, image is not None)
 
-    def _fitting(self, instructions: str, sections: list[Section], step: int, observation: str,
-                 image: bool) -> tuple[list[Section], str]:
+    def _fitting(
+        self, instructions: str, sections: list[Section], step: int, observation: str, image: bool
+    ) -> tuple[list[Section], str]:
         """(history, current step) that fit: history pictures go first, then history steps, both oldest first;
         when the instructions and the current step alone overflow, the observation's beginning."""
         current = current_step(step, observation)
@@ -289,5 +326,5 @@ class PromptFitter:
         self.truncated_steps += 1
         self.check(instructions, step, image)
         head = current_step(step, CUT_MARK)
-        chars = largest_fitting(len(observation), lambda c: fits([], head + observation[len(observation) - c:]))
-        return [], head + observation[len(observation) - chars:]
+        chars = largest_fitting(len(observation), lambda c: fits([], head + observation[len(observation) - c :]))
+        return [], head + observation[len(observation) - chars :]

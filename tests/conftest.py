@@ -21,17 +21,20 @@ class VllmServer:
     log: Path
 
 
-def serve_tiny_model(tmp_path_factory: pytest.TempPathFactory, max_model_len: int | None = None, tied: bool = True
-                     ) -> Iterator[VllmServer]:
+def serve_tiny_model(
+    tmp_path_factory: pytest.TempPathFactory, max_model_len: int | None = None, tied: bool = True
+) -> Iterator[VllmServer]:
     """A vLLM server of a freshly made tiny model (`tied`: its LM head is its embedding): `serve_model`."""
     from launcher.tiny_model import make_tiny_model
 
-    yield from serve_model(tmp_path_factory, make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", tied=tied),
-                           max_model_len)
+    yield from serve_model(
+        tmp_path_factory, make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", tied=tied), max_model_len
+    )
 
 
-def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model_len: int | None = None,
-                lora_rank: int = 0) -> Iterator[VllmServer]:
+def serve_model(
+    tmp_path_factory: pytest.TempPathFactory, model: Path, max_model_len: int | None = None, lora_rank: int = 0
+) -> Iterator[VllmServer]:
     """A vLLM server of the model directory `model`, started as every engine is (with LoRA adapters of up to
     `lora_rank` when > 0), until the generator closes; then its whole process group is stopped and checked gone."""
     from agentstream.config import Config
@@ -63,8 +66,7 @@ def serve_model(tmp_path_factory: pytest.TempPathFactory, model: Path, max_model
 @pytest.fixture(scope="session")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Iterator[VllmServer]]:
     """`serve_model` for a test's own model directory: `for server in serving(model_dir): ...`."""
-    return lambda model, max_model_len=None, lora_rank=0: serve_model(tmp_path_factory, model, max_model_len,
-                                                                      lora_rank)
+    return lambda model, max_model_len=None, lora_rank=0: serve_model(tmp_path_factory, model, max_model_len, lora_rank)
 
 
 @pytest.fixture(scope="session")

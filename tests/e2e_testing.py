@@ -39,8 +39,9 @@ def check_accounting(s: dict) -> None:
     buffered, and settled once."""
     rel, keys = s["reliability"], s["reliability"]["keys"]
     assert rel["transitions_acked"] == s["transitions_ingested"] + sum(rel["transitions_rejected"].values())
-    assert s["transitions_ingested"] == (s["transitions_trained"] + s["transitions_buffered"]
-                                         + sum(s["transitions_dropped"].values()))
+    assert s["transitions_ingested"] == (
+        s["transitions_trained"] + s["transitions_buffered"] + sum(s["transitions_dropped"].values())
+    )
     assert keys["settled_twice"] == 0
     settled = keys["trained"] + keys["dropped"] + keys["rejected"] + keys["buffered"]
     assert keys["tracked"] == settled == rel["transitions_acked"], (keys, rel["transitions_acked"])
@@ -54,8 +55,10 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.5, run_di
         if value:
             return value
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
-                         + ("" if run_dir is None else f"; the run says:\n{run_account(run_dir)}"))
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f}s waiting for {what}"
+        + ("" if run_dir is None else f"; the run says:\n{run_account(run_dir)}")
+    )
 
 
 def run_account(run_dir: Path) -> str:
@@ -95,16 +98,20 @@ async def vllm_metrics(session: aiohttp.ClientSession, url: str) -> str:
         return await resp.text()
 
 
-async def wait_until_all_decode(session: aiohttp.ClientSession, url: str, tasks: list[asyncio.Task],
-                                tokens_before: float) -> None:
+async def wait_until_all_decode(
+    session: aiohttp.ClientSession, url: str, tasks: list[asyncio.Task], tokens_before: float
+) -> None:
     """Until all of `tasks`' requests are in the engine's running batch, none waits, and they have sampled a
     few tokens each. The token count alone can pass while one request has not yet reached the engine on a busy
     machine; that one would start after an update the test means to land mid-way."""
     n = len(tasks)
     while True:
         text = await vllm_metrics(session, url)  # one read for the three figures
-        if (vllm_metric(text, "num_requests_running") == n and vllm_metric(text, "num_requests_waiting") == 0
-                and vllm_metric(text, "generation_tokens_total") >= tokens_before + 2 * n):
+        if (
+            vllm_metric(text, "num_requests_running") == n
+            and vllm_metric(text, "num_requests_waiting") == 0
+            and vllm_metric(text, "generation_tokens_total") >= tokens_before + 2 * n
+        ):
             return
         assert not any(t.done() for t in tasks), "a request ended before the update could start"
         await asyncio.sleep(0.05)
@@ -118,8 +125,8 @@ def read_tensorboard(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     for path in sorted(logdir.glob("events.out.tfevents.*")):
         data, i = path.read_bytes(), 0
         while i + 12 <= len(data):
-            (n,) = struct.unpack("<Q", data[i:i + 8])
-            event = Event.FromString(data[i + 12:i + 12 + n])
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            event = Event.FromString(data[i + 12 : i + 12 + n])
             i += 12 + n + 4
             for v in event.summary.value:
                 out.setdefault(v.tag, []).append((event.step, v.simple_value))
@@ -132,9 +139,14 @@ def read_wandb(wandb_dir: Path) -> tuple[dict, dict[str, list[tuple[int, float]]
     (step, value) per logged key."""
     runs = sorted(wandb_dir.glob("*run-*/run-*.wandb"))
     assert len(runs) == 1, f"expected one W&B run in {wandb_dir}, found {runs}"
-    proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(runs[0])],
-                          capture_output=True, text=True, timeout=120, check=True,
-                          env={**os.environ, "WANDB_MODE": "offline"})  # offline: no error reports sent
+    proc = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(runs[0])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )  # offline: no error reports sent
     run: dict = {}
     out: dict[str, list[tuple[int, float]]] = {}
     for line in proc.stdout.splitlines():
@@ -161,9 +173,10 @@ def read_mlflow(tracking_uri: str, experiment: str) -> tuple[object, dict[str, l
     runs = client.search_runs([found.experiment_id])
     assert len(runs) == 1, f"expected one MLflow run in {experiment!r}, found {len(runs)}"
     run = runs[0]
-    return run, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
-                                                         key=lambda m: m.step)]
-                 for key in run.data.metrics}
+    return run, {
+        key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+        for key in run.data.metrics
+    }
 
 
 def lineage(metrics_log: Path) -> list[int]:
@@ -188,8 +201,9 @@ def check_logged_calls(run: dict, groups: int, group_size: int) -> list:
         return tuple(prompt), tuple(answer)
 
     logged = list(logged_transitions(run["dir"] / "broker-wal"))
-    assert collections.Counter(key(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in logged) == \
-        collections.Counter(key(c["prompt_token_ids"], c["token_ids"]) for c in run["calls"])  # as multisets
+    assert collections.Counter(
+        key(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in logged
+    ) == collections.Counter(key(c["prompt_token_ids"], c["token_ids"]) for c in run["calls"])  # as multisets
     last = {c["episode"]: c for c in run["calls"]}  # the record is in call order per episode
     ends = {key(c["prompt_token_ids"], c["token_ids"]): run["ends"][e]["reward"] for e, c in last.items()}
     for t in logged:
@@ -220,8 +234,8 @@ def tool_round_trips(calls: list[dict], model_dir: str) -> int:
         for a, b in zip(episode, episode[1:]):
             assert a["tool_calls"], a
             p, r = a["prompt_token_ids"], a["token_ids"]
-            assert b["prompt_token_ids"][:len(p) + len(r)] == p + r
-            suffix = tok.decode(b["prompt_token_ids"][len(p) + len(r):])
+            assert b["prompt_token_ids"][: len(p) + len(r)] == p + r
+            suffix = tok.decode(b["prompt_token_ids"][len(p) + len(r) :])
             assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
             round_trips += 1
     return round_trips
@@ -230,9 +244,17 @@ def tool_round_trips(calls: list[dict], model_dir: str) -> int:
 def agent_run_overrides(run_dir: Path, model: str, url: str, steps: int, dashboard_port: int) -> list[str]:
     """The launcher overrides of an agent example's `--launch` run in the tests: one learner rank, the session's
     vLLM server as the one engine, a group a step, `steps` steps."""
-    return [f"run.output_dir={run_dir}", f"model.path={model}", "engines.count=1", f"engines.external_urls=[{url}]",
-            "learner.world_size=1", "trainer.groups_per_step=1", f"trainer.total_steps={steps}",
-            f"broker.dashboard_port={dashboard_port}", "run.shutdown_timeout_s=5"]
+    return [
+        f"run.output_dir={run_dir}",
+        f"model.path={model}",
+        "engines.count=1",
+        f"engines.external_urls=[{url}]",
+        "learner.world_size=1",
+        "trainer.groups_per_step=1",
+        f"trainer.total_steps={steps}",
+        f"broker.dashboard_port={dashboard_port}",
+        "run.shutdown_timeout_s=5",
+    ]
 
 
 def run_agent(argv: list[str], run_dir: Path, record: Path, timeout_s: float = 300) -> dict:
@@ -240,8 +262,14 @@ def run_agent(argv: list[str], run_dir: Path, record: Path, timeout_s: float = 3
     stops its children) and assert it exited 0. Returns its run folder, output, wall time, summary, the calls and
     episode ends it recorded (`--record`), every recorded row and the run's metrics text."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -250,9 +278,16 @@ def run_agent(argv: list[str], run_dir: Path, record: Path, timeout_s: float = 3
     wall = time.monotonic() - t0
     assert proc.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
     rows = [json.loads(line) for line in record.read_text().splitlines()]
-    return {"dir": run_dir, "out": out, "wall_s": wall, "summary": json.loads((run_dir / "summary.json").read_text()),
-            "calls": [r for r in rows if "turn" in r], "ends": {r["episode"]: r for r in rows if "reward" in r},
-            "rows": rows, "metrics": (run_dir / "metrics.txt").read_text()}
+    return {
+        "dir": run_dir,
+        "out": out,
+        "wall_s": wall,
+        "summary": json.loads((run_dir / "summary.json").read_text()),
+        "calls": [r for r in rows if "turn" in r],
+        "ends": {r["episode"]: r for r in rows if "reward" in r},
+        "rows": rows,
+        "metrics": (run_dir / "metrics.txt").read_text(),
+    }
 
 
 @contextlib.asynccontextmanager

@@ -47,13 +47,28 @@ def newest_pid(run_dir: Path, child: str) -> int:
 
 def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
     run_dir, port = tmp_path / "run", free_port()
-    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "actors.count=2",
-            "actors.episodes_per_actor=8", f"env.group_size={G}", f"env.max_steps={MAX_STEPS}", "engines.count=2",
-            "learner.world_size=2", f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2",
-            "trainer.max_staleness=2", "checkpoint.every_steps=1", "broker.track_keys=true",
-            f"broker.max_buffered_transitions={MAX_BUFFERED}", "actors.max_restarts=10", "actors.ack_timeout_s=2",
-            "run.startup_timeout_s=600", f"broker.dashboard_port={port}",
-            "broker.heartbeat_timeout_s=600"]  # (the actors held while engine-0 restarts are not taken for dead)
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        f"run.output_dir={run_dir}",
+        "actors.count=2",
+        "actors.episodes_per_actor=8",
+        f"env.group_size={G}",
+        f"env.max_steps={MAX_STEPS}",
+        "engines.count=2",
+        "learner.world_size=2",
+        f"trainer.total_steps={STEPS}",
+        "trainer.groups_per_step=2",
+        "trainer.max_staleness=2",
+        "checkpoint.every_steps=1",
+        "broker.track_keys=true",
+        f"broker.max_buffered_transitions={MAX_BUFFERED}",
+        "actors.max_restarts=10",
+        "actors.ack_timeout_s=2",
+        "run.startup_timeout_s=600",
+        f"broker.dashboard_port={port}",
+        "broker.heartbeat_timeout_s=600",
+    ]  # (the actors held while engine-0 restarts are not taken for dead)
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rng = random.Random(5)
     figures: dict[str, object] = {}
@@ -92,8 +107,11 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
         for pid in actors:
             os.kill(pid, signal.SIGSTOP)
         try:  # (a new pid, not a larger one: pids wrap around)
-            wait_for(lambda: newest_pid(run_dir, "sidecar-0") != sidecar_pid and engine_serves_current(state()), 900,
-                     "engine-0 back, at the learner's current weights")
+            wait_for(
+                lambda: newest_pid(run_dir, "sidecar-0") != sidecar_pid and engine_serves_current(state()),
+                900,
+                "engine-0 back, at the learner's current weights",
+            )
         finally:
             for pid in actors:
                 os.kill(pid, signal.SIGCONT)
@@ -112,8 +130,13 @@ def test_kill_everything_once_and_lose_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-4000:]
     s = json.loads((run_dir / "summary.json").read_text())
     rel = s["reliability"]
-    figures.update(restarts=s["restarts"], actor_restarts=s["actor_restarts"], reliability=rel,
-                   dropped=s["transitions_dropped"], shapes=s["trained_group_shapes"])
+    figures.update(
+        restarts=s["restarts"],
+        actor_restarts=s["actor_restarts"],
+        reliability=rel,
+        dropped=s["transitions_dropped"],
+        shapes=s["trained_group_shapes"],
+    )
     print("chaos figures:", json.dumps(figures, indent=1))
 
     assert s["status"] == "finished" and s["restarts"] == {"broker": 1, "engine": 1, "learner": 1}
@@ -161,8 +184,13 @@ def pause_learner(run_dir: Path, state) -> dict:
             time.sleep(1)
             st = state()
             if st:
-                samples.append((st["gauges"]["buffered_transitions"], st["counters"].get("env_steps", 0.0),
-                                broker.memory_info().rss))
+                samples.append(
+                    (
+                        st["gauges"]["buffered_transitions"],
+                        st["counters"].get("env_steps", 0.0),
+                        broker.memory_info().rss,
+                    )
+                )
             if len(samples) >= 6 and len({e for _, e, _ in samples[-6:]}) == 1:
                 break
     finally:

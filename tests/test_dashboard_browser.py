@@ -40,9 +40,21 @@ from broker.gallery import Gallery
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "runs" / "test-artifacts"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-LINE_CHARTS = ["chart-env_steps", "chart-tokens", "chart-transitions", "chart-learner", "chart-step_time",
-               "chart-versions", "chart-staleness", "chart-buffer", "chart-reward", "chart-success",
-               "chart-invalid", "chart-weight_sync", "chart-mismatch"]
+LINE_CHARTS = [
+    "chart-env_steps",
+    "chart-tokens",
+    "chart-transitions",
+    "chart-learner",
+    "chart-step_time",
+    "chart-versions",
+    "chart-staleness",
+    "chart-buffer",
+    "chart-reward",
+    "chart-success",
+    "chart-invalid",
+    "chart-weight_sync",
+    "chart-mismatch",
+]
 
 
 @pytest.fixture
@@ -57,8 +69,15 @@ def browser() -> Iterator[Any]:
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not look for drivers on the network
     opts = Options()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1500,2400", "--disable-extensions", "--no-first-run"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,2400",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
     driver.set_script_timeout(10)
@@ -78,8 +97,11 @@ def page(driver: Any, expr: str) -> Any:
 
 def table(driver: Any, table_id: str) -> list[list[str]]:
     """The rows' cell texts, read in one go (the page rewrites its tables with every snapshot)."""
-    return page(driver, f"Array.from(document.querySelectorAll('#{table_id} tbody tr'))"
-                        ".map(r => Array.from(r.cells).map(c => c.textContent))")
+    return page(
+        driver,
+        f"Array.from(document.querySelectorAll('#{table_id} tbody tr'))"
+        ".map(r => Array.from(r.cells).map(c => c.textContent))",
+    )
 
 
 # ------------------------------------------------------------------------------------------ hand-made states
@@ -89,18 +111,53 @@ def snapshot(n: int, engines: int) -> dict[str, Any]:
     """State number n: learner at version n, one point per second ending at time 1000 + n."""
     t = 1000.0 + n
     return {
-        "time": t, "run": {"name": "fake", "status": "running", "reason": "", "wall_s": float(n), "total_steps": 99},
+        "time": t,
+        "run": {"name": "fake", "status": "running", "reason": "", "wall_s": float(n), "total_steps": 99},
         "learner": {"version": n, "step_time_s": 1.5, "loss": 0.5, "publish_s": 0.1, "batch_wait_s": 0.0},
-        "engines": [{"name": f"engine-{i}", "url": f"http://127.0.0.1:{8000 + i}", "address": f"http://127.0.0.1:{8000 + i}",
-                     "incarnation": 0, "version": n, "alive": True, "requests_in_flight": 3, "weight_sync_s": 0.05,
-                     "last_seen_s": 0.5} for i in range(engines)],
-        "actors": [{"name": f"actor-{i}", "address": f"pid {100 + i}", "incarnation": i, "alive": i != 2,
-                    "episodes_in_flight": 4, "requests_in_flight": 2, "version": n, "last_seen_s": 0.3}
-                   for i in range(3)],
-        "envs": {"lake": {"episodes": 10.0, "successes": 2.0, "env_steps": 50.0, "reward_mean": 0.2,
-                          "success_rate": 0.2, "invalid_action_ratio": 0.1}},
-        "rates": {"env_steps_per_s": 10.0 + n, "tokens_per_s": 500.0, "transitions_per_s": 10.0,
-                  "learner_samples_per_s": 8.0, "learner_steps_per_s": 0.5},
+        "engines": [
+            {
+                "name": f"engine-{i}",
+                "url": f"http://127.0.0.1:{8000 + i}",
+                "address": f"http://127.0.0.1:{8000 + i}",
+                "incarnation": 0,
+                "version": n,
+                "alive": True,
+                "requests_in_flight": 3,
+                "weight_sync_s": 0.05,
+                "last_seen_s": 0.5,
+            }
+            for i in range(engines)
+        ],
+        "actors": [
+            {
+                "name": f"actor-{i}",
+                "address": f"pid {100 + i}",
+                "incarnation": i,
+                "alive": i != 2,
+                "episodes_in_flight": 4,
+                "requests_in_flight": 2,
+                "version": n,
+                "last_seen_s": 0.3,
+            }
+            for i in range(3)
+        ],
+        "envs": {
+            "lake": {
+                "episodes": 10.0,
+                "successes": 2.0,
+                "env_steps": 50.0,
+                "reward_mean": 0.2,
+                "success_rate": 0.2,
+                "invalid_action_ratio": 0.1,
+            }
+        },
+        "rates": {
+            "env_steps_per_s": 10.0 + n,
+            "tokens_per_s": 500.0,
+            "transitions_per_s": 10.0,
+            "learner_samples_per_s": 8.0,
+            "learner_steps_per_s": 0.5,
+        },
         "counters": {"transitions_ingested": 100.0 * n, "transitions_trained": 90.0 * n},
         "gauges": {"buffered_transitions": 10.0, "staleness_mean": 0.5, "staleness_max": 1.0},
         "staleness_hist": {"0": 5, "1": 7},
@@ -109,11 +166,26 @@ def snapshot(n: int, engines: int) -> dict[str, Any]:
 
 
 def point(n: int, engines: int) -> dict[str, Any]:
-    p = {"t": 1000.0 + n, "env_steps_per_s": 10.0 + n, "tokens_per_s": 500.0, "transitions_per_s": 10.0,
-         "learner_samples_per_s": 8.0, "learner_step_time_s": 1.5, "learner_version": n, "staleness_mean": 0.5,
-         "staleness_max": 1.0, "buffered_transitions": 10.0, "invalid_action_ratio": 0.1, "learner_publish_s": 0.1,
-         "reward_mean/lake": 0.2, "success_rate/lake": 0.2, "invalid_action_ratio/lake": 0.1,
-         "learner_mismatch_logp_abs_mean": 1e-6, "learner_mismatch_logp_abs_max": 4e-6, "learner_mismatch_kl": 1e-12}
+    p = {
+        "t": 1000.0 + n,
+        "env_steps_per_s": 10.0 + n,
+        "tokens_per_s": 500.0,
+        "transitions_per_s": 10.0,
+        "learner_samples_per_s": 8.0,
+        "learner_step_time_s": 1.5,
+        "learner_version": n,
+        "staleness_mean": 0.5,
+        "staleness_max": 1.0,
+        "buffered_transitions": 10.0,
+        "invalid_action_ratio": 0.1,
+        "learner_publish_s": 0.1,
+        "reward_mean/lake": 0.2,
+        "success_rate/lake": 0.2,
+        "invalid_action_ratio/lake": 0.1,
+        "learner_mismatch_logp_abs_mean": 1e-6,
+        "learner_mismatch_logp_abs_max": 4e-6,
+        "learner_mismatch_kl": 1e-12,
+    }
     p.update({f"engine_version/engine-{i}": n for i in range(engines)})
     p.update({f"weight_sync_s/engine-{i}": 0.05 for i in range(engines)})
     return p
@@ -138,14 +210,21 @@ class FakeBroker:
 
     def show(self, ts: list[Transition]) -> None:
         """Keep the pictures of `ts`, on the server's loop (where the snapshots read the gallery)."""
+
         async def keep() -> None:
             self.gallery.keep(ts, ["taken"] * len(ts), now=1000.0 + self.n)
+
         asyncio.run_coroutine_threadsafe(keep(), self.loop).result(timeout=10)
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        app = make_app(self.state, history_fn=lambda: [point(m, 1) for m in range(31)], history_s=600,
-                       stream_interval_s=0.25, gallery=self.gallery)
+        app = make_app(
+            self.state,
+            history_fn=lambda: [point(m, 1) for m in range(31)],
+            history_s=600,
+            stream_interval_s=0.25,
+            gallery=self.gallery,
+        )
         self.runner = self.loop.run_until_complete(serve(app, "127.0.0.1", self.port))
         ready.set()
         self.loop.run_forever()
@@ -162,8 +241,11 @@ def test_page_draws_history_and_stream_and_keeps_the_last_state_when_the_server_
         browser.get(f"http://127.0.0.1:{fake.port}/")
         assert page(browser, "typeof uPlot") == "function"  # the vendored library loaded from the broker
         # 31 history points (t = 1000..1030), then the stream's: every line chart holds more than 31.
-        wait_until(lambda: min(page(browser, "agentstreamDashboard.points()")[c] for c in LINE_CHARTS) > 33, 15,
-                   "history + streamed points in every chart")
+        wait_until(
+            lambda: min(page(browser, "agentstreamDashboard.points()")[c] for c in LINE_CHARTS) > 33,
+            15,
+            "history + streamed points in every chart",
+        )
         first = page(browser, "agentstreamDashboard.latest()")
         time.sleep(1.0)
         second = page(browser, "agentstreamDashboard.latest()")
@@ -171,12 +253,18 @@ def test_page_draws_history_and_stream_and_keeps_the_last_state_when_the_server_
         rows = table(browser, "actors-table")
         assert [r[0] for r in rows] == ["actor-0", "actor-1", "actor-2"]
         assert [r[3] for r in rows] == ["yes", "yes", "no"]  # actor-2 is dead in these states
-        assert rows[1][:3] == ["actor-1", "pid 101", "1"] and rows[1][4:6] == ["4", "2"]  # address, incarnation, in flight
+        assert rows[1][:3] == ["actor-1", "pid 101", "1"] and rows[1][4:6] == [
+            "4",
+            "2",
+        ]  # address, incarnation, in flight
         # An engine joins: the versions chart gains a line (x, learner, engine-0, engine-1).
         assert page(browser, "agentstreamDashboard.plots['chart-versions'].u.series.length") == 3
         fake.engines = 2
-        wait_until(lambda: page(browser, "agentstreamDashboard.plots['chart-versions'].u.series.length") == 4, 10,
-                   "a line for the new engine")
+        wait_until(
+            lambda: page(browser, "agentstreamDashboard.plots['chart-versions'].u.series.length") == 4,
+            10,
+            "a line for the new engine",
+        )
         assert [r[0] for r in table(browser, "engines-table")] == ["engine-0", "engine-1"]
         # The histogram has bars at lags 0 and 1.
         assert page(browser, "agentstreamDashboard.plots['chart-staleness_hist'].u.data") == [[0, 1], [5, 7]]
@@ -196,9 +284,22 @@ def test_page_draws_history_and_stream_and_keeps_the_last_state_when_the_server_
 def observation(n: int) -> Transition:
     """Step n of one trajectory; its prompt shows 2 pictures, 40 high and 48 wide, the current one last."""
     images = np.random.default_rng(n).integers(0, 256, (2, 40, 48, 3), dtype=np.uint8)
-    return Transition(traj_id="t", group_id=0, actor="actor-1", step=n, prompt_ids=np.zeros(2, np.int32),
-                      response_ids=np.zeros(1, np.int32), logprobs=np.zeros(1, np.float32), version_lo=n,
-                      version_hi=n, reward=0.5, done=False, truncated=False, valid=True, images=images)
+    return Transition(
+        traj_id="t",
+        group_id=0,
+        actor="actor-1",
+        step=n,
+        prompt_ids=np.zeros(2, np.int32),
+        response_ids=np.zeros(1, np.int32),
+        logprobs=np.zeros(1, np.float32),
+        version_lo=n,
+        version_hi=n,
+        reward=0.5,
+        done=False,
+        truncated=False,
+        valid=True,
+        images=images,
+    )
 
 
 def check_gallery(browser: Any, fake: FakeBroker) -> None:
@@ -238,20 +339,32 @@ def tensorboard_tags(logdir: Path) -> dict[str, list[float]]:
 
 
 @pytest.mark.e2e
-def test_live_run_dashboard_advances_lists_every_actor_and_keeps_the_final_state(browser: Any, tiny_engine,
-                                                                                 tmp_path: Path) -> None:
+def test_live_run_dashboard_advances_lists_every_actor_and_keeps_the_final_state(
+    browser: Any, tiny_engine, tmp_path: Path
+) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     run_dir, port = tmp_path / "run", free_port()
     base = f"http://127.0.0.1:{port}"
     model, url = tiny_engine  # the session's server (its learner brings it to the run's weights first)
-    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", f"model.path={model}",
-            f"engines.external_urls=[{url}]", "actors.count=2",
-            "actors.episodes_per_actor=8", "env.group_size=4", "learner.world_size=1",
-            f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", f"broker.dashboard_port={port}",
-            "run.startup_timeout_s=600"]  # a loaded 2-core machine has taken 4 min to start vLLM
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        f"run.output_dir={run_dir}",
+        f"model.path={model}",
+        f"engines.external_urls=[{url}]",
+        "actors.count=2",
+        "actors.episodes_per_actor=8",
+        "env.group_size=4",
+        "learner.world_size=1",
+        f"trainer.total_steps={STEPS}",
+        "trainer.groups_per_step=2",
+        f"broker.dashboard_port={port}",
+        "run.startup_timeout_s=600",
+    ]  # a loaded 2-core machine has taken 4 min to start vLLM
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+
         def streaming() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"the launcher exited early:\n{proc.communicate()[0][-3000:]}")
@@ -260,8 +373,11 @@ def test_live_run_dashboard_advances_lists_every_actor_and_keeps_the_final_state
 
         wait_until(streaming, 600, "both actors streaming transitions")
         browser.get(base + "/")
-        wait_until(lambda: min(page(browser, "agentstreamDashboard.points()")[c] for c in LINE_CHARTS) >= 3, 20,
-                   "points in every chart")
+        wait_until(
+            lambda: min(page(browser, "agentstreamDashboard.points()")[c] for c in LINE_CHARTS) >= 3,
+            20,
+            "points in every chart",
+        )
         first = page(browser, "agentstreamDashboard.latest()")
         time.sleep(2.5)
         second = page(browser, "agentstreamDashboard.latest()")

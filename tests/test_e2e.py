@@ -51,14 +51,31 @@ def routes(log: Path) -> set[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, float]:
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "actors.count=2",
-            "actors.episodes_per_actor=8", f"env.group_size={G}", "engines.count=1", "learner.world_size=2",
-            f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={GROUPS}", "trainer.max_staleness=1",
-            f"trainer.invalid_action_penalty={PENALTY}", f"broker.dashboard_port={free_port()}",
-            "logger=[jsonl,tensorboard,wandb,mlflow]", "algorithm=spin", "algorithm.ref_update_every=1",
-            "judges.count=1", "judges.combine=replace", f"judges.default_score={DEFAULT}", "judges.max_tokens=8",
-            "judges.score_pattern='JUDGED=([0-9]+)'", "trainer.token_reward=actors.token_rewards:per_token_cost",
-            f"+trainer.token_reward_kwargs.cost={COST}"]
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        f"run.output_dir={run_dir}",
+        "actors.count=2",
+        "actors.episodes_per_actor=8",
+        f"env.group_size={G}",
+        "engines.count=1",
+        "learner.world_size=2",
+        f"trainer.total_steps={STEPS}",
+        f"trainer.groups_per_step={GROUPS}",
+        "trainer.max_staleness=1",
+        f"trainer.invalid_action_penalty={PENALTY}",
+        f"broker.dashboard_port={free_port()}",
+        "logger=[jsonl,tensorboard,wandb,mlflow]",
+        "algorithm=spin",
+        "algorithm.ref_update_every=1",
+        "judges.count=1",
+        "judges.combine=replace",
+        f"judges.default_score={DEFAULT}",
+        "judges.max_tokens=8",
+        "judges.score_pattern='JUDGED=([0-9]+)'",
+        "trainer.token_reward=actors.token_rewards:per_token_cost",
+        f"+trainer.token_reward_kwargs.cost={COST}",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY", "MLFLOW_TRACKING_URI")}
     started = time.time()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
@@ -71,8 +88,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, floa
 
 def test_learner_and_every_engine_reach_the_final_version(run) -> None:
     _, s, metrics, wall = run
-    print(f"e2e wall {wall:.1f}s; {s['env_steps_per_s']:.1f} env steps/s; {s['tokens_per_s']:.0f} tokens/s; "
-          f"step time {s['learner_metrics'].get('step_time_s')}")
+    print(
+        f"e2e wall {wall:.1f}s; {s['env_steps_per_s']:.1f} env steps/s; {s['tokens_per_s']:.0f} tokens/s; "
+        f"step time {s['learner_metrics'].get('step_time_s')}"
+    )
     assert s["status"] == "finished", s["reason"]
     assert s["learner_version"] == STEPS
     assert s["engine_versions"] == {"engine-0": STEPS}
@@ -180,8 +199,9 @@ def test_every_step_got_its_token_rewards(run) -> None:
     steps = metric(metrics, "agentstream_env_steps_total")
     assert steps > 0 and metric(metrics, "agentstream_token_reward_steps_total") == steps
     assert metric(metrics, "agentstream_token_reward_failures_total") == 0
-    assert metric(metrics, "agentstream_token_reward_sum_total") == COST * metric(metrics,
-                                                                                 "agentstream_tokens_generated_total")
+    assert metric(metrics, "agentstream_token_reward_sum_total") == COST * metric(
+        metrics, "agentstream_tokens_generated_total"
+    )
 
 
 def test_the_learner_trained_on_the_judged_rewards(run) -> None:
@@ -205,8 +225,15 @@ def test_the_judge_is_a_server_of_its_own_that_never_gets_weights(run) -> None:
     # What each server was asked (its HTTP access log): the judge only its health and completions, never a weight
     # route (sleep, the streamed update's, update_weight_version, ...) nor even its version; the engine all of them.
     assert routes(logs / "judge-0.log") == {"/health", "/v1/completions"}
-    assert {"/sleep", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update",
-            "/update_weight_version", "/inference/v1/generate"} <= routes(logs / "engine-0.log")
+    assert {
+        "/sleep",
+        "/init_weight_transfer_engine",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/update_weight_version",
+        "/inference/v1/generate",
+    } <= routes(logs / "engine-0.log")
     actor_log = (logs / "actor-0.log").read_text()
     assert "Traceback" not in actor_log
 
@@ -237,8 +264,19 @@ def test_spin_pairs_each_group_once_and_refreshes_the_reference_every_version(ru
 
 
 def test_bad_config_stops_the_launch_at_once_with_what_to_change(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "scripts/launch.py", f"run.output_dir={tmp_path}", "env.group_size=16",
-                           "model.path=/nonexistent"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/launch.py",
+            f"run.output_dir={tmp_path}",
+            "env.group_size=16",
+            "model.path=/nonexistent",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "set actors.episodes_per_actor=16 or lower env.group_size" in proc.stderr
     assert "model.path='/nonexistent' is not a Hugging Face model directory" in proc.stderr
@@ -247,9 +285,21 @@ def test_bad_config_stops_the_launch_at_once_with_what_to_change(tmp_path: Path)
 def test_a_dead_learner_stops_the_run_with_the_reason(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # No engine (engines.count=0: none on this host): the learner dies before one would be needed.
-    proc = subprocess.run([sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "learner.backend=nccl",
-                           "run.shutdown_timeout_s=5", "engines.count=0", f"broker.dashboard_port={free_port()}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/launch.py",
+            f"run.output_dir={run_dir}",
+            "learner.backend=nccl",
+            "run.shutdown_timeout_s=5",
+            "engines.count=0",
+            f"broker.dashboard_port={free_port()}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"
@@ -262,10 +312,22 @@ def test_a_lora_run_sends_adapters_that_the_engine_keeps_serving(tmp_path: Path)
     # Regression: vLLM re-reads an adapter's folder when it re-activates it for a request; deleting an older
     # version's folder killed the engine's worker at the second update.
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", "model.lora_rank=8",
-                           "learner.world_size=1", "trainer.groups_per_step=2", "trainer.total_steps=4",
-                           f"broker.dashboard_port={free_port()}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/launch.py",
+            f"run.output_dir={run_dir}",
+            "model.lora_rank=8",
+            "learner.world_size=1",
+            "trainer.groups_per_step=2",
+            "trainer.total_steps=4",
+            f"broker.dashboard_port={free_port()}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert proc.returncode == 0, summary.get("reason")
     assert summary["learner_version"] == 4 and summary["engine_versions"] == {"engine-0": 4}

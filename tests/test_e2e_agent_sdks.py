@@ -42,9 +42,24 @@ def run(request: pytest.FixtureRequest, tiny_engine, tmp_path_factory: pytest.Te
     model, url = tiny_engine
     tmp = tmp_path_factory.mktemp(request.param)
     run_dir, record = tmp / "run", tmp / "calls.jsonl"
-    argv = [sys.executable, f"examples/{request.param}.py", "--launch", "--episodes", str(G * GROUPS),
-            "--group-size", str(G), "--concurrency", "4", "--max-tokens", "64", "--max-turns", str(MAX_TURNS),
-            "--record", str(record), *agent_run_overrides(run_dir, model, url, STEPS, free_port())]
+    argv = [
+        sys.executable,
+        f"examples/{request.param}.py",
+        "--launch",
+        "--episodes",
+        str(G * GROUPS),
+        "--group-size",
+        str(G),
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "64",
+        "--max-turns",
+        str(MAX_TURNS),
+        "--record",
+        str(record),
+        *agent_run_overrides(run_dir, model, url, STEPS, free_port()),
+    ]
     return run_agent(argv, run_dir, record) | {"sdk": request.param, "model": model}
 
 

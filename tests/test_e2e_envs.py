@@ -36,13 +36,28 @@ def server(tiny_engine):
 
 def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "scripts/launch.py", f"run.output_dir={run_dir}", f"model.path={model}",
-            "engines.count=1", f"engines.external_urls=[{url}]", "learner.world_size=1", "actors.count=1",
-            "actors.episodes_per_actor=2", "env.group_size=2", "trainer.groups_per_step=1",
-            "trainer.total_steps=1", "env.max_steps=3", "sampling.max_tokens=12",
-            f"broker.dashboard_port={free_port()}", "run.shutdown_timeout_s=5", *overrides]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        f"run.output_dir={run_dir}",
+        f"model.path={model}",
+        "engines.count=1",
+        f"engines.external_urls=[{url}]",
+        "learner.world_size=1",
+        "actors.count=1",
+        "actors.episodes_per_actor=2",
+        "env.group_size=2",
+        "trainer.groups_per_step=1",
+        "trainer.total_steps=1",
+        "env.max_steps=3",
+        "sampling.max_tokens=12",
+        f"broker.dashboard_port={free_port()}",
+        "run.shutdown_timeout_s=5",
+        *overrides,
+    ]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:

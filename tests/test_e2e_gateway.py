@@ -40,9 +40,24 @@ def run(tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
     model, url = tiny_engine
     tmp = tmp_path_factory.mktemp("gateway-run")
     run_dir, record = tmp / "run", tmp / "calls.jsonl"
-    argv = [sys.executable, "examples/openai_agent.py", "--launch", "--episodes", str(G * GROUPS),
-            "--group-size", str(G), "--concurrency", "4", "--max-tokens", "64", "--max-turns", "3",
-            "--record", str(record), *agent_run_overrides(run_dir, model, url, STEPS, free_port())]
+    argv = [
+        sys.executable,
+        "examples/openai_agent.py",
+        "--launch",
+        "--episodes",
+        str(G * GROUPS),
+        "--group-size",
+        str(G),
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "64",
+        "--max-turns",
+        "3",
+        "--record",
+        str(record),
+        *agent_run_overrides(run_dir, model, url, STEPS, free_port()),
+    ]
     return run_agent(argv, run_dir, record) | {"model": model}
 
 

@@ -24,9 +24,17 @@ STEPS, GROUPS, G = 2, 2, 4
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, float]:
     run_dir = tmp_path_factory.mktemp("real") / "run"
-    argv = [sys.executable, "scripts/launch.py", "preset=smollm2", f"run.output_dir={run_dir}",
-            f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={GROUPS}", f"env.group_size={G}",
-            "actors.episodes_per_actor=8", f"broker.dashboard_port={free_port()}"]
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        "preset=smollm2",
+        f"run.output_dir={run_dir}",
+        f"trainer.total_steps={STEPS}",
+        f"trainer.groups_per_step={GROUPS}",
+        f"env.group_size={G}",
+        "actors.episodes_per_actor=8",
+        f"broker.dashboard_port={free_port()}",
+    ]
     started = time.time()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     wall = time.time() - started

@@ -39,7 +39,7 @@ VF_PYTHON = ROOT / ".cache" / "verifiers-venv" / "bin" / "python"
 pytestmark = pytest.mark.e2e
 G, STEPS = 2, 3
 
-SINGLE_TURN = '''
+SINGLE_TURN = """
 import verifiers as vf
 from datasets import Dataset
 
@@ -61,7 +61,7 @@ def load_environment(rows: int = 3) -> vf.Environment:
                        parser=parser)
     return vf.SingleTurnEnv(dataset=Dataset.from_list(ROWS[:rows]), system_prompt=SYSTEM, parser=parser,
                             rubric=rubric)
-'''
+"""
 SINGLE_TURN_SYSTEM = "Think, then give the number inside <answer>...</answer>."
 SINGLE_TURN_QUESTIONS = ["What is 2 + 3?", "What is 4 * 2?", "What is 9 - 7?"]
 SINGLE_TURN_WEIGHTS = {"correct": 1.0, "format_reward_func": 0.2, "answer_chars": 0.5}
@@ -93,7 +93,7 @@ def load_environment(max_turns: int = 3) -> vf.Environment:
 '''
 TOOLS_MAX_TURNS = 3
 
-FLAKY = '''
+FLAKY = """
 import verifiers as vf
 from datasets import Dataset
 
@@ -120,14 +120,16 @@ class FlakyRubric(vf.Rubric):
 def load_environment() -> vf.Environment:
     return vf.SingleTurnEnv(dataset=Dataset.from_list(ROWS), system_prompt="Say something.",
                             rubric=FlakyRubric(funcs=[flaky]))
-'''
+"""
 FLAKY_FAILURES = {"reward_not_finite": 1, "reward_function_raised": 1, "rubric_raised": 1}
 """Rows 0-2 (groups 0-2): a NaN reward, a reward function that raised (verifiers scores it 0 and logs it), a rubric
 that raised; rows 3-5 train."""
 
-ENVS = {"vf_arith_single": (SINGLE_TURN, 3, []),
-        "vf_shop_tools": (TOOLS, 3, ["--first-tool-choice", "required", "--max-tokens", "64"]),
-        "vf_flaky_rubric": (FLAKY, 6, [])}
+ENVS = {
+    "vf_arith_single": (SINGLE_TURN, 3, []),
+    "vf_shop_tools": (TOOLS, 3, ["--first-tool-choice", "required", "--max-tokens", "64"]),
+    "vf_flaky_rubric": (FLAKY, 6, []),
+}
 """module name -> (source, groups played, runner options). The tool env's forced first call is ~40 tokens of JSON."""
 
 
@@ -161,14 +163,37 @@ def play(name: str, tiny_engine: tuple[str, str], tmp: Path) -> dict:
     envs, run_dir, record = tmp / "envs", tmp / "run", tmp / "calls.jsonl"
     envs.mkdir()
     (envs / f"{name}.py").write_text(textwrap.dedent(source))
-    argv = [str(VF_PYTHON), "examples/verifiers_env.py", "--env", name, "--env-dir", str(envs), "--launch",
-            "--launcher-python", sys.executable, "--episodes", str(G * groups), "--group-size", str(G),
-            "--concurrency", "2", "--max-tokens", "32", "--record", str(record), *options,
-            *agent_run_overrides(run_dir, model, url, STEPS, free_port())]
+    argv = [
+        str(VF_PYTHON),
+        "examples/verifiers_env.py",
+        "--env",
+        name,
+        "--env-dir",
+        str(envs),
+        "--launch",
+        "--launcher-python",
+        sys.executable,
+        "--episodes",
+        str(G * groups),
+        "--group-size",
+        str(G),
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "32",
+        "--record",
+        str(record),
+        *options,
+        *agent_run_overrides(run_dir, model, url, STEPS, free_port()),
+    ]
     run = run_agent(argv, run_dir, record)
     print(f"{name} e2e wall time: {run['wall_s']:.1f}s")
-    return run | {"env": name, "groups": groups, "model": model,
-                  "abandoned": {r["episode"]: r for r in run["rows"] if "abandoned" in r}}
+    return run | {
+        "env": name,
+        "groups": groups,
+        "model": model,
+        "abandoned": {r["episode"]: r for r in run["rows"] if "abandoned" in r},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -249,9 +274,8 @@ def test_the_tool_envs_calls_round_trip_token_exactly(tool_env: dict) -> None:
 
 
 def test_a_failing_rubric_is_counted_and_the_run_goes_on(flaky: dict) -> None:
-    from broker.state import logged_transitions
-
     from agentstream.wire.messages import ABANDON, ABANDON_GROUP
+    from broker.state import logged_transitions
 
     given_up = collections.Counter(r["abandoned"].split(":", 1)[0] for r in flaky["abandoned"].values())
     assert given_up == {kind: G * n for kind, n in FLAKY_FAILURES.items()}  # every episode of the failed groups

@@ -15,7 +15,6 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 
 from agentstream.wire.addresses import free_port
@@ -28,10 +27,18 @@ def test_the_vl_preset_trains_its_steps_on_transitions_that_carry_their_pictures
     from PIL import Image
 
     run_dir, port = tmp_path / "run", free_port()
-    argv = [sys.executable, "scripts/launch.py", "preset=cpu_tiny_vl", f"run.output_dir={run_dir}",
-            "actors.episodes_per_actor=4", f"broker.dashboard_port={port}", "run.shutdown_timeout_s=5"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        "preset=cpu_tiny_vl",
+        f"run.output_dir={run_dir}",
+        "actors.episodes_per_actor=4",
+        f"broker.dashboard_port={port}",
+        "run.shutdown_timeout_s=5",
+    ]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     seen: dict[str, object] = {}  # the dashboard's gallery while the run goes: its newest list and one PNG
     done = threading.Event()
 
@@ -61,8 +68,9 @@ def test_the_vl_preset_trains_its_steps_on_transitions_that_carry_their_pictures
     assert s["status"] == "finished" and s["processes_left"] == [], s.get("reason")
     assert s["learner_version"] == 3 and s["engine_versions"] == {"engine-0": 3}
     assert s["transitions_sent_reported"] == s["transitions_sent"] == s["transitions_ingested"] > 0
-    assert s["transitions_ingested"] == (s["transitions_trained"] + s["transitions_buffered"]
-                                         + sum(s["transitions_dropped"].values()))
+    assert s["transitions_ingested"] == (
+        s["transitions_trained"] + s["transitions_buffered"] + sum(s["transitions_dropped"].values())
+    )
     rows = [json.loads(line) for line in (run_dir / "learner_metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2, 3]
     # memory.images=current: every trained transition carried exactly its prompt's one picture

@@ -91,9 +91,14 @@ def test_the_cycle_finder_finds_a_circle() -> None:
 
 
 def lint_imports(cwd: Path, config: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], cwd=cwd, text=True,
-                          capture_output=True, env={"PYTHONPATH": str(pythonpath), "PATH": "/usr/bin:/bin"},
-                          timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(config), "--no-cache"],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        env={"PYTHONPATH": str(pythonpath), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
 
 
 def test_every_import_goes_down_the_layers() -> None:
@@ -108,14 +113,16 @@ def test_an_import_up_the_layers_is_caught(tmp_path: Path) -> None:
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text(body)
     config = tmp_path / "layers.toml"
-    config.write_text(textwrap.dedent("""
+    config.write_text(
+        textwrap.dedent("""
         [tool.importlinter]
         root_packages = ["high", "low"]
         [[tool.importlinter.contracts]]
         name = "high over low"
         type = "layers"
         layers = ["high", "low"]
-    """))
+    """)
+    )
     proc = lint_imports(tmp_path, config, tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "low -> high" in proc.stdout
@@ -138,8 +145,9 @@ def examples_that_lean_on_others(folder: Path) -> dict[str, list[str]]:
     ours = set(PACKAGES) | {p.stem for p in examples}
     found = {}
     for path in examples:
-        wrong = sorted(m for m in imports_of(path)
-                       if m.startswith(".") or (m.split(".")[0] in ours and m not in AGENT_SIDE))
+        wrong = sorted(
+            m for m in imports_of(path) if m.startswith(".") or (m.split(".")[0] in ours and m not in AGENT_SIDE)
+        )
         if wrong:
             found[path.name] = wrong
     return found
@@ -152,6 +160,8 @@ def test_each_example_runs_alone() -> None:
 
 def test_an_example_that_imports_a_sibling_is_caught(tmp_path: Path) -> None:
     (tmp_path / "helper.py").write_text("X = 1\n")
-    (tmp_path / "agent.py").write_text("from helper import X\nfrom gateway.episode_client import open_episode\n"
-                                       "from gateway import server\nimport launcher.run\n")
+    (tmp_path / "agent.py").write_text(
+        "from helper import X\nfrom gateway.episode_client import open_episode\n"
+        "from gateway import server\nimport launcher.run\n"
+    )
     assert examples_that_lean_on_others(tmp_path) == {"agent.py": ["gateway", "helper", "launcher.run"]}

@@ -49,8 +49,10 @@ def run_story(run_dir: Path) -> str:
     story = [f"val invalid {[(r['version'], round(r['val_invalid_rate'], 3)) for r in summary['validation']]}"]
     lines = (run_dir / "learner_metrics.jsonl").read_text().splitlines()
     for row in map(json.loads, lines[::5] + lines[-1:]):
-        story.append(f"v{row['version']} reward {row['reward_mean']:.3f} invalid {row['invalid_frac']:.3f} "
-                     f"is_ratio {row['is_ratio_mean']:.3f}..{row['is_ratio_max']:.2f}")
+        story.append(
+            f"v{row['version']} reward {row['reward_mean']:.3f} invalid {row['invalid_frac']:.3f} "
+            f"is_ratio {row['is_ratio_mean']:.3f}..{row['is_ratio_max']:.2f}"
+        )
     for log in sorted((run_dir / "logs").glob("*.log")):
         marks = (" ERROR ",) if log.name.startswith("engine") else (" ERROR ", " WARNING ")  # vLLM's own: noise
         bad = [ln for ln in log.read_text(errors="replace").splitlines() if any(m in ln for m in marks)]
@@ -91,8 +93,14 @@ def test_rise_z_by_hand() -> None:
 @pytest.mark.timeout(1800)  # the warm start (once, ~35 s; minutes on a busy machine) + the run
 def test_the_main_job_raises_held_out_success_well_above_the_start(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "scripts/launch.py", "preset=cpu_learn", f"run.output_dir={run_dir}", "run.seed=1",
-            f"broker.dashboard_port={free_port()}"]
+    argv = [
+        sys.executable,
+        "scripts/launch.py",
+        "preset=cpu_learn",
+        f"run.output_dir={run_dir}",
+        "run.seed=1",
+        f"broker.dashboard_port={free_port()}",
+    ]
     started = time.time()
     code, out = run_launcher(argv, LAUNCH_TIMEOUT_S)
     wall = time.time() - started
@@ -112,8 +120,10 @@ def test_the_main_job_raises_held_out_success_well_above_the_start(tmp_path: Pat
     # It still writes valid actions after training (a whole collapse of the format, invalid ~1, fails this).
     assert rows[-1]["val_invalid_rate"] < 0.5
     # What the user is told: the last progress lines and the end of the run, and summary.json, say the same.
-    assert summary["held_out_success"] == {"start": {"version": 0, "success_rate": start},
-                                           "end": {"version": STEPS, "success_rate": end}}
+    assert summary["held_out_success"] == {
+        "start": {"version": 0, "success_rate": start},
+        "end": {"version": STEPS, "success_rate": end},
+    }
     assert f"[agentstream] held-out success {start:.2f} at v0 -> {end:.2f} at v{STEPS} ({EPISODES} episodes" in out
     assert "| held-out success " in out  # the progress line carries it while the run goes
     # The engine served the learner's weights: the first step's batch (all of version 0) measured the mismatch.

@@ -42,21 +42,35 @@ from launcher.wiring import Places, wire_placed
 ROOT = Path(__file__).resolve().parents[1]
 IP = "127.0.0.2"  # Ray replaces 127.0.0.1 by the machine's other interface (FACTS.md)
 STEPS = 8
-RESOURCES = ["++launcher.resources.broker={CPU:1,head:0.1}", "++launcher.resources.learner={CPU:1,head:0.1}",
-             "++launcher.resources.engine={CPU:1,engine_slot:1}", "++launcher.resources.actor={CPU:1,actor_slot:1}"]
+RESOURCES = [
+    "++launcher.resources.broker={CPU:1,head:0.1}",
+    "++launcher.resources.learner={CPU:1,head:0.1}",
+    "++launcher.resources.engine={CPU:1,engine_slot:1}",
+    "++launcher.resources.actor={CPU:1,actor_slot:1}",
+]
 
 
 def test_ray_options_split_cpu_and_gpu_from_custom_resources() -> None:
-    assert ray_options({"CPU": 2, "GPU": 1, "run_disk": 1}) == {"num_cpus": 2.0, "num_gpus": 1.0,
-                                                                "resources": {"run_disk": 1.0}}
+    assert ray_options({"CPU": 2, "GPU": 1, "run_disk": 1}) == {
+        "num_cpus": 2.0,
+        "num_gpus": 1.0,
+        "resources": {"run_disk": 1.0},
+    }
     assert ray_options({}) == {"num_cpus": 0.0, "num_gpus": 0.0, "resources": {}}
 
 
 def test_wire_placed_names_each_node_and_its_ports() -> None:
     cfg = C.Config()
     cfg.engines.count = 2
-    w = wire_placed(cfg, Places(broker=("10.0.0.1", 5555, 8080), engines=[("10.0.0.2", 8000), ("10.0.0.3", 8000)],
-                                learner=("10.0.0.4", 5556, 5557), gateway=("10.0.0.5", 8100)))
+    w = wire_placed(
+        cfg,
+        Places(
+            broker=("10.0.0.1", 5555, 8080),
+            engines=[("10.0.0.2", 8000), ("10.0.0.3", 8000)],
+            learner=("10.0.0.4", 5556, 5557),
+            gateway=("10.0.0.5", 8100),
+        ),
+    )
     assert (w.broker, w.dashboard) == ("tcp://10.0.0.1:5555", "http://10.0.0.1:8080")
     assert w.engines == ["http://10.0.0.2:8000", "http://10.0.0.3:8000"]
     assert (w.weights, w.weights_bind, w.rdzv) == ("tcp://10.0.0.4:5556", "tcp://10.0.0.4:5556", "10.0.0.4:5557")
@@ -65,13 +79,16 @@ def test_wire_placed_names_each_node_and_its_ports() -> None:
     assert wire_placed(cfg, Places(("10.0.0.1", 1, 2), [], ("10.0.0.4", 3, 4))).engines == ["http://gpu-box:9000"]
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ({"backend": "k8s"}, "launcher.backend='k8s' is unknown"),
-    ({"role": "gateway"}, "role=gateway joins a run from one host"),
-    ({"judges": 1}, "does not place LLM judges yet"),
-    ({"resources": {"engines": {"CPU": 1}}}, "launcher.resources has ['engines']"),
-    ({"resources": {"actor": {"CPU": -1}}}, "negative amounts {'actor.CPU': -1}"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"backend": "k8s"}, "launcher.backend='k8s' is unknown"),
+        ({"role": "gateway"}, "role=gateway joins a run from one host"),
+        ({"judges": 1}, "does not place LLM judges yet"),
+        ({"resources": {"engines": {"CPU": 1}}}, "launcher.resources has ['engines']"),
+        ({"resources": {"actor": {"CPU": -1}}}, "negative amounts {'actor.CPU': -1}"),
+    ],
+)
 def test_backend_checks_say_what_to_change(overrides: dict, expected: str) -> None:
     cfg = C.Config()
     cfg.launcher.backend = overrides.get("backend", "ray")
@@ -94,8 +111,16 @@ def test_plain_ray_backend_on_one_host_stays_on_loopback(tmp_path: Path) -> None
     stops with it. Runs before the module's cluster starts (a plain launch must start its own instance anyway)."""
     run_dir, out = tmp_path / "run", tmp_path / "main.out"
     before = raylets()
-    main = launch([f"run.output_dir={run_dir}", "launcher.backend=ray", "trainer.total_steps=2",
-                   "broker.track_keys=true", "run.startup_timeout_s=300"], out)
+    main = launch(
+        [
+            f"run.output_dir={run_dir}",
+            "launcher.backend=ray",
+            "trainer.total_steps=2",
+            "broker.track_keys=true",
+            "run.startup_timeout_s=300",
+        ],
+        out,
+    )
     try:
         assert main.wait(timeout=600) == 0, out.read_text()[-3000:]
     finally:
@@ -117,13 +142,23 @@ def cluster():
     """Head (broker, learner) and two worker nodes, each with room for three engines and four actors."""
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={
-        "node_ip_address": IP, "num_cpus": 4, "resources": {"head": 1}, "include_dashboard": True,
-        "dashboard_host": IP, "dashboard_port": 0,
-        # A dead node is declared dead after ~3 s instead of Ray's ~15-30 s (the test waits less; nothing else changes)
-        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
-    nodes = {"a": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 3, "actor_slot": 4}),
-             "b": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 3, "actor_slot": 4})}
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "node_ip_address": IP,
+            "num_cpus": 4,
+            "resources": {"head": 1},
+            "include_dashboard": True,
+            "dashboard_host": IP,
+            "dashboard_port": 0,
+            # A dead node is declared dead after ~3 s instead of Ray's ~15-30 s (the test waits less; nothing else changes)
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+        },
+    )
+    nodes = {
+        "a": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 3, "actor_slot": 4}),
+        "b": c.add_node(node_ip_address=IP, num_cpus=8, resources={"engine_slot": 3, "actor_slot": 4}),
+    }
     c.wait_for_nodes()
     yield c, nodes
     c.shutdown()
@@ -150,8 +185,13 @@ def kill_node(c, node) -> list[int]:
 
 
 def launch(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "scripts/launch.py", *args], cwd=ROOT, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "scripts/launch.py", *args],
+        cwd=ROOT,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.e2e
@@ -159,24 +199,48 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
     c, nodes = cluster
     run_dir, join_dir, port = tmp_path / "run", tmp_path / "join", free_port()
     common = ["launcher.backend=ray", f"launcher.ray_address={c.address}", f"launcher.ray_node_ip={IP}", *RESOURCES]
-    main = launch([f"run.output_dir={run_dir}", *common, "engines.count=2", "actors.count=2", "learner.world_size=1",
-                   f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", "algorithm=gigpo",
-                   "broker.track_keys=true", f"broker.dashboard_port={port}", "run.startup_timeout_s=300"],
-                  tmp_path / "main.out")
+    main = launch(
+        [
+            f"run.output_dir={run_dir}",
+            *common,
+            "engines.count=2",
+            "actors.count=2",
+            "learner.world_size=1",
+            f"trainer.total_steps={STEPS}",
+            "trainer.groups_per_step=2",
+            "algorithm=gigpo",
+            "broker.track_keys=true",
+            f"broker.dashboard_port={port}",
+            "run.startup_timeout_s=300",
+        ],
+        tmp_path / "main.out",
+    )
     joiner = engine_joiner = None
     try:
+
         def version() -> int:
             s = dashboard(port, "state")
             return s["learner"]["version"] if s else -1
 
         out = tmp_path / "main.out"
-        broker = wait_for(lambda: re.search(r"broker:\s+(tcp://\S+)", out.read_text()), 300, "the broker's address",
-                          run_dir=run_dir).group(1)
+        broker = wait_for(
+            lambda: re.search(r"broker:\s+(tcp://\S+)", out.read_text()), 300, "the broker's address", run_dir=run_dir
+        ).group(1)
         assert broker.startswith(f"tcp://{IP}:")
-        joiner = launch([f"run.output_dir={join_dir}", "role=actors", f"broker.address={broker}", "actors.count=1",
-                         *common], tmp_path / "join.out")  # it joins while the run starts
-        engine_joiner = launch([f"run.output_dir={tmp_path / 'join-engine'}", "role=engines",
-                                f"broker.address={broker}", "engines.count=1", *common], tmp_path / "join-engine.out")
+        joiner = launch(
+            [f"run.output_dir={join_dir}", "role=actors", f"broker.address={broker}", "actors.count=1", *common],
+            tmp_path / "join.out",
+        )  # it joins while the run starts
+        engine_joiner = launch(
+            [
+                f"run.output_dir={tmp_path / 'join-engine'}",
+                "role=engines",
+                f"broker.address={broker}",
+                "engines.count=1",
+                *common,
+            ],
+            tmp_path / "join-engine.out",
+        )
         wait_for(lambda: version() >= 1, 400, "the first learner step", run_dir=run_dir)
         where = hosts(c.address)
         head = c.head_node.node_id
@@ -191,6 +255,7 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
         def joined_sending() -> str:
             sent = (dashboard(port, "summary") or {}).get("transitions_sent_by_actor", {})
             return next((name for name, n in sent.items() if name not in ("actor-0", "actor-1") and n > 0), "")
+
         joined = wait_for(joined_sending, 300, "the joined actor sending transitions", run_dir=run_dir)
 
         # the node to kill holds one of the run's engines, not the added one (still starting on a slow machine,
@@ -233,8 +298,11 @@ def test_a_run_on_ray_places_scales_and_survives_a_node(cluster, tmp_path: Path)
     assert not [p for p in processes_mentioning(str(run_dir)) if int(p.split(":")[0]) not in killed]
     # every ProcessHost of the three launches is gone (ray.kill is asynchronous): their resources are free again
     wait_for(lambda: not hosts(c.address), 30, "every ProcessHost gone")
-    print(f"[ray] lost at version {lost_at}: {sorted(lost)}; joined {joined} trained {trained.get(joined)}; "
-          f"wall {s['launcher_wall_s']:.0f}s", flush=True)
+    print(
+        f"[ray] lost at version {lost_at}: {sorted(lost)}; joined {joined} trained {trained.get(joined)}; "
+        f"wall {s['launcher_wall_s']:.0f}s",
+        flush=True,
+    )
 
 
 def dashboard(port: int, what: str) -> dict | None:
@@ -248,8 +316,9 @@ def dashboard(port: int, what: str) -> dict | None:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("role", ["broker", "learner"])
-def test_the_broker_or_the_learner_moves_off_a_dead_node_and_every_client_follows(cluster, tmp_path: Path,
-                                                                                    role: str) -> None:
+def test_the_broker_or_the_learner_moves_off_a_dead_node_and_every_client_follows(
+    cluster, tmp_path: Path, role: str
+) -> None:
     """The node holding the broker (or the learner) dies mid-run: it starts again on another node, the broker from
     its log in the run folder, the learner from its checkpoint there (in its placement group's bundle, which Ray
     reserves again), and its new address goes to its record (RUN/broker.json, RUN/learner.json), which the learner,
@@ -259,17 +328,37 @@ def test_the_broker_or_the_learner_moves_off_a_dead_node_and_every_client_follow
     spare = [c.add_node(node_ip_address=IP, num_cpus=2, resources={"spare": 1}) for _ in range(2)]
     c.wait_for_nodes()
     run_dir, port, steps = tmp_path / "run", free_port(), 6
-    resources = {"broker": "{CPU:1,head:0.1}", "learner": "{CPU:1,head:0.1}", "engine": "{CPU:1,head:0.1}",
-                 "actor": "{CPU:0.5,head:0.1}", role: "{CPU:1,spare:1}"}
+    resources = {
+        "broker": "{CPU:1,head:0.1}",
+        "learner": "{CPU:1,head:0.1}",
+        "engine": "{CPU:1,head:0.1}",
+        "actor": "{CPU:0.5,head:0.1}",
+        role: "{CPU:1,spare:1}",
+    }
     record = run_dir / ("broker.json" if role == "broker" else "learner.json")
     key = "address" if role == "broker" else "weights"
-    main = launch([f"run.output_dir={run_dir}", "launcher.backend=ray", f"launcher.ray_address={c.address}",
-                   f"launcher.ray_node_ip={IP}", *(f"++launcher.resources.{r}={v}" for r, v in resources.items()),
-                   "engines.count=1", "actors.count=2", "learner.world_size=1", f"trainer.total_steps={steps}",
-                   "trainer.groups_per_step=2", "checkpoint.every_steps=1", "broker.track_keys=true",
-                   f"broker.dashboard_port={port}", "run.startup_timeout_s=300"], tmp_path / "main.out")
+    main = launch(
+        [
+            f"run.output_dir={run_dir}",
+            "launcher.backend=ray",
+            f"launcher.ray_address={c.address}",
+            f"launcher.ray_node_ip={IP}",
+            *(f"++launcher.resources.{r}={v}" for r, v in resources.items()),
+            "engines.count=1",
+            "actors.count=2",
+            "learner.world_size=1",
+            f"trainer.total_steps={steps}",
+            "trainer.groups_per_step=2",
+            "checkpoint.every_steps=1",
+            "broker.track_keys=true",
+            f"broker.dashboard_port={port}",
+            "run.startup_timeout_s=300",
+        ],
+        tmp_path / "main.out",
+    )
     victim = None
     try:
+
         def version() -> int:
             s = dashboard(port, "state")
             return s["learner"]["version"] if s else -1
@@ -305,5 +394,7 @@ def test_the_broker_or_the_learner_moves_off_a_dead_node_and_every_client_follow
     assert set(s["engine_versions"].values()) == {steps}  # the sidecar followed: the engine took the final weights
     assert s["processes_left"] == [] and not marked(RUN_ENV, str(run_dir.resolve()))
     assert not [p for p in processes_mentioning(str(run_dir)) if int(p.split(":")[0]) not in killed]
-    print(f"[ray] {role} moved at version {lost_at}: {first[key]} -> {moved[key]}; wall {s['launcher_wall_s']:.0f}s",
-          flush=True)
+    print(
+        f"[ray] {role} moved at version {lost_at}: {first[key]} -> {moved[key]}; wall {s['launcher_wall_s']:.0f}s",
+        flush=True,
+    )

@@ -42,9 +42,12 @@ def test_eta_uses_the_pace_since_the_first_sample() -> None:
 
 
 def test_progress_line_names_step_rates_and_eta() -> None:
-    state = {"learner": {"version": 4}, "engines": [{"version": 4}, {"version": 3}],
-             "rates": {"env_steps_per_s": 12.34, "tokens_per_s": 567.8, "transitions_per_s": 12.0},
-             "gauges": {"buffered_transitions": 40, "success_rate": 0.25, "actors_alive": 3}}
+    state = {
+        "learner": {"version": 4},
+        "engines": [{"version": 4}, {"version": 3}],
+        "rates": {"env_steps_per_s": 12.34, "tokens_per_s": 567.8, "transitions_per_s": 12.0},
+        "gauges": {"buffered_transitions": 40, "success_rate": 0.25, "actors_alive": 3},
+    }
     line = format_progress(state, 20, 80.4)
     assert line.startswith("[agentstream] step 4/20 | engines v[4,3] | 12.3 env steps/s | 568 tok/s")
     assert "actors 3" in line and line.endswith("ETA 80s")
@@ -84,7 +87,8 @@ def test_a_joining_learner_node_takes_the_runs_learner_but_its_own_node_rank() -
 
 @pytest.mark.parametrize("external", [True, False], ids=["external-engines", "own-engines"])
 def test_every_learner_node_publishes_version_0_with_node_0_when_the_runs_engines_run_elsewhere(
-        tmp_path: Path, external: bool) -> None:
+    tmp_path: Path, external: bool
+) -> None:
     from launcher.checks import check_config
     from launcher.join import join_wiring
     from launcher.supervisor import Launcher
@@ -132,7 +136,7 @@ async def test_hello_with_want_welcome_gets_the_runs_engines_weights_and_config(
     await broker.handle(b"learner-0", Hello(role="learner", name="learner-0"))  # no want_welcome: no answer
     assert [m for _, m in sent if m.kind == "welcome"] == []
     await broker.handle(b"launcher-x", Hello(role="launcher", name="launcher-x", want_welcome=True))
-    (ident, welcome), = [(i, m) for i, m in sent if m.kind == "welcome"]
+    ((ident, welcome),) = [(i, m) for i, m in sent if m.kind == "welcome"]
     assert ident == b"launcher-x" and welcome.engines == ["http://127.0.0.1:8000"]
     assert welcome.weights == "tcp://127.0.0.1:5556" and welcome.dashboard == "http://127.0.0.1:8787/"
     assert C.to_object(OmegaConf.create(welcome.config)).trainer.max_staleness == 1  # the run's config, loadable
@@ -155,8 +159,9 @@ async def test_the_welcome_names_where_the_learner_last_said_it_publishes() -> N
     await broker.handle(b"learner-0", VersionUpdate(version=1, weights="tcp://127.0.0.1:5556"))  # where it was
     assert (await welcome()).weights == "tcp://127.0.0.1:5556"
     # Its node died: restarted from its version-1 checkpoint on another node, it reports from there.
-    await broker.handle(b"learner-0", VersionUpdate(version=1, resumed=True, checkpointed=1,
-                                                    weights="tcp://10.0.0.9:41000"))
+    await broker.handle(
+        b"learner-0", VersionUpdate(version=1, resumed=True, checkpointed=1, weights="tcp://10.0.0.9:41000")
+    )
     assert (await welcome()).weights == "tcp://10.0.0.9:41000"
     await broker.handle(b"learner-0", VersionUpdate(version=2, metrics={"loss": 0.5}))  # "": not said, kept
     moved = await welcome()
@@ -179,7 +184,7 @@ async def test_a_late_engine_is_used_only_once_it_serves_recent_weights() -> Non
     # Its weight sidecar applied the learner's version 5: now it counts and the following actor hears of it.
     await broker.handle(b"engine-9", EngineStatus(engine="engine-9", url="http://b:2", version=5))
     assert broker.buffer.engine_versions == {"engine-0": 5, "engine-9": 5}
-    (ident, welcome), = [(i, m) for i, m in sent if m.kind == "welcome"]
+    ((ident, welcome),) = [(i, m) for i, m in sent if m.kind == "welcome"]
     assert ident == b"actor-j" and welcome.engines == ["http://a:1", "http://b:2"]
 
 
@@ -197,7 +202,7 @@ async def test_an_engine_that_leaves_is_no_longer_waited_for_nor_sent_to_joiners
     # engine-9's launch stops it (role=engines, Ctrl-C): its sidecar's final stats say it is leaving.
     await broker.handle(b"engine-9", Stats(source="engine-9", role="engine", final=True))
     assert broker.buffer.engine_versions == {"engine-0": 3}
-    (ident, grant), = [(i, m) for i, m in sent if m.kind == "group_grant"]
+    ((ident, grant),) = [(i, m) for i, m in sent if m.kind == "group_grant"]
     assert ident == b"actor-0" and grant.min_version == 2
     await broker.handle(b"gateway-j", Hello(role="actor", name="gateway-j", want_welcome=True))
     (welcome,) = [m for _, m in sent if m.kind == "welcome"]
@@ -237,8 +242,14 @@ def get_json(url: str) -> dict | None:
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "scripts/launch.py", *argv], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "scripts/launch.py", *argv],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 120) -> int:
@@ -258,28 +269,61 @@ def generated_tokens(engine_url: str) -> float:
             text = resp.read().decode()
     except OSError:
         return -1.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")
+    )
 
 
 @pytest.mark.e2e
 def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(tmp_path: Path) -> None:
     main_dir, join_dir, engine_dir, port = tmp_path / "main", tmp_path / "join", tmp_path / "engine", free_port()
     api = f"http://127.0.0.1:{port}/api"
-    main = start([f"run.output_dir={main_dir}", "actors.count=1", "actors.episodes_per_actor=4", "env.group_size=4",
-                  "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1", "learner.world_size=1",
-                  "trainer.groups_per_step=3", "trainer.max_staleness=50", "trainer.total_steps=1000",
-                  f"broker.dashboard_port={port}", "run.shutdown_timeout_s=5"], tmp_path / "main.out")
+    main = start(
+        [
+            f"run.output_dir={main_dir}",
+            "actors.count=1",
+            "actors.episodes_per_actor=4",
+            "env.group_size=4",
+            "env.max_steps=4",
+            "sampling.max_tokens=12",
+            "engines.count=1",
+            "learner.world_size=1",
+            "trainer.groups_per_step=3",
+            "trainer.max_staleness=50",
+            "trainer.total_steps=1000",
+            f"broker.dashboard_port={port}",
+            "run.shutdown_timeout_s=5",
+        ],
+        tmp_path / "main.out",
+    )
     joiner = engines = gateway = None
     gw_dir = tmp_path / "gateway"
     try:
         out = tmp_path / "main.out"
         line = wait_for(lambda: re.search(r"broker:\s+(tcp://\S+)", out.read_text()), 120, "the broker's address")
-        joiner = start(["role=actors", f"broker.address={line.group(1)}", "actors.count=2", "actors.episodes_per_actor=4",
-                        f"run.output_dir={join_dir}", "run.shutdown_timeout_s=20"], tmp_path / "join.out")
+        joiner = start(
+            [
+                "role=actors",
+                f"broker.address={line.group(1)}",
+                "actors.count=2",
+                "actors.episodes_per_actor=4",
+                f"run.output_dir={join_dir}",
+                "run.shutdown_timeout_s=20",
+            ],
+            tmp_path / "join.out",
+        )
         joined_at = (get_json(f"{api}/state") or {"learner": {"version": 0}})["learner"]["version"]
-        engines = start(["role=engines", f"broker.address={line.group(1)}", "engines.count=1", "engines.kv_cache_gib=1",
-                         f"run.output_dir={engine_dir}", "run.shutdown_timeout_s=20"], tmp_path / "engines.out")
+        engines = start(
+            [
+                "role=engines",
+                f"broker.address={line.group(1)}",
+                "engines.count=1",
+                "engines.kv_cache_gib=1",
+                f"run.output_dir={engine_dir}",
+                "run.shutdown_timeout_s=20",
+            ],
+            tmp_path / "engines.out",
+        )
 
         def senders() -> dict | None:  # every actor that has sent transitions, and how many
             s = get_json(f"{api}/summary")
@@ -307,13 +351,24 @@ def test_actors_and_an_engine_added_from_other_launches_work_and_leave_cleanly(t
             assert len(js["processes"]) == n and processes_mentioning(str(folder)) == []  # (engine + its agent)
         version = get_json(f"{api}/state")["learner"]["version"]
         # The run goes on with actor-0 alone: the joiners' unfinished groups do not hold admission slots.
-        wait_for(lambda: (s := get_json(f"{api}/state")) and s["learner"]["version"] >= version + 1, 180,
-                 "another learner step after the joined actors and engine left", run_dir=main_dir)
+        wait_for(
+            lambda: (s := get_json(f"{api}/state")) and s["learner"]["version"] >= version + 1,
+            180,
+            "another learner step after the joined actors and engine left",
+            run_dir=main_dir,
+        )
         joined = [n for n in sent if n != "actor-0"]
         final = get_json(f"{api}/summary")
         assert all(final["transitions_sent_by_actor"][n] >= sent[n] for n in joined)
-        gateway = start(["role=gateway", f"broker.address={line.group(1)}", f"run.output_dir={gw_dir}",
-                         "run.shutdown_timeout_s=20"], tmp_path / "gateway.out")
+        gateway = start(
+            [
+                "role=gateway",
+                f"broker.address={line.group(1)}",
+                f"run.output_dir={gw_dir}",
+                "run.shutdown_timeout_s=20",
+            ],
+            tmp_path / "gateway.out",
+        )
         gw_name = a_gateway_is_killed_restarted_at_its_url_and_plays_a_group(gw_dir, api)
         assert stop(gateway) == 130, (tmp_path / "gateway.out").read_text()[-3000:]
         js = json.loads((gw_dir / "summary.json").read_text())
@@ -351,8 +406,9 @@ def a_gateway_is_killed_restarted_at_its_url_and_plays_a_group(gw_dir: Path, api
 
     def call(ep) -> None:
         client = OpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=0)
-        answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Hello"}],
-                                                max_tokens=4)
+        answer = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+        )
         assert answer.usage.completion_tokens >= 1
 
     lost = open_episode(url, "lost-task", wait_s=120)
@@ -360,11 +416,25 @@ def a_gateway_is_killed_restarted_at_its_url_and_plays_a_group(gw_dir: Path, api
     pids = [int(p.split(":")[0]) for p in processes_mentioning("-m gateway ") if str(gw_dir) in p]
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
-    wait_for(lambda: [p for p in processes_mentioning("-m gateway ") if str(gw_dir) in p
-                      and int(p.split(":")[0]) != pids[0]], 60, "the gateway restarted")
-    name = wait_for(lambda: next((a["name"] for a in (get_json(f"{api}/state") or {}).get("actors", [])
-                                  if a["name"].startswith("gateway-") and a["alive"] and a["incarnation"] == 1), None),
-                    120, "the restarted gateway at the broker")
+    wait_for(
+        lambda: [
+            p for p in processes_mentioning("-m gateway ") if str(gw_dir) in p and int(p.split(":")[0]) != pids[0]
+        ],
+        60,
+        "the gateway restarted",
+    )
+    name = wait_for(
+        lambda: next(
+            (
+                a["name"]
+                for a in (get_json(f"{api}/state") or {}).get("actors", [])
+                if a["name"].startswith("gateway-") and a["alive"] and a["incarnation"] == 1
+            ),
+            None,
+        ),
+        120,
+        "the restarted gateway at the broker",
+    )
     eps = [open_episode(url, "kept-task", wait_s=120) for _ in range(G_GW)]  # the same URL answers again
     with pytest.raises(NotFoundError) as refused:
         call(lost)
@@ -372,8 +442,11 @@ def a_gateway_is_killed_restarted_at_its_url_and_plays_a_group(gw_dir: Path, api
     for ep in eps:
         call(ep)
         ep.finish(reward=1.0)
-    wait_for(lambda: (get_json(f"{api}/summary") or {}).get("transitions_sent_by_actor", {}).get(name) == G_GW, 60,
-             "the restarted gateway's group at the broker")
+    wait_for(
+        lambda: (get_json(f"{api}/summary") or {}).get("transitions_sent_by_actor", {}).get(name) == G_GW,
+        60,
+        "the restarted gateway's group at the broker",
+    )
     return name
 
 
@@ -383,18 +456,37 @@ def test_a_learner_on_two_nodes_trains_once_the_second_node_joins(tmp_path: Path
     launch node 1 (the other); the run's 2-rank learner can only take a step once both are in. The engine is the
     session's (tests/conftest.py, through engines.external_urls): both nodes' ranks first publish version 0."""
     (model, url), main_dir, node_dir = tiny_engine, tmp_path / "main", tmp_path / "node1"
-    main = start([f"run.output_dir={main_dir}", f"model.path={model}", "actors.count=1", "actors.episodes_per_actor=4",
-                  "env.group_size=4", "env.max_steps=4", "sampling.max_tokens=12", "engines.count=1",
-                  f"engines.external_urls=[{url}]", "learner.world_size=2", "learner.nnodes=2",
-                  "trainer.groups_per_step=2", "trainer.total_steps=3", f"broker.dashboard_port={free_port()}"],
-                 tmp_path / "main.out")
+    main = start(
+        [
+            f"run.output_dir={main_dir}",
+            f"model.path={model}",
+            "actors.count=1",
+            "actors.episodes_per_actor=4",
+            "env.group_size=4",
+            "env.max_steps=4",
+            "sampling.max_tokens=12",
+            "engines.count=1",
+            f"engines.external_urls=[{url}]",
+            "learner.world_size=2",
+            "learner.nnodes=2",
+            "trainer.groups_per_step=2",
+            "trainer.total_steps=3",
+            f"broker.dashboard_port={free_port()}",
+        ],
+        tmp_path / "main.out",
+    )
     node = None
     try:
         out = tmp_path / "main.out"
-        line = wait_for(lambda: re.search(r"role=learner broker.address=(tcp://\S+)", out.read_text()), 120,
-                        "the main launch's line for the other learner nodes")
-        node = start(["role=learner", f"broker.address={line.group(1)}", "learner.node_rank=1",
-                      f"run.output_dir={node_dir}"], tmp_path / "node.out")
+        line = wait_for(
+            lambda: re.search(r"role=learner broker.address=(tcp://\S+)", out.read_text()),
+            120,
+            "the main launch's line for the other learner nodes",
+        )
+        node = start(
+            ["role=learner", f"broker.address={line.group(1)}", "learner.node_rank=1", f"run.output_dir={node_dir}"],
+            tmp_path / "node.out",
+        )
         assert main.wait(600) == 0, out.read_text()[-3000:]
         assert node.wait(120) == 0, (tmp_path / "node.out").read_text()[-3000:]
     finally:
@@ -403,8 +495,11 @@ def test_a_learner_on_two_nodes_trains_once_the_second_node_joins(tmp_path: Path
                 stop(proc)
     summary = json.loads((main_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["processes_left"] == []
-    versions = [json.loads(x)["version"] for x in (main_dir / "learner_metrics.jsonl").read_text().splitlines()
-                if "resumed_from" not in x]
+    versions = [
+        json.loads(x)["version"]
+        for x in (main_dir / "learner_metrics.jsonl").read_text().splitlines()
+        if "resumed_from" not in x
+    ]
     assert versions == [1, 2, 3]
     ns = json.loads((node_dir / "summary.json").read_text())
     assert ns["status"] == "finished" and ns["reason"] == "the learner finished its steps", ns

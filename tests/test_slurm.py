@@ -29,8 +29,13 @@ IP = "127.0.0.2"  # Ray replaces 127.0.0.1 by the machine's other interface (FAC
 def slurm(tmp_path_factory: pytest.TempPathFactory):
     """SLURM_CONF of a one-node cluster started for this module, stopped after it."""
     folder = tmp_path_factory.mktemp("slurm")
-    out = subprocess.run(["bash", "scripts/slurm/local_slurm.sh", "start", str(folder)], cwd=ROOT, text=True,
-                         capture_output=True, timeout=300)
+    out = subprocess.run(
+        ["bash", "scripts/slurm/local_slurm.sh", "start", str(folder)],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     conf = out.stdout.strip().removeprefix("export SLURM_CONF=")
     try:
@@ -42,17 +47,49 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
 def test_sbatch_runs_a_ppo_run_on_ray_and_leaves_nothing(slurm: str, tiny_engine, tmp_path: Path) -> None:
     model, url = tiny_engine
     run_dir = tmp_path / "run"
-    env = {**os.environ, "SLURM_CONF": slurm, "AGENTSTREAM_NODE_IP": IP, "RAY_PORT": str(free_port(IP)),
-           "RAY_DASHBOARD_PORT": "0"}
+    env = {
+        **os.environ,
+        "SLURM_CONF": slurm,
+        "AGENTSTREAM_NODE_IP": IP,
+        "RAY_PORT": str(free_port(IP)),
+        "RAY_DASHBOARD_PORT": "0",
+    }
     cpu = [f"++launcher.resources.{role}.CPU=0.25" for role in ("broker", "engine", "learner", "actor")]  # 2 CPUs
     job = subprocess.run(
-        ["sbatch", "--parsable", "-n", "1", "-c", "2", "--export=ALL", "-o", str(tmp_path / "job.out"),
-         "scripts/slurm/agentstream.sbatch", f"run.output_dir={run_dir}", f"model.path={model}",
-         f"engines.external_urls=[{url}]", "env.name=agentstream/Sokoban-v0", "algorithm=ppo",
-         "learner.world_size=1", "actors.count=1", "actors.episodes_per_actor=2", "env.group_size=2",
-         "trainer.groups_per_step=1", "trainer.total_steps=1", "env.max_steps=3", "sampling.max_tokens=12",
-         "broker.dashboard_port=0", "run.shutdown_timeout_s=5", *cpu],
-        cwd=ROOT, env=env, text=True, capture_output=True, timeout=60)
+        [
+            "sbatch",
+            "--parsable",
+            "-n",
+            "1",
+            "-c",
+            "2",
+            "--export=ALL",
+            "-o",
+            str(tmp_path / "job.out"),
+            "scripts/slurm/agentstream.sbatch",
+            f"run.output_dir={run_dir}",
+            f"model.path={model}",
+            f"engines.external_urls=[{url}]",
+            "env.name=agentstream/Sokoban-v0",
+            "algorithm=ppo",
+            "learner.world_size=1",
+            "actors.count=1",
+            "actors.episodes_per_actor=2",
+            "env.group_size=2",
+            "trainer.groups_per_step=1",
+            "trainer.total_steps=1",
+            "env.max_steps=3",
+            "sampling.max_tokens=12",
+            "broker.dashboard_port=0",
+            "run.shutdown_timeout_s=5",
+            *cpu,
+        ],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip().split(";")[0]
     deadline = time.time() + 600

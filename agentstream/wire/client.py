@@ -72,8 +72,10 @@ class RecordLink:
         self._seen = 0  # the record's mtime when it was last read
         self.address = where
         if self.record and self.moved() is None:
-            raise BrokerUnavailable(f"no record with an address at {where}: give the address (tcp://HOST:PORT), or "
-                                    f"the record the running run wrote (RUN/broker.json, RUN/learner.json)")
+            raise BrokerUnavailable(
+                f"no record with an address at {where}: give the address (tcp://HOST:PORT), or "
+                f"the record the running run wrote (RUN/broker.json, RUN/learner.json)"
+            )
 
     def moved(self) -> str | None:
         """The new address when the record names another one than `address` (which becomes it), else None."""
@@ -144,8 +146,7 @@ def bundles(ts: list[Transition], max_bytes: int = BUNDLE_BYTES) -> Iterator[lis
 class SyncClient:
     """Blocking client (the learner's ranks)."""
 
-    def __init__(self, address: str, name: str, hwm: int = 1000, curve_keys_dir: str = "",
-                 max_message_bytes: int = 0):
+    def __init__(self, address: str, name: str, hwm: int = 1000, curve_keys_dir: str = "", max_message_bytes: int = 0):
         """`address`: the broker's, or its record (`RecordLink`: followed while a request waits);
         `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
         self.link = RecordLink(address)
@@ -165,9 +166,15 @@ class SyncClient:
     def send(self, msg: Message) -> None:
         self._sock.send_multipart(encode(msg), copy=False)
 
-    def request(self, msg: Message, timeout_s: float | None = None, resend_every_s: float | None = None,
-                before: tuple[Message, ...] = (), accept: Callable[[Message], bool] | None = None,
-                on_wait: Callable[[], None] | None = None) -> Message:
+    def request(
+        self,
+        msg: Message,
+        timeout_s: float | None = None,
+        resend_every_s: float | None = None,
+        before: tuple[Message, ...] = (),
+        accept: Callable[[Message], bool] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> Message:
         """Send `msg` and wait for the broker's answer (a Reject raises).
 
         With `resend_every_s`, `msg` is sent again, after the messages `before`, while no answer comes (a
@@ -196,14 +203,19 @@ class SyncClient:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailable(f"no answer from the broker to {msg.kind} within {timeout_s}s")
 
-    def receive(self, timeout_s: float | None, accept: Callable[[Message], bool] | None = None,
-                what: str = "a request") -> Message | None:
+    def receive(
+        self, timeout_s: float | None, accept: Callable[[Message], bool] | None = None, what: str = "a request"
+    ) -> Message | None:
         """The next message `accept` takes (all, without it), or None after `timeout_s` (None: wait for one); a
         Reject raises, naming `what` was refused."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left_ms = None if deadline is None else int((deadline - time.monotonic()) * 1000)
-            if left_ms is not None and left_ms <= 0 or not self._sock.poll(None if left_ms is None else max(1, left_ms)):
+            if (
+                left_ms is not None
+                and left_ms <= 0
+                or not self._sock.poll(None if left_ms is None else max(1, left_ms))
+            ):
                 return None
             reply = decode(self._sock.recv_multipart(copy=False))
             if accept is not None and not accept(reply):
@@ -219,8 +231,9 @@ class SyncClient:
 class AsyncClient:
     """asyncio client (actors, weight sidecars). Group grants arrive whenever admission allows."""
 
-    def __init__(self, address: str, name: str, hwm: int = 10_000, curve_keys_dir: str = "",
-                 max_message_bytes: int = 0):
+    def __init__(
+        self, address: str, name: str, hwm: int = 10_000, curve_keys_dir: str = "", max_message_bytes: int = 0
+    ):
         """`address`: the broker's, or its record (`RecordLink`: looked at every ack_timeout_s / 2 and followed);
         `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
         self.link = RecordLink(address)
@@ -244,8 +257,13 @@ class AsyncClient:
         self._requests: dict[int, tuple[GroupRequest, asyncio.Future[GroupGrant]]] = {}
         self._next_request = 0
         self._resender: asyncio.Task[None] | None = None
-        self.counters: dict[str, int] = {"transitions_resent": 0, "group_requests_resent": 0, "acks": 0,
-                                         "transition_messages": 0, "broker_moves_followed": 0}
+        self.counters: dict[str, int] = {
+            "transitions_resent": 0,
+            "group_requests_resent": 0,
+            "acks": 0,
+            "transition_messages": 0,
+            "broker_moves_followed": 0,
+        }
 
     async def start(self, incarnation: int = 0, max_unacked: int = 256, ack_timeout_s: float = 5.0) -> None:
         self.incarnation, self.max_unacked, self.ack_timeout_s = incarnation, max_unacked, ack_timeout_s
@@ -277,7 +295,7 @@ class AsyncClient:
             self._wake.clear()
             while self._outgoing:
                 batch = next(bundles(self._outgoing))
-                self._outgoing = self._outgoing[len(batch):]
+                self._outgoing = self._outgoing[len(batch) :]
                 await self._send_transitions(batch)
 
     async def _send_transitions(self, ts: list[Transition]) -> None:

@@ -58,8 +58,9 @@ def is_loopback(host: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- keys
-def keygen(folder: str | os.PathLike[str], client: str = CLIENT, export: str | os.PathLike[str] | None = None
-           ) -> list[Path]:
+def keygen(
+    folder: str | os.PathLike[str], client: str = CLIENT, export: str | os.PathLike[str] | None = None
+) -> list[Path]:
     """Make `folder`'s server pair (if absent) and a client pair named `client` that the servers allow.
 
     With `export`, the new pair is written there instead, as client.key/client.key_secret, beside a copy
@@ -124,12 +125,18 @@ def keys_dir_errors(folder: str, server: bool) -> list[str]:
     need = [f"{SERVER}.key", f"{CLIENT}.key_secret"] + ([f"{SERVER}.key_secret"] if server else [])
     missing = [name for name in need if not (root / name).is_file()]
     if missing:
-        return [(f"broker.curve_keys_dir={folder!r} has no {', '.join(missing)}; make the folder with "
-                f"`{KEYGEN_COMMAND}` (another machine's clients: `... --client NAME --export DIR`).")]
+        return [
+            (
+                f"broker.curve_keys_dir={folder!r} has no {', '.join(missing)}; make the folder with "
+                f"`{KEYGEN_COMMAND}` (another machine's clients: `... --client NAME --export DIR`)."
+            )
+        ]
     errors = []
     if server and not list((root / ALLOWED).glob("*.key")):
-        errors.append(f"{root / ALLOWED} holds no client key (*.key): no client could connect; "
-                      f"add one with `python -m agentstream.wire.curve keygen {folder} --client NAME --export DIR`.")
+        errors.append(
+            f"{root / ALLOWED} holds no client key (*.key): no client could connect; "
+            f"add one with `python -m agentstream.wire.curve keygen {folder} --client NAME --export DIR`."
+        )
     return errors
 
 
@@ -187,8 +194,9 @@ class AllowList:
         self.denied += 1
         if z85_key not in self._logged and len(self._logged) < 1000:
             self._logged.add(z85_key)
-            log.warning("refused a CURVE client whose public key %s is not in %s", z85_key.decode(errors="replace"),
-                        self.folder)
+            log.warning(
+                "refused a CURVE client whose public key %s is not in %s", z85_key.decode(errors="replace"), self.folder
+            )
         if self._on_deny is not None:
             self._on_deny(z85_key.decode(errors="replace"))
         return False
@@ -200,8 +208,7 @@ class CurveServer:
     One per context (ZeroMQ has one ZAP endpoint per context); an asyncio context gets the asyncio
     authenticator (create it inside the running loop), any other a thread. `stop()` after closing sockets."""
 
-    def __init__(self, ctx: zmq.Context, folder: str | os.PathLike[str],
-                 on_deny: Callable[[str], None] | None = None):
+    def __init__(self, ctx: zmq.Context, folder: str | os.PathLike[str], on_deny: Callable[[str], None] | None = None):
         self.keys = load_server_keys(folder)
         self.allow = AllowList(self.keys.allowed_dir, on_deny)
         auth_cls = AsyncioAuthenticator if isinstance(ctx, zmq.asyncio.Context) else ThreadAuthenticator
@@ -226,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("keygen", help="make a key folder, or add an allowed client to one")
     k.add_argument("folder", help="the key folder (broker.curve_keys_dir)")
     k.add_argument("--client", default=CLIENT, help="name of the new client key pair (default: client)")
-    k.add_argument("--export", default=None,
-                   help="also write server.key and the new pair as client.* into this folder (for another machine)")
+    k.add_argument(
+        "--export",
+        default=None,
+        help="also write server.key and the new pair as client.* into this folder (for another machine)",
+    )
     args = p.parse_args(argv)
     try:
         written = keygen(args.folder, args.client, args.export)

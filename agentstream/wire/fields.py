@@ -61,10 +61,23 @@ _INT64_FIELDS = frozenset({"group_id", "seed"})  # every other int also travels 
 _NUMERIC_DICTS = frozenset({"counters", "gauges", "metrics"})  # the broker does arithmetic on their values
 _NON_FINITE_OK = frozenset({"gauges", "metrics"})  # a diverged loss (nan) must reach the dashboard, not vanish
 ARRAY_FIELD_DTYPES = {
-    "prompt_ids": "int32", "response_ids": "int32", "logprobs": "float32", "group_index": "int32",
-    "traj_index": "int32", "step_index": "int32", "prompt_lens": "int32", "response_lens": "int32",
-    "rewards": "float32", "dones": "bool", "valid": "bool", "version_lo": "int32", "version_hi": "int32",
-    "token_rewards": "float32", "images": "uint8", "image_shapes": "int32", "image_data": "uint8",
+    "prompt_ids": "int32",
+    "response_ids": "int32",
+    "logprobs": "float32",
+    "group_index": "int32",
+    "traj_index": "int32",
+    "step_index": "int32",
+    "prompt_lens": "int32",
+    "response_lens": "int32",
+    "rewards": "float32",
+    "dones": "bool",
+    "valid": "bool",
+    "version_lo": "int32",
+    "version_hi": "int32",
+    "token_rewards": "float32",
+    "images": "uint8",
+    "image_shapes": "int32",
+    "image_data": "uint8",
 }  # (Transitions' prompt_lens/response_lens/prompt_ids/response_ids/logprobs are covered by the same names)
 """The dtype each array field must travel as (a field not listed takes any of ARRAY_DTYPES)."""
 ARRAY_FIELD_NDIM = {"images": 4, "image_shapes": 2}
@@ -79,19 +92,32 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 def unpack_header(buf: Any) -> dict[str, Any]:
     try:
         header = msgpack.unpackb(
-            buf, raw=False, strict_map_key=True, max_str_len=4 * MAX_TEXT_CHARS, max_bin_len=0,
-            max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_DICT_ITEMS, max_ext_len=0, ext_hook=_refuse_ext,
+            buf,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=4 * MAX_TEXT_CHARS,
+            max_bin_len=0,
+            max_array_len=MAX_LIST_ITEMS,
+            max_map_len=MAX_DICT_ITEMS,
+            max_ext_len=0,
+            ext_hook=_refuse_ext,
         )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"header is not valid msgpack within the limits: {exc.__class__.__name__}",
-                            "bad_header") from None
+        raise ProtocolError(
+            f"header is not valid msgpack within the limits: {exc.__class__.__name__}", "bad_header"
+        ) from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a map, got {type(header).__name__}", "bad_header")
     return header
 
 
 _SCALAR_TYPES: dict[Any, tuple[type, ...]] = {
-    int: (int,), float: (float, int), bool: (bool,), str: (str,), dict: (dict,), list: (list,),
+    int: (int,),
+    float: (float, int),
+    bool: (bool,),
+    str: (str,),
+    dict: (dict,),
+    list: (list,),
 }
 
 
@@ -106,10 +132,13 @@ def field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
         def literal(value: Any) -> None:
             if value not in choices:
                 raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {choices}", "bad_type")
+
         return literal
     if hint in (np.ndarray, bytes):
+
         def frame_only(value: Any) -> None:
             raise ProtocolError(f"{where}: must travel as a data frame, not in the header", "bad_type")
+
         return frame_only
     allowed = _SCALAR_TYPES.get(origin or hint)
     no_bool = hint in (int, float)
@@ -131,10 +160,13 @@ def field_checker(kind: str, name: str, hint: Any) -> Callable[[Any], None]:
 
     def typed(value: Any) -> None:
         if allowed is None or not isinstance(value, allowed) or (no_bool and isinstance(value, bool)):
-            raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}",
-                                "bad_type")
+            raise ProtocolError(
+                f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}", "bad_type"
+            )
         check(value)
+
     return typed
+
 
 def _check_list(where: str, value: list) -> None:
     if len(value) > MAX_LIST_ITEMS:
@@ -180,8 +212,7 @@ def _check_scalar_value(where: str, value: Any, numeric: bool, finite: bool) -> 
     elif isinstance(value, str):
         _check_text(where, value, MAX_TEXT_CHARS)
     elif value is not None:
-        raise ProtocolError(f"{where}: expected a string, number, bool or nil, got {type(value).__name__}",
-                            "bad_type")
+        raise ProtocolError(f"{where}: expected a string, number, bool or nil, got {type(value).__name__}", "bad_type")
 
 
 def decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple[str, Any]:
@@ -212,8 +243,7 @@ def decode_array(kind: str, specs: dict[str, Any], spec: Any, buf: Any) -> tuple
     return name, arr.reshape(shape) if ndim > 1 else arr
 
 
-def plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any],
-                 omitted: dict[str, Any]) -> bool:
+def plain_arrays(layout: tuple, arrays: Any, bufs: list[Any], values: dict[str, Any], omitted: dict[str, Any]) -> bool:
     """The data frames of a message whose `_arrays` must be exactly `layout` ((field, dtype) in order), or
     `layout` without its last len(`omitted`) fields (their values then taken from `omitted`: `encode` leaves
     out image fields that hold nothing), decoded into `values`; False (values unfinished) for anything else,

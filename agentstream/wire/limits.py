@@ -101,8 +101,12 @@ def _check_token_ids(msg: Message, name: str, ids: np.ndarray, limits: Limits) -
     if lo < 0:
         _fail(msg, f"{name} holds {lo}; token ids are >= 0", "out_of_vocab")
     if limits.vocab_size and hi >= limits.vocab_size:
-        _fail(msg, f"{name} holds {hi}, outside the model's vocabulary of {limits.vocab_size} "
-                   f"(is the actor's model the broker's model.path?)", "out_of_vocab")
+        _fail(
+            msg,
+            f"{name} holds {hi}, outside the model's vocabulary of {limits.vocab_size} "
+            f"(is the actor's model the broker's model.path?)",
+            "out_of_vocab",
+        )
 
 
 def _check_logprobs(msg: Message, logprobs: np.ndarray) -> None:
@@ -117,8 +121,11 @@ def _check_logprobs(msg: Message, logprobs: np.ndarray) -> None:
 
 def _check_token_rewards(msg: Message, token_rewards: np.ndarray, tokens: int) -> None:
     if token_rewards.size not in (0, tokens):
-        _fail(msg, f"{token_rewards.size} token rewards for {tokens} response tokens (send one per token, or none)",
-              "inconsistent")
+        _fail(
+            msg,
+            f"{token_rewards.size} token rewards for {tokens} response tokens (send one per token, or none)",
+            "inconsistent",
+        )
     if token_rewards.size and not np.isfinite(token_rewards).all():
         _fail(msg, f"token_rewards hold {int((~np.isfinite(token_rewards)).sum())} nan/inf values", "non_finite")
 
@@ -136,12 +143,18 @@ def _check_images(msg: Message, shapes: list[list[int]], data_bytes: int, limits
         if min(shape) < 0:
             _fail(msg, f"image_shapes hold {min(shape)}; n, H, W and C are >= 0", "out_of_range")
         if n and (h < 1 or w < 1 or c not in IMAGE_CHANNELS):
-            _fail(msg, f"images of shape {list(shape)} (n, H, W, C): an image has H, W >= 1 and C in "
-                       f"{IMAGE_CHANNELS}", "out_of_range")
+            _fail(
+                msg,
+                f"images of shape {list(shape)} (n, H, W, C): an image has H, W >= 1 and C in {IMAGE_CHANNELS}",
+                "out_of_range",
+            )
         size = n * h * w * c
         if limits.max_image_bytes and size > limits.max_image_bytes:
-            _fail(msg, f"{size} image bytes in one transition exceed broker.max_image_bytes={limits.max_image_bytes}",
-                  "too_long")
+            _fail(
+                msg,
+                f"{size} image bytes in one transition exceed broker.max_image_bytes={limits.max_image_bytes}",
+                "too_long",
+            )
         total += size
     if total != data_bytes:
         _fail(msg, f"image_shapes describe {total} image bytes but {data_bytes} came", "inconsistent")
@@ -151,8 +164,11 @@ def _check_image_columns(msg: Transitions | Batch, items: int, limits: Limits) -
     if not (msg.image_shapes.size or msg.image_data.size):  # text only: nothing to check
         return
     if msg.image_shapes.shape != (items, 4):
-        _fail(msg, f"image_shapes is {list(msg.image_shapes.shape)}; it must be [{items}, 4]: (n, H, W, C) per "
-                   f"transition", "inconsistent")
+        _fail(
+            msg,
+            f"image_shapes is {list(msg.image_shapes.shape)}; it must be [{items}, 4]: (n, H, W, C) per transition",
+            "inconsistent",
+        )
     _check_images(msg, msg.image_shapes.tolist(), msg.image_data.size, limits)
 
 
@@ -165,8 +181,7 @@ def _transition(msg: Transition, limits: Limits) -> None:
     if msg.step < 0 or msg.group_id < 0:
         _fail(msg, f"step={msg.step}, group_id={msg.group_id}: both must be >= 0", "out_of_range")
     if not 0 <= msg.version_lo <= msg.version_hi:
-        _fail(msg, f"version interval [{msg.version_lo}, {msg.version_hi}] must satisfy 0 <= lo <= hi",
-              "out_of_range")
+        _fail(msg, f"version interval [{msg.version_lo}, {msg.version_hi}] must satisfy 0 <= lo <= hi", "out_of_range")
     _check_token_ids(msg, "prompt_ids", msg.prompt_ids, limits)
     _check_token_ids(msg, "response_ids", msg.response_ids, limits)
     _check_logprobs(msg, msg.logprobs)
@@ -179,13 +194,19 @@ def _transitions(msg: Transitions, limits: Limits) -> None:
     """Each transition's checks (`_transition`), the array ones in one pass over the concatenated arrays."""
     n = len(msg.items)
     if msg.prompt_lens.size != n or msg.response_lens.size != n:
-        _fail(msg, f"{n} items but {msg.prompt_lens.size} prompt and {msg.response_lens.size} response lengths",
-              "inconsistent")
+        _fail(
+            msg,
+            f"{n} items but {msg.prompt_lens.size} prompt and {msg.response_lens.size} response lengths",
+            "inconsistent",
+        )
     for lens, ids in ((msg.prompt_lens, msg.prompt_ids), (msg.response_lens, msg.response_ids)):
         # One pass: as uint32 a negative length is >= 2**31, more than a message's token ids can be
         if int(lens.astype(np.int32, copy=False).view(np.uint32).sum(dtype=np.int64)) != ids.size:
-            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} (each must be >= 0) but {ids.size} token "
-                       f"ids came", "inconsistent")
+            _fail(
+                msg,
+                f"lengths sum to {int(lens.sum(dtype=np.int64))} (each must be >= 0) but {ids.size} token ids came",
+                "inconsistent",
+            )
     if msg.logprobs.size != msg.response_ids.size:
         _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
     longest = int((msg.prompt_lens.astype(np.int64) + msg.response_lens).max())
@@ -204,15 +225,24 @@ def _transitions(msg: Transitions, limits: Limits) -> None:
 
 
 def _batch(msg: Batch, limits: Limits) -> None:
-    per_transition = ("group_index", "traj_index", "step_index", "prompt_lens", "response_lens", "rewards",
-                      "dones", "valid", "version_lo", "version_hi")
+    per_transition = (
+        "group_index",
+        "traj_index",
+        "step_index",
+        "prompt_lens",
+        "response_lens",
+        "rewards",
+        "dones",
+        "valid",
+        "version_lo",
+        "version_hi",
+    )
     n = msg.group_index.size
     if any(getattr(msg, f).size != n for f in per_transition) or len(msg.anchors) not in (0, n):
         _fail(msg, f"per-transition fields do not all hold {n} entries", "inconsistent")
     for lens, ids in ((msg.prompt_lens, msg.prompt_ids), (msg.response_lens, msg.response_ids)):
         if (n and int(lens.min()) < 0) or int(lens.sum(dtype=np.int64)) != ids.size:
-            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} but {ids.size} token ids came",
-                  "inconsistent")
+            _fail(msg, f"lengths sum to {int(lens.sum(dtype=np.int64))} but {ids.size} token ids came", "inconsistent")
     if msg.logprobs.size != msg.response_ids.size:
         _fail(msg, f"{msg.logprobs.size} logprobs for {msg.response_ids.size} response tokens", "inconsistent")
     if not np.isfinite(msg.rewards).all():
@@ -226,8 +256,11 @@ def _batch(msg: Batch, limits: Limits) -> None:
 
 def _batch_request(msg: BatchRequest, limits: Limits) -> None:
     if msg.step < 0 or msg.world_size < 1 or not 0 <= msg.rank < msg.world_size:
-        _fail(msg, f"step={msg.step}, rank={msg.rank}, world_size={msg.world_size}: need step >= 0 and "
-                   f"0 <= rank < world_size", "out_of_range")
+        _fail(
+            msg,
+            f"step={msg.step}, rank={msg.rank}, world_size={msg.world_size}: need step >= 0 and 0 <= rank < world_size",
+            "out_of_range",
+        )
 
 
 def _hello(msg: Hello, limits: Limits) -> None:
@@ -256,14 +289,30 @@ def _check_tcp_address(msg: Message, name: str, value: str) -> None:
 
 def _weight_update(msg: WeightUpdate, limits: Limits) -> None:
     if msg.format not in WEIGHT_FORMATS or msg.version < 0:
-        _fail(msg, f"format={msg.format!r}, version={msg.version}: need a format in {WEIGHT_FORMATS} and "
-                   f"version >= 0", "out_of_range")
+        _fail(
+            msg,
+            f"format={msg.format!r}, version={msg.version}: need a format in {WEIGHT_FORMATS} and version >= 0",
+            "out_of_range",
+        )
 
 
 _CHECKS: dict[type, Callable[..., None]] = {
-    Transition: _transition, Transitions: _transitions, Batch: _batch, BatchRequest: _batch_request, Hello: _hello,
-    VersionUpdate: _version_update, WeightUpdate: _weight_update,
+    Transition: _transition,
+    Transitions: _transitions,
+    Batch: _batch,
+    BatchRequest: _batch_request,
+    Hello: _hello,
+    VersionUpdate: _version_update,
+    WeightUpdate: _weight_update,
 }
 
-__all__ = ["IMAGE_CHANNELS", "LOGPROB_SLACK", "TCP_ADDRESS", "WEIGHT_FORMATS", "Limits", "limits_for",
-           "model_vocab_size", "check_limits"]
+__all__ = [
+    "IMAGE_CHANNELS",
+    "LOGPROB_SLACK",
+    "TCP_ADDRESS",
+    "WEIGHT_FORMATS",
+    "Limits",
+    "limits_for",
+    "model_vocab_size",
+    "check_limits",
+]

@@ -154,19 +154,44 @@ class Transition:
     kind: Literal["transition"] = "transition"
 
     @classmethod
-    def abandon_marker(cls, traj_id: str, group_id: int, actor: str, step: int, version: int, cause: str,
-                       whole_group: bool) -> Transition:
+    def abandon_marker(
+        cls, traj_id: str, group_id: int, actor: str, step: int, version: int, cause: str, whole_group: bool
+    ) -> Transition:
         """The abandon marker (ABANDON) that ends a failed attempt of `traj_id` after its `step` sent steps,
         or with `whole_group` its whole group; `version`: the group's grant's min_version."""
         empty_ids = np.zeros(0, np.int32)
-        return cls(traj_id=traj_id, group_id=group_id, actor=actor, step=step, prompt_ids=empty_ids,
-                   response_ids=empty_ids, logprobs=np.zeros(0, np.float32), version_lo=version, version_hi=version,
-                   reward=0.0, done=False, truncated=False, valid=False,
-                   info={ABANDON: cause, ABANDON_GROUP: whole_group})
+        return cls(
+            traj_id=traj_id,
+            group_id=group_id,
+            actor=actor,
+            step=step,
+            prompt_ids=empty_ids,
+            response_ids=empty_ids,
+            logprobs=np.zeros(0, np.float32),
+            version_lo=version,
+            version_hi=version,
+            reward=0.0,
+            done=False,
+            truncated=False,
+            valid=False,
+            info={ABANDON: cause, ABANDON_GROUP: whole_group},
+        )
 
 
-TRANSITION_ITEM_FIELDS = ("traj_id", "group_id", "step", "version_lo", "version_hi", "reward", "done", "truncated",
-                          "valid", "anchor", "info", "seq")
+TRANSITION_ITEM_FIELDS = (
+    "traj_id",
+    "group_id",
+    "step",
+    "version_lo",
+    "version_hi",
+    "reward",
+    "done",
+    "truncated",
+    "valid",
+    "anchor",
+    "info",
+    "seq",
+)
 """A Transition's header fields as one item of `Transitions.items` (positional, in this order)."""
 MAX_BUNDLE = 4096
 """Transitions in one `Transitions` message at most."""
@@ -203,14 +228,18 @@ class Transitions:
             raise ValueError("a Transitions message holds one actor incarnation's transitions")
         image_shapes, image_data = image_columns(ts)
         return cls(
-            actor=first.actor, incarnation=first.incarnation,
+            actor=first.actor,
+            incarnation=first.incarnation,
             items=[[getattr(t, f) for f in TRANSITION_ITEM_FIELDS] for t in ts],
             prompt_lens=np.array([t.prompt_ids.size for t in ts], np.int32),
             response_lens=np.array([t.response_ids.size for t in ts], np.int32),
             prompt_ids=np.concatenate([t.prompt_ids for t in ts]).astype(np.int32, copy=False),
             response_ids=np.concatenate([t.response_ids for t in ts]).astype(np.int32, copy=False),
             logprobs=np.concatenate([t.logprobs for t in ts]).astype(np.float32, copy=False),
-            token_rewards=token_rewards_column(ts), image_shapes=image_shapes, image_data=image_data)
+            token_rewards=token_rewards_column(ts),
+            image_shapes=image_shapes,
+            image_data=image_data,
+        )
 
     def split(self) -> list[Transition]:
         """The transitions, in order (their arrays view this message's).
@@ -221,16 +250,23 @@ class Transitions:
         out, p, r = [], 0, 0
         new = object.__new__
         per_token = self.token_rewards.size > 0
-        images = (cut_images(self.image_shapes, self.image_data) if self.image_shapes.size
-                  else itertools.repeat(_NO_IMAGES))
+        images = (
+            cut_images(self.image_shapes, self.image_data) if self.image_shapes.size else itertools.repeat(_NO_IMAGES)
+        )
         for item, n_p, n_r, imgs in zip(self.items, self.prompt_lens.tolist(), self.response_lens.tolist(), images):
             t = new(Transition)
             fields = t.__dict__
             fields.update(zip(TRANSITION_ITEM_FIELDS, item))
-            fields.update(actor=self.actor, incarnation=self.incarnation, prompt_ids=self.prompt_ids[p:p + n_p],
-                          response_ids=self.response_ids[r:r + n_r], logprobs=self.logprobs[r:r + n_r],
-                          token_rewards=self.token_rewards[r:r + n_r] if per_token else _NO_TOKEN_REWARDS,
-                          images=imgs, kind="transition")
+            fields.update(
+                actor=self.actor,
+                incarnation=self.incarnation,
+                prompt_ids=self.prompt_ids[p : p + n_p],
+                response_ids=self.response_ids[r : r + n_r],
+                logprobs=self.logprobs[r : r + n_r],
+                token_rewards=self.token_rewards[r : r + n_r] if per_token else _NO_TOKEN_REWARDS,
+                images=imgs,
+                kind="transition",
+            )
             out.append(t)
             p, r = p + n_p, r + n_r
         return out
@@ -241,8 +277,9 @@ def token_rewards_column(ts: list[Transition]) -> np.ndarray:
     none of them has any (a bundle or batch without token rewards carries an empty array)."""
     if not any(t.token_rewards.size for t in ts):
         return _NO_TOKEN_REWARDS
-    return np.concatenate([t.token_rewards if t.token_rewards.size else np.zeros(t.response_ids.size, np.float32)
-                           for t in ts]).astype(np.float32, copy=False)
+    return np.concatenate(
+        [t.token_rewards if t.token_rewards.size else np.zeros(t.response_ids.size, np.float32) for t in ts]
+    ).astype(np.float32, copy=False)
 
 
 def image_columns(ts: list[Transition]) -> tuple[np.ndarray, np.ndarray]:
@@ -401,8 +438,20 @@ class Reject:
 
 
 Message = Union[
-    Hello, Welcome, GroupRequest, GroupGrant, Transition, Transitions, Ack, Stats, BatchRequest, Batch, VersionUpdate,
-    EngineStatus, WeightUpdate, Reject,
+    Hello,
+    Welcome,
+    GroupRequest,
+    GroupGrant,
+    Transition,
+    Transitions,
+    Ack,
+    Stats,
+    BatchRequest,
+    Batch,
+    VersionUpdate,
+    EngineStatus,
+    WeightUpdate,
+    Reject,
 ]
 _KINDS: dict[str, type] = {cls.__dataclass_fields__["kind"].default: cls for cls in typing.get_args(Message)}
 
@@ -415,14 +464,17 @@ def _field_specs(cls: type) -> dict[str, Any]:
 _SPECS = {kind: _field_specs(cls) for kind, cls in _KINDS.items()}
 _FIELD_NAMES = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 _PLAIN_DEFAULTS: dict[str, dict[str, Any] | None] = {
-    kind: None if any(f.default_factory is not dataclasses.MISSING for f in dataclasses.fields(cls)) else
-    {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    for kind, cls in _KINDS.items()}
+    kind: None
+    if any(f.default_factory is not dataclasses.MISSING for f in dataclasses.fields(cls))
+    else {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    for kind, cls in _KINDS.items()
+}
 """Each kind's field defaults, for decoding without `__init__`; None for a kind with a default factory
 (a fresh dict or list per message), which is made by its `__init__`."""
 _REQUIRED = {
     kind: {
-        f.name for f in dataclasses.fields(cls)
+        f.name
+        for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     }
     for kind, cls in _KINDS.items()
@@ -487,13 +539,15 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     if max_bytes is not None:
         size = sum(len(b) for b in bufs)
         if size > max_bytes:
-            raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes} "
-                                f"(broker.max_message_bytes)", "oversized")
+            raise ProtocolError(
+                f"message of {size} bytes exceeds the limit of {max_bytes} (broker.max_message_bytes)", "oversized"
+            )
     header = unpack_header(bufs[0])
     if header.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(
             f"protocol version {str(header.get('v'))[:20]!r} is not {PROTOCOL_VERSION}: sender and receiver run "
-            f"different agentstream versions", "bad_version"
+            f"different agentstream versions",
+            "bad_version",
         )
     kind = header.get("kind")
     plain = _PLAIN_DECODERS.get(kind) if isinstance(kind, str) else None
@@ -516,8 +570,11 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
         values[name] = value
     arrays = header.get("_arrays", [])
     if not isinstance(arrays, list) or len(arrays) != len(bufs) - 1:
-        raise ProtocolError(f"{kind}: header announces {len(arrays) if isinstance(arrays, list) else '?'} arrays "
-                            f"but {len(bufs) - 1} data frames came", "bad_frames")
+        raise ProtocolError(
+            f"{kind}: header announces {len(arrays) if isinstance(arrays, list) else '?'} arrays "
+            f"but {len(bufs) - 1} data frames came",
+            "bad_frames",
+        )
     for spec, buf in zip(arrays, bufs[1:]):
         name, value = decode_array(kind, specs, spec, buf)
         values[name] = value
@@ -533,27 +590,35 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     return msg
 
 
-
-
 def _check_items(where: str, value: Any) -> None:
     """`Transitions.items`: each item a list of a Transition's header fields, each checked as in a Transition."""
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_BUNDLE:
-        raise ProtocolError(f"{where}: expected a list of 1..{MAX_BUNDLE} items", "bad_type" if not isinstance(
-            value, list) else "too_long")
+        raise ProtocolError(
+            f"{where}: expected a list of 1..{MAX_BUNDLE} items",
+            "bad_type" if not isinstance(value, list) else "too_long",
+        )
     checks = [_CHECKERS["transition"][f] for f in TRANSITION_ITEM_FIELDS]
     for item in value:
         if _plainly_valid(item):
             continue
         if not isinstance(item, list) or len(item) != len(checks):
-            raise ProtocolError(f"{where}: an item must list the {len(checks)} fields {TRANSITION_ITEM_FIELDS}",
-                                "bad_type")
+            raise ProtocolError(
+                f"{where}: an item must list the {len(checks)} fields {TRANSITION_ITEM_FIELDS}", "bad_type"
+            )
         for check, field_value in zip(checks, item):
             check(field_value)
 
 
-_TRANSITIONS_ARRAYS = (("prompt_lens", "int32"), ("response_lens", "int32"), ("prompt_ids", "int32"),
-                       ("response_ids", "int32"), ("logprobs", "float32"), ("token_rewards", "float32"),
-                       ("image_shapes", "int32"), ("image_data", "uint8"))
+_TRANSITIONS_ARRAYS = (
+    ("prompt_lens", "int32"),
+    ("response_lens", "int32"),
+    ("prompt_ids", "int32"),
+    ("response_ids", "int32"),
+    ("logprobs", "float32"),
+    ("token_rewards", "float32"),
+    ("image_shapes", "int32"),
+    ("image_data", "uint8"),
+)
 """A Transitions message's data frames as `encode` writes them: (field, dtype), in this order."""
 _NO_BUNDLE_IMAGES = {"image_shapes": _NO_IMAGE_SHAPES, "image_data": _NO_IMAGE_DATA}
 """The last fields of `_TRANSITIONS_ARRAYS`, left out of a bundle without images, and their values then."""
@@ -565,9 +630,16 @@ def _plain_transitions(header: dict[str, Any], bufs: list[Any]) -> Transitions |
     what this accepts and says what is wrong with the rest."""
     actor, incarnation, items = header.get("actor"), header.get("incarnation"), header.get("items")
     # 6: v, kind, _arrays and the 3 header fields, every one present
-    if not (len(header) == 6 and type(actor) is str and len(actor) <= MAX_NAME_CHARS and type(incarnation) is int
-            and -1 <= incarnation <= INT32_MAX and type(items) is list and 1 <= len(items) <= MAX_BUNDLE
-            and all(map(_plainly_valid, items))):
+    if not (
+        len(header) == 6
+        and type(actor) is str
+        and len(actor) <= MAX_NAME_CHARS
+        and type(incarnation) is int
+        and -1 <= incarnation <= INT32_MAX
+        and type(items) is list
+        and 1 <= len(items) <= MAX_BUNDLE
+        and all(map(_plainly_valid, items))
+    ):
         return None
     msg = object.__new__(Transitions)
     values = msg.__dict__
@@ -590,8 +662,13 @@ def _plain_transition(header: dict[str, Any], bufs: list[Any]) -> Transition | N
         return None
     actor, incarnation = header.get("actor"), header.get("incarnation")
     item = [header.get(f) for f in TRANSITION_ITEM_FIELDS]
-    if not (type(actor) is str and len(actor) <= MAX_NAME_CHARS and type(incarnation) is int
-            and -1 <= incarnation <= INT32_MAX and _plainly_valid(item)):
+    if not (
+        type(actor) is str
+        and len(actor) <= MAX_NAME_CHARS
+        and type(incarnation) is int
+        and -1 <= incarnation <= INT32_MAX
+        and _plainly_valid(item)
+    ):
         return None
     msg = object.__new__(Transition)
     values = msg.__dict__
@@ -612,23 +689,61 @@ def _plainly_valid(item: Any) -> bool:
     if type(item) is not list or len(item) != 12:
         return False
     traj_id, group_id, step, lo, hi, reward, done, truncated, valid, anchor, info, seq = item
-    return (type(traj_id) is str and len(traj_id) <= MAX_NAME_CHARS and type(group_id) is int
-            and 0 <= group_id < 2**63 and type(step) is int and 0 <= step <= INT32_MAX and type(lo) is int
-            and 0 <= lo <= INT32_MAX and type(hi) is int and 0 <= hi <= INT32_MAX and type(reward) is float
-            and math.isfinite(reward) and type(done) is bool and type(truncated) is bool and type(valid) is bool
-            and type(anchor) is str and len(anchor) <= MAX_TEXT_CHARS and type(seq) is int and -1 <= seq <= INT32_MAX
-            and type(info) is dict and len(info) <= MAX_DICT_ITEMS
-            and all(type(k) is str and len(k) <= MAX_NAME_CHARS and (
-                v is None or type(v) is bool or (type(v) is int and -(2**63) <= v <= 2**63)
-                or (type(v) is float and math.isfinite(v)) or (type(v) is str and len(v) <= MAX_TEXT_CHARS))
-                for k, v in info.items()))
+    return (
+        type(traj_id) is str
+        and len(traj_id) <= MAX_NAME_CHARS
+        and type(group_id) is int
+        and 0 <= group_id < 2**63
+        and type(step) is int
+        and 0 <= step <= INT32_MAX
+        and type(lo) is int
+        and 0 <= lo <= INT32_MAX
+        and type(hi) is int
+        and 0 <= hi <= INT32_MAX
+        and type(reward) is float
+        and math.isfinite(reward)
+        and type(done) is bool
+        and type(truncated) is bool
+        and type(valid) is bool
+        and type(anchor) is str
+        and len(anchor) <= MAX_TEXT_CHARS
+        and type(seq) is int
+        and -1 <= seq <= INT32_MAX
+        and type(info) is dict
+        and len(info) <= MAX_DICT_ITEMS
+        and all(
+            type(k) is str
+            and len(k) <= MAX_NAME_CHARS
+            and (
+                v is None
+                or type(v) is bool
+                or (type(v) is int and -(2**63) <= v <= 2**63)
+                or (type(v) is float and math.isfinite(v))
+                or (type(v) is str and len(v) <= MAX_TEXT_CHARS)
+            )
+            for k, v in info.items()
+        )
+    )
 
 
 _CHECKERS: dict[str, dict[str, Callable[[Any], None]]] = {
-    kind: {name: field_checker(kind, name, hint) for name, hint in specs.items()} for kind, specs in _SPECS.items()}
+    kind: {name: field_checker(kind, name, hint) for name, hint in specs.items()} for kind, specs in _SPECS.items()
+}
 _CHECKERS["transitions"]["items"] = lambda value: _check_items("transitions.items", value)
 
 
-__all__ = ["ABANDON", "ABANDON_GROUP", "PROTOCOL_VERSION", "REJECT_CODES", "MAX_DICT_ITEMS", "MAX_LIST_ITEMS",
-           "MAX_NAME_CHARS", "MAX_TEXT_CHARS", "Message", "ProtocolError", "encode", "decode",
-           *(c.__name__ for c in typing.get_args(Message))]
+__all__ = [
+    "ABANDON",
+    "ABANDON_GROUP",
+    "PROTOCOL_VERSION",
+    "REJECT_CODES",
+    "MAX_DICT_ITEMS",
+    "MAX_LIST_ITEMS",
+    "MAX_NAME_CHARS",
+    "MAX_TEXT_CHARS",
+    "Message",
+    "ProtocolError",
+    "encode",
+    "decode",
+    *(c.__name__ for c in typing.get_args(Message)),
+]

@@ -39,29 +39,131 @@ SHORT_NAMES = {  # the names the brief and verl-agent use -> ALFWorld's task typ
 
 # Per scene type: (receptacle type, min count, max count). Shaped after AI2-THOR's floor plans.
 SCENES: dict[str, tuple[tuple[str, int, int], ...]] = {
-    "Kitchen": (("CounterTop", 1, 3), ("Cabinet", 2, 6), ("Drawer", 1, 4), ("Fridge", 1, 1),
-                ("Microwave", 1, 1), ("SinkBasin", 1, 1), ("StoveBurner", 2, 4), ("DiningTable", 0, 1),
-                ("GarbageCan", 1, 1), ("Shelf", 0, 2), ("CoffeeMachine", 1, 1), ("Toaster", 0, 1)),
-    "LivingRoom": (("Sofa", 1, 1), ("ArmChair", 0, 2), ("CoffeeTable", 1, 1), ("SideTable", 1, 2),
-                   ("TVStand", 0, 1), ("Shelf", 1, 3), ("Drawer", 0, 3), ("Cabinet", 0, 3),
-                   ("GarbageCan", 1, 1), ("Dresser", 0, 1), ("Safe", 0, 1)),
-    "Bedroom": (("Bed", 1, 1), ("Desk", 0, 1), ("Dresser", 0, 1), ("SideTable", 1, 2), ("Drawer", 1, 4),
-                ("Shelf", 1, 4), ("GarbageCan", 1, 1), ("LaundryHamper", 0, 1), ("Safe", 0, 1),
-                ("ArmChair", 0, 1)),
-    "Bathroom": (("Toilet", 1, 1), ("SinkBasin", 1, 2), ("BathtubBasin", 0, 1), ("Cabinet", 1, 4),
-                 ("CounterTop", 1, 1), ("Drawer", 0, 3), ("GarbageCan", 1, 1), ("HandTowelHolder", 1, 1),
-                 ("TowelHolder", 1, 1), ("ToiletPaperHanger", 1, 1), ("Shelf", 0, 2)),
+    "Kitchen": (
+        ("CounterTop", 1, 3),
+        ("Cabinet", 2, 6),
+        ("Drawer", 1, 4),
+        ("Fridge", 1, 1),
+        ("Microwave", 1, 1),
+        ("SinkBasin", 1, 1),
+        ("StoveBurner", 2, 4),
+        ("DiningTable", 0, 1),
+        ("GarbageCan", 1, 1),
+        ("Shelf", 0, 2),
+        ("CoffeeMachine", 1, 1),
+        ("Toaster", 0, 1),
+    ),
+    "LivingRoom": (
+        ("Sofa", 1, 1),
+        ("ArmChair", 0, 2),
+        ("CoffeeTable", 1, 1),
+        ("SideTable", 1, 2),
+        ("TVStand", 0, 1),
+        ("Shelf", 1, 3),
+        ("Drawer", 0, 3),
+        ("Cabinet", 0, 3),
+        ("GarbageCan", 1, 1),
+        ("Dresser", 0, 1),
+        ("Safe", 0, 1),
+    ),
+    "Bedroom": (
+        ("Bed", 1, 1),
+        ("Desk", 0, 1),
+        ("Dresser", 0, 1),
+        ("SideTable", 1, 2),
+        ("Drawer", 1, 4),
+        ("Shelf", 1, 4),
+        ("GarbageCan", 1, 1),
+        ("LaundryHamper", 0, 1),
+        ("Safe", 0, 1),
+        ("ArmChair", 0, 1),
+    ),
+    "Bathroom": (
+        ("Toilet", 1, 1),
+        ("SinkBasin", 1, 2),
+        ("BathtubBasin", 0, 1),
+        ("Cabinet", 1, 4),
+        ("CounterTop", 1, 1),
+        ("Drawer", 0, 3),
+        ("GarbageCan", 1, 1),
+        ("HandTowelHolder", 1, 1),
+        ("TowelHolder", 1, 1),
+        ("ToiletPaperHanger", 1, 1),
+        ("Shelf", 0, 2),
+    ),
 }
 SCENE_OBJECTS: dict[str, tuple[str, ...]] = {
-    "Kitchen": ("Apple", "Bread", "Bowl", "ButterKnife", "Cup", "DishSponge", "Egg", "Fork", "Kettle", "Knife",
-                "Ladle", "Lettuce", "Mug", "Pan", "Plate", "Pot", "Potato", "PepperShaker", "SaltShaker",
-                "SoapBottle", "Spatula", "Spoon", "Tomato", "WineBottle"),
-    "LivingRoom": ("Book", "Box", "CellPhone", "CreditCard", "KeyChain", "Laptop", "Newspaper", "Pillow",
-                   "RemoteControl", "Statue", "Vase", "Watch", "TissueBox", "Candle"),
-    "Bedroom": ("AlarmClock", "BaseballBat", "BasketBall", "Book", "CD", "CellPhone", "CreditCard", "KeyChain",
-                "Laptop", "Mug", "Pen", "Pencil", "Pillow", "TennisRacket", "Watch"),
-    "Bathroom": ("Candle", "Cloth", "DishSponge", "HandTowel", "SoapBar", "SoapBottle", "SprayBottle",
-                 "TissueBox", "ToiletPaper", "Towel"),
+    "Kitchen": (
+        "Apple",
+        "Bread",
+        "Bowl",
+        "ButterKnife",
+        "Cup",
+        "DishSponge",
+        "Egg",
+        "Fork",
+        "Kettle",
+        "Knife",
+        "Ladle",
+        "Lettuce",
+        "Mug",
+        "Pan",
+        "Plate",
+        "Pot",
+        "Potato",
+        "PepperShaker",
+        "SaltShaker",
+        "SoapBottle",
+        "Spatula",
+        "Spoon",
+        "Tomato",
+        "WineBottle",
+    ),
+    "LivingRoom": (
+        "Book",
+        "Box",
+        "CellPhone",
+        "CreditCard",
+        "KeyChain",
+        "Laptop",
+        "Newspaper",
+        "Pillow",
+        "RemoteControl",
+        "Statue",
+        "Vase",
+        "Watch",
+        "TissueBox",
+        "Candle",
+    ),
+    "Bedroom": (
+        "AlarmClock",
+        "BaseballBat",
+        "BasketBall",
+        "Book",
+        "CD",
+        "CellPhone",
+        "CreditCard",
+        "KeyChain",
+        "Laptop",
+        "Mug",
+        "Pen",
+        "Pencil",
+        "Pillow",
+        "TennisRacket",
+        "Watch",
+    ),
+    "Bathroom": (
+        "Candle",
+        "Cloth",
+        "DishSponge",
+        "HandTowel",
+        "SoapBar",
+        "SoapBottle",
+        "SprayBottle",
+        "TissueBox",
+        "ToiletPaper",
+        "Towel",
+    ),
 }
 # Which scenes can host each task: the appliance it needs must be there (ALFRED's GOALS_VALID, narrowed).
 TASK_SCENES = {
@@ -122,8 +224,9 @@ def _display_names(things: list[Thing]) -> dict[str, str]:
     numbered from the count down (`Demangler` pops the highest number first)."""
     by_name: dict[str, list[str]] = {}
     for t in things:
-        by_name.setdefault(t.id.split("_bar_", 1)[0].lower() + ("basin" if "basin" in t.id.lower() else ""),
-                           []).append(t.id)
+        by_name.setdefault(t.id.split("_bar_", 1)[0].lower() + ("basin" if "basin" in t.id.lower() else ""), []).append(
+            t.id
+        )
     names = {}
     for name, ids in by_name.items():
         for i, thing_id in enumerate(sorted(ids, key=str.lower)):
@@ -162,8 +265,11 @@ def _try_generate(rng: random.Random, seed: int, task_type: str, scene: str) -> 
     elif task_type == "pick_cool_then_place_in_recep":
         candidates = [o for o in candidates if o in CAN_CONTAIN["Fridge"]]
     target = rng.choice(sorted(candidates))
-    excluded = {"pick_clean_then_place_in_recep": "SinkBasin", "pick_heat_then_place_in_recep": "Microwave",
-                "pick_cool_then_place_in_recep": "Fridge"}.get(task_type)
+    excluded = {
+        "pick_clean_then_place_in_recep": "SinkBasin",
+        "pick_heat_then_place_in_recep": "Microwave",
+        "pick_cool_then_place_in_recep": "Fridge",
+    }.get(task_type)
     goal_rtypes = sorted({r.type for r in holders(target)} - {excluded})
     recep_type = toggle_type = ""
     if task_type == "look_at_obj_in_light":
@@ -201,8 +307,9 @@ def _try_generate(rng: random.Random, seed: int, task_type: str, scene: str) -> 
 
     template = rng.choice(goal_library.gdict[task_type]["templates"])
     task_text = template.format(obj=target.lower(), recep=recep_type.lower(), toggle=toggle_type.lower(), mrecep="")
-    hh = Household(seed, task_type, scene, receptacles, objects, location_of, target, recep_type, toggle_type,
-                   task_text)
+    hh = Household(
+        seed, task_type, scene, receptacles, objects, location_of, target, recep_type, toggle_type, task_text
+    )
     hh.names = _display_names(receptacles + objects)
     return hh
 
@@ -224,8 +331,11 @@ def _pddl_problem(hh: Household) -> str:
         init += [f"(canContain {rt}Type {ot}Type)" for ot in otypes if ot in CAN_CONTAIN.get(rt, ())]
     for o in hh.objects:
         where = hh.location_of[o.id]
-        init += [f"(objectType {o.id} {o.type}Type)", f"(inReceptacle {o.id} {where})",
-                 f"(objectAtLocation {o.id} {loc[where]})"]
+        init += [
+            f"(objectType {o.id} {o.type}Type)",
+            f"(inReceptacle {o.id} {where})",
+            f"(objectAtLocation {o.id} {loc[where]})",
+        ]
         if o.type == "DeskLamp":
             init.append(f"(toggleable {o.id})")
             continue
@@ -235,9 +345,11 @@ def _pddl_problem(hh: Household) -> str:
                 init.append(f"({prop} {o.id})")
         if o.type in RECEPTACLE_OBJECTS:
             init.append(f"(isReceptacleObject {o.id})")
-    goal = goal_library.gdict[hh.task_type]["pddl"].format(
-        obj=hh.target_type, recep=hh.recep_type, toggle=hh.toggle_type, mrecep=""
-    ).replace("#", "-")  # the library writes `?o # object` where PDDL wants `?o - object`
+    goal = (
+        goal_library.gdict[hh.task_type]["pddl"]
+        .format(obj=hh.target_type, recep=hh.recep_type, toggle=hh.toggle_type, mrecep="")
+        .replace("#", "-")
+    )  # the library writes `?o # object` where PDDL wants `?o - object`
     lines = [f"(define (problem plan_generated_{hh.seed})", "    (:domain alfred)", "    (:objects"]
     lines += [f"        {d}" for d in decl] + ["    )", "    (:init"] + [f"        {f}" for f in init] + ["    )"]
     return "\n".join(lines) + "\n" + goal.strip() + "\n"  # the library's goal closes `(define` itself

@@ -141,15 +141,23 @@ class CardFormulaEnv(TextGame):
         return "".join(str(t) for t in self.formula)
 
     def _observation(self) -> str:
-        return (f"Cards: {', '.join(card_name(c) for c in self.cards)}\n"
-                f"Card numbers: {', '.join(map(str, self.numbers))}\n"
-                f"Target: {self.target}\n"
-                f"Current formula: '{self.formula_text()}'")
+        return (
+            f"Cards: {', '.join(card_name(c) for c in self.cards)}\n"
+            f"Card numbers: {', '.join(map(str, self.numbers))}\n"
+            f"Target: {self.target}\n"
+            f"Current formula: '{self.formula_text()}'"
+        )
 
     def _info(self, valid: bool, success: bool, anchor: str) -> dict[str, Any]:
         admissible = [str(n) for n in dict.fromkeys(self.available())] + list(self.operators) + ["="]
-        info = {"valid": valid, "success": success, "anchor": anchor, "admissible_actions": admissible,
-                "numbers": list(self.numbers), "formula": self.formula_text()}
+        info = {
+            "valid": valid,
+            "success": success,
+            "anchor": anchor,
+            "admissible_actions": admissible,
+            "numbers": list(self.numbers),
+            "formula": self.formula_text(),
+        }
         if self.observation == "image":
             info["image"] = render_hand(self.cards)
         return info
@@ -180,11 +188,16 @@ class Points24Text(CardFormulaEnv):
 
     target, n_cards, operators = 24, 4, ("+", "-", "*", "/", "(", ")")
 
-    def __init__(self, max_steps: int = 30, max_formula_len: int = 20, face_cards_as_10: bool = True,
-                 solvable_only: bool = True, observation: str = "text"):
+    def __init__(
+        self,
+        max_steps: int = 30,
+        max_formula_len: int = 20,
+        face_cards_as_10: bool = True,
+        solvable_only: bool = True,
+        observation: str = "text",
+    ):
         self.solvable_only = solvable_only
-        super().__init__(max_steps, max_formula_len, max_number=10 if face_cards_as_10 else 13,
-                         observation=observation)
+        super().__init__(max_steps, max_formula_len, max_number=10 if face_cards_as_10 else 13, observation=observation)
 
     def deal(self, rng: np.random.Generator) -> list[Card]:
         for _ in range(1000):

@@ -96,8 +96,12 @@ class BlackjackText(TextGame):
         return "\n".join(lines)
 
     def _info(self, valid: bool, anchor: str) -> dict[str, Any]:
-        return {"valid": valid, "success": bool(self._result is not None and self._result > 0), "anchor": anchor,
-                "admissible_actions": ["hit", "stand"] if self._result is None else []}
+        return {
+            "valid": valid,
+            "success": bool(self._result is not None and self._result > 0),
+            "anchor": anchor,
+            "admissible_actions": ["hit", "stand"] if self._result is None else [],
+        }
 
     def close(self) -> None:
         pass

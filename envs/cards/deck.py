@@ -46,7 +46,7 @@ def render_hand(cards: Sequence[Card]) -> np.ndarray:
     out[:] = TABLE
     for i, (rank, suit) in enumerate(cards):
         x = GAP + i * (CARD_W + GAP)
-        out[GAP:GAP + CARD_H, x:x + CARD_W] = card_picture(rank, suit)
+        out[GAP : GAP + CARD_H, x : x + CARD_W] = card_picture(rank, suit)
     return out
 
 

@@ -1,7 +1,7 @@
 """Okapi BM25 over a fixed list of documents (Robertson & Zaragoza 2009, eq. 3.5 with the +1 idf).
 
-    index = BM25(["red cotton t-shirt", "blue wool socks"])
-    index.top_k("red shirt", k=1)  # -> [(0, score)]
+index = BM25(["red cotton t-shirt", "blue wool socks"])
+index.top_k("red shirt", k=1)  # -> [(0, score)]
 """
 
 from __future__ import annotations

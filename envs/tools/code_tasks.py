@@ -30,8 +30,10 @@ def _numbers_input(rng: random.Random) -> tuple[str, list[int]]:
 
 def _sum_multiples(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple[str, str]], str]:
     k = rng.randint(2, 7)
-    statement = (f"The first line holds n; the second holds n integers. Print the sum of those integers that "
-                 f"are divisible by {k} (0 if there are none).")
+    statement = (
+        f"The first line holds n; the second holds n integers. Print the sum of those integers that "
+        f"are divisible by {k} (0 if there are none)."
+    )
 
     def case(r: random.Random) -> tuple[str, str]:
         text, xs = _numbers_input(r)
@@ -42,7 +44,7 @@ def _sum_multiples(rng: random.Random) -> tuple[str, Callable[[random.Random], t
 
 
 def _spread(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple[str, str]], str]:
-    statement = ("The first line holds n; the second holds n integers. Print the largest minus the smallest.")
+    statement = "The first line holds n; the second holds n integers. Print the largest minus the smallest."
 
     def case(r: random.Random) -> tuple[str, str]:
         text, xs = _numbers_input(r)
@@ -54,7 +56,9 @@ def _spread(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple[st
 def _reverse_words(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple[str, str]], str]:
     sep = rng.choice([" ", ","])
     shown = "a space" if sep == " " else "a comma"
-    statement = f"Read one line of words separated by {shown}. Print the words in reverse order, separated the same way."
+    statement = (
+        f"Read one line of words separated by {shown}. Print the words in reverse order, separated the same way."
+    )
     words = ["apple", "river", "stone", "cloud", "ember", "maple", "delta", "quartz", "lumen", "fjord"]
 
     def case(r: random.Random) -> tuple[str, str]:
@@ -77,8 +81,7 @@ def _count_char(rng: random.Random) -> tuple[str, Callable[[random.Random], tupl
 
 def _fibonacci(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple[str, str]], str]:
     m = rng.choice([7, 10, 97, 1000, 10007])
-    statement = (f"Read n (0 <= n <= 5000). Print F(n) modulo {m}, where F(0) = 0, F(1) = 1 and "
-                 f"F(n) = F(n-1) + F(n-2).")
+    statement = f"Read n (0 <= n <= 5000). Print F(n) modulo {m}, where F(0) = 0, F(1) = 1 and F(n) = F(n-1) + F(n-2)."
 
     def fib(n: int) -> int:
         a, b = 0, 1
@@ -96,8 +99,10 @@ def _fibonacci(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple
 
 def _top_t(rng: random.Random) -> tuple[str, Callable[[random.Random], tuple[str, str]], str]:
     t = rng.randint(1, 3)
-    statement = (f"The first line holds n; the second holds n integers. Print the {t} largest of them in "
-                 f"decreasing order on one line, separated by spaces (all of them if n < {t}).")
+    statement = (
+        f"The first line holds n; the second holds n integers. Print the {t} largest of them in "
+        f"decreasing order on one line, separated by spaces (all of them if n < {t})."
+    )
 
     def case(r: random.Random) -> tuple[str, str]:
         text, xs = _numbers_input(r)
@@ -152,11 +157,13 @@ def _skyrl_env_class() -> type:
         def step(self, action: str) -> BaseTextEnvStepOutput:
             code = extract_code_from_model(action)
             if code is None:
-                return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True,
-                                             metadata={"parsed_code": None, "feedback": "no code block"})
+                return BaseTextEnvStepOutput(
+                    observations=[], reward=0.0, done=True, metadata={"parsed_code": None, "feedback": "no code block"}
+                )
             reward, feedback = grade(code, self.tests, self.time_limit_s, self.memory_mb)
-            return BaseTextEnvStepOutput(observations=[], reward=reward, done=True,
-                                         metadata={"parsed_code": code, "feedback": feedback})
+            return BaseTextEnvStepOutput(
+                observations=[], reward=reward, done=True, metadata={"parsed_code": code, "feedback": feedback}
+            )
 
     return SandboxedCodeEnv
 

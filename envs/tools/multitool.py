@@ -47,18 +47,33 @@ MAX_CHARS = 4000  # of one tool response
 
 
 def _function(name: str, description: str, param: str, param_description: str) -> dict[str, Any]:
-    parameters = {"type": "object", "properties": {param: {"type": "string", "description": param_description}},
-                  "required": [param]}
+    parameters = {
+        "type": "object",
+        "properties": {param: {"type": "string", "description": param_description}},
+        "required": [param],
+    }
     return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
 
 
 TOOLS = [
-    _function("search", "Search the encyclopedia of towns; returns the best-matching articles.",
-              "query", "what to look for, e.g. a town's name"),
-    _function("sql", "Run one read-only SQLite query on the company database; returns its rows.",
-              "query", "a single SQL statement"),
-    _function("python", "Run a Python 3 program; returns what it prints (or its error).",
-              "code", "the whole program; print the result"),
+    _function(
+        "search",
+        "Search the encyclopedia of towns; returns the best-matching articles.",
+        "query",
+        "what to look for, e.g. a town's name",
+    ),
+    _function(
+        "sql",
+        "Run one read-only SQLite query on the company database; returns its rows.",
+        "query",
+        "a single SQL statement",
+    ),
+    _function(
+        "python",
+        "Run a Python 3 program; returns what it prints (or its error).",
+        "code",
+        "the whole program; print the result",
+    ),
 ]
 """The tools as OpenAI function schemas (what a chat template's `tools` argument takes)."""
 TOOL_NAMES = tuple(t["function"]["name"] for t in TOOLS)
@@ -97,6 +112,7 @@ def prompt(question: str) -> str:
 
 
 # --- tasks -------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MultiToolTask:
@@ -158,26 +174,34 @@ def _primes_below(n: int) -> int:
     sieve[:2] = b"\x00\x00"
     for i in range(2, math.isqrt(n - 1) + 1):
         if sieve[i]:
-            sieve[i * i::i] = bytes(len(range(i * i, n, i)))
+            sieve[i * i :: i] = bytes(len(range(i * i, n, i)))
     return sum(sieve)
 
 
 def _power_digit_sum(rng: random.Random) -> tuple[str, int, str]:
     n = rng.randint(200, 3000)
-    return (f"What is the sum of the decimal digits of 2**{n} (2 to the power {n})?", sum(map(int, str(2**n))),
-            f"print(sum(int(d) for d in str(2**{n})))")
+    return (
+        f"What is the sum of the decimal digits of 2**{n} (2 to the power {n})?",
+        sum(map(int, str(2**n))),
+        f"print(sum(int(d) for d in str(2**{n})))",
+    )
 
 
 def _factorial_digit_sum(rng: random.Random) -> tuple[str, int, str]:
     n = rng.randint(50, 500)
-    return (f"What is the sum of the decimal digits of {n}! ({n} factorial)?", sum(map(int, str(math.factorial(n)))),
-            f"import math\nprint(sum(int(d) for d in str(math.factorial({n}))))")
+    return (
+        f"What is the sum of the decimal digits of {n}! ({n} factorial)?",
+        sum(map(int, str(math.factorial(n)))),
+        f"import math\nprint(sum(int(d) for d in str(math.factorial({n}))))",
+    )
 
 
 def _prime_count(rng: random.Random) -> tuple[str, int, str]:
     n = rng.randint(10_000, 200_000)
-    code = (f"n = {n}\nprime = [True] * n\nprime[0] = prime[1] = False\nfor i in range(2, int(n ** 0.5) + 1):\n"
-            f"    if prime[i]:\n        for j in range(i * i, n, i):\n            prime[j] = False\nprint(sum(prime))")
+    code = (
+        f"n = {n}\nprime = [True] * n\nprime[0] = prime[1] = False\nfor i in range(2, int(n ** 0.5) + 1):\n"
+        f"    if prime[i]:\n        for j in range(i * i, n, i):\n            prime[j] = False\nprint(sum(prime))"
+    )
     return f"How many prime numbers are there below {n}?", _primes_below(n), code
 
 
@@ -245,12 +269,16 @@ def answer_matches(answer: str, accepted: list[str]) -> bool:
     return False
 
 
-_WHY = {"truncated": "a <tool_call> is never closed with </tool_call>",
-        "bad_json": "the text inside <tool_call></tool_call> is not JSON",
-        "bad_call": 'a call is not {"name": string, "arguments": object}',
-        "unknown_tool": f"a call names a tool other than {', '.join(TOOL_NAMES)}"}
-_HOW = ('call a tool with <tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call> '
-        "or finish with <answer>...</answer>")
+_WHY = {
+    "truncated": "a <tool_call> is never closed with </tool_call>",
+    "bad_json": "the text inside <tool_call></tool_call> is not JSON",
+    "bad_call": 'a call is not {"name": string, "arguments": object}',
+    "unknown_tool": f"a call names a tool other than {', '.join(TOOL_NAMES)}",
+}
+_HOW = (
+    'call a tool with <tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call> '
+    "or finish with <answer>...</answer>"
+)
 
 
 def invalid_reason(text: str) -> str | None:
@@ -270,12 +298,18 @@ def _why_not(parsed: ParsedTools) -> str | None:
 
 # --- tools -------------------------------------------------------------------------------------------------
 
+
 def _clip(text: str) -> str:
     return text if len(text) <= MAX_CHARS else f"{text[:MAX_CHARS]}\n... (cut at {MAX_CHARS} characters)"
 
 
-_READ_ONLY = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE,
-              sqlite3.SQLITE_PRAGMA}
+_READ_ONLY = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,
+    sqlite3.SQLITE_PRAGMA,
+}
 
 
 def _authorize(action: int, *_: Any) -> int:
@@ -288,8 +322,9 @@ def run_sql(db_path: str, query: str, time_limit_s: float) -> str:
     `error: ...`. Stopped after `time_limit_s`; never raises for anything in `query`."""
     deadline = time.monotonic() + time_limit_s
     try:
-        conn = sqlite3.connect(f"{Path(db_path).as_uri()}?mode=ro", uri=True, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            f"{Path(db_path).as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
     except sqlite3.Error as exc:
         return f"error: cannot open the database: {exc}"
     try:
@@ -346,6 +381,7 @@ class PythonToolGroup(ToolGroup):
 
 # --- the env -----------------------------------------------------------------------------------------------
 
+
 class MultiToolEnv(BaseTextEnv):
     """extras: reward_spec.ground_truth (accepted answers), max_turns, db_path, search_url, and optionally
     time_limit_s (per sql/python call, default 5) and memory_mb (python, default 256)."""
@@ -356,11 +392,13 @@ class MultiToolEnv(BaseTextEnv):
         self.answers = list(extras["reward_spec"]["ground_truth"])
         self.max_turns = int(extras.get("max_turns", 5))
         time_limit_s = float(extras.get("time_limit_s", 5.0))
-        self.init_tool_groups([
-            SearchToolGroup(search_url=extras["search_url"], topk=3, timeout=10, log_requests=False),
-            SQLToolGroup(extras["db_path"], time_limit_s),
-            PythonToolGroup(time_limit_s, int(extras.get("memory_mb", 256))),
-        ])
+        self.init_tool_groups(
+            [
+                SearchToolGroup(search_url=extras["search_url"], topk=3, timeout=10, log_requests=False),
+                SQLToolGroup(extras["db_path"], time_limit_s),
+                PythonToolGroup(time_limit_s, int(extras.get("memory_mb", 256))),
+            ]
+        )
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
@@ -372,13 +410,18 @@ class MultiToolEnv(BaseTextEnv):
         reason = _why_not(parsed)
         if reason is None:
             calls = parsed.tool_calls
-            text = "\n".join(f"<tool_response>\n{self._call(c.name, c.arguments, i)}\n</tool_response>"
-                             for i, c in enumerate(calls))
+            text = "\n".join(
+                f"<tool_response>\n{self._call(c.name, c.arguments, i)}\n</tool_response>" for i, c in enumerate(calls)
+            )
             metadata: dict[str, Any] = {"tool_calls": [c.name for c in calls]}
         else:
             text, metadata = f"error: {reason}", {"parse_error": reason}
-        return BaseTextEnvStepOutput(observations=[{"role": "user", "content": text}], reward=0.0,
-                                     done=self.turns >= self.max_turns, metadata=metadata)
+        return BaseTextEnvStepOutput(
+            observations=[{"role": "user", "content": text}],
+            reward=0.0,
+            done=self.turns >= self.max_turns,
+            metadata=metadata,
+        )
 
     def _call(self, name: str, arguments: str, index: int) -> str:
         """The response to one parsed call (its arguments are a JSON object's text, as the parser gives them)."""

@@ -54,14 +54,24 @@ def make_corpus(corpus_seed: int = 0, n_towns: int = 300) -> list[Town]:
         if name in names:
             continue
         names.add(name)
-        towns.append(Town(name, rng.choice(_PROVINCES), rng.randint(1100, 1900), f"{_word(rng, 2)} {_word(rng, 2)}",
-                          rng.choice(_EXPORTS), f"{_word(rng, 2)} River"))
+        towns.append(
+            Town(
+                name,
+                rng.choice(_PROVINCES),
+                rng.randint(1100, 1900),
+                f"{_word(rng, 2)} {_word(rng, 2)}",
+                rng.choice(_EXPORTS),
+                f"{_word(rng, 2)} River",
+            )
+        )
     return towns
 
 
 def document(town: Town) -> str:
-    return (f"\"{town.name}\"\n{town.name} is a town in the province of {town.province}, on the banks of the "
-            f"{town.river}. It was founded in {town.founded} by {town.founder}. Its main export is {town.export}.")
+    return (
+        f'"{town.name}"\n{town.name} is a town in the province of {town.province}, on the banks of the '
+        f"{town.river}. It was founded in {town.founded} by {town.founder}. Its main export is {town.export}."
+    )
 
 
 def make_task(seed: int, towns: list[Town]) -> SearchTask:
@@ -69,13 +79,15 @@ def make_task(seed: int, towns: list[Town]) -> SearchTask:
     rng = random.Random(f"search-{seed}")
     i = rng.randrange(len(towns))
     town = towns[i]
-    question, answer = rng.choice([
-        (f"In which year was {town.name} founded?", str(town.founded)),
-        (f"Who founded the town of {town.name}?", town.founder),
-        (f"What is the main export of {town.name}?", town.export),
-        (f"In which province is {town.name}?", town.province),
-        (f"On which river does {town.name} lie?", town.river),
-    ])
+    question, answer = rng.choice(
+        [
+            (f"In which year was {town.name} founded?", str(town.founded)),
+            (f"Who founded the town of {town.name}?", town.founder),
+            (f"What is the main export of {town.name}?", town.export),
+            (f"In which province is {town.name}?", town.province),
+            (f"On which river does {town.name} lie?", town.river),
+        ]
+    )
     return SearchTask(question, [answer], town.name, i)
 
 

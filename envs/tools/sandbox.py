@@ -90,9 +90,16 @@ def run_python(code: str, inputs: list[str], time_limit_s: float = 2.0, memory_m
     payload = json.dumps({"code": code, "inputs": inputs})
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="agentstream-sandbox-") as workdir:
-        proc = subprocess.Popen(argv, cwd=workdir, env={"PATH": "/usr/bin:/bin", "HOME": workdir},
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, text=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=workdir,
+            env={"PATH": "/usr/bin:/bin", "HOME": workdir},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            text=True,
+        )
         try:
             stdout, stderr = proc.communicate(payload, timeout=time_limit_s)
         except subprocess.TimeoutExpired:
@@ -123,4 +130,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def outputs_match(got: str, expected: str) -> bool:
     """Same lines after stripping trailing whitespace (as LiveCodeBench's stdin grader does)."""
-    return [line.rstrip() for line in got.strip().splitlines()] == [line.rstrip() for line in expected.strip().splitlines()]
+    return [line.rstrip() for line in got.strip().splitlines()] == [
+        line.rstrip() for line in expected.strip().splitlines()
+    ]

@@ -33,8 +33,9 @@ def _rows(rng: random.Random) -> tuple[list[tuple], list[tuple]]:
     employees = []
     for i, salary in enumerate(salaries):
         name = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
-        employees.append((i + 1, name, rng.randint(1, len(depts)), rng.choice(CITIES[:4]), salary * 1000,
-                          rng.randint(2010, 2024)))
+        employees.append(
+            (i + 1, name, rng.randint(1, len(depts)), rng.choice(CITIES[:4]), salary * 1000, rng.randint(2010, 2024))
+        )
     return depts, employees
 
 
@@ -44,20 +45,32 @@ def _question(rng: random.Random, depts: list[tuple], employees: list[tuple]) ->
     year = rng.randint(2012, 2022)
     pay = rng.randrange(60, 160) * 1000
     templates = [
-        (f"How many employees work in the {dept} department?",
-         f"SELECT COUNT(*) FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.name = '{dept}'"),
-        (f"What is the name of the highest-paid employee based in {city}?",
-         f"SELECT name FROM employees WHERE city = '{city}' ORDER BY salary DESC LIMIT 1"),
-        (f"List the names of the employees hired after {year} who earn more than {pay}.",
-         f"SELECT name FROM employees WHERE hire_year > {year} AND salary > {pay}"),
-        ("Which department has the largest total salary of its employees?",
-         "SELECT d.name FROM employees e JOIN departments d ON e.department_id = d.id GROUP BY d.id "
-         "ORDER BY SUM(e.salary) DESC LIMIT 1"),
-        (f"What is the average salary in the {dept} department, rounded to the nearest whole number?",
-         f"SELECT ROUND(AVG(e.salary)) FROM employees e JOIN departments d ON e.department_id = d.id "
-         f"WHERE d.name = '{dept}'"),
-        (f"How many employees based in {city} were hired in or before {year}?",
-         f"SELECT COUNT(*) FROM employees WHERE city = '{city}' AND hire_year <= {year}"),
+        (
+            f"How many employees work in the {dept} department?",
+            f"SELECT COUNT(*) FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.name = '{dept}'",
+        ),
+        (
+            f"What is the name of the highest-paid employee based in {city}?",
+            f"SELECT name FROM employees WHERE city = '{city}' ORDER BY salary DESC LIMIT 1",
+        ),
+        (
+            f"List the names of the employees hired after {year} who earn more than {pay}.",
+            f"SELECT name FROM employees WHERE hire_year > {year} AND salary > {pay}",
+        ),
+        (
+            "Which department has the largest total salary of its employees?",
+            "SELECT d.name FROM employees e JOIN departments d ON e.department_id = d.id GROUP BY d.id "
+            "ORDER BY SUM(e.salary) DESC LIMIT 1",
+        ),
+        (
+            f"What is the average salary in the {dept} department, rounded to the nearest whole number?",
+            f"SELECT ROUND(AVG(e.salary)) FROM employees e JOIN departments d ON e.department_id = d.id "
+            f"WHERE d.name = '{dept}'",
+        ),
+        (
+            f"How many employees based in {city} were hired in or before {year}?",
+            f"SELECT COUNT(*) FROM employees WHERE city = '{city}' AND hire_year <= {year}",
+        ),
     ]
     return rng.choice(templates)
 

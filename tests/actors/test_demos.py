@@ -61,8 +61,9 @@ def test_fitting_the_demos_makes_sampled_answers_parse(tiny) -> None:
     tok, model = tiny
     torch.manual_seed(0)
     demos = format_demos(SPEC, tok, episodes=40, seed=0)
-    history = train_sft(model, demos, SftOptions(steps=60, batch_size=16, lr=2e-3, warmup=5), tok.pad_token_id,
-                        log_every=0)
+    history = train_sft(
+        model, demos, SftOptions(steps=60, batch_size=16, lr=2e-3, warmup=5), tok.pad_token_id, log_every=0
+    )
     # The answer is 4 moves x ~7 tokens; a model that only learned the format has loss ~ln(4)/7 ~ 0.2 per
     # token, far below the ~6.2 (ln 512) of the random start.
     assert history[0]["loss"] > 4.0 and history[-1]["loss"] < 1.0
@@ -70,9 +71,15 @@ def test_fitting_the_demos_makes_sampled_answers_parse(tiny) -> None:
     valid = 0
     for d in rng.sample(demos, 20):
         ids = torch.tensor([d.prompt_ids])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=16,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        valid += isinstance(parse_action(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)), Action)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            max_new_tokens=16,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        valid += isinstance(parse_action(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)), Action)
     assert valid >= 15, f"only {valid}/20 sampled answers parse after the warm start"
 
 
@@ -80,8 +87,13 @@ def test_an_env_without_admissible_actions_answers_from_the_given_answers(tiny) 
     from envs.reasoning import parse_answer
 
     tok, _ = tiny
-    spec = FormatSpec("agentstream/Reasoning-v0", {"dataset": "basic_arithmetic", "max_attempts": 1}, max_steps=1,
-                      template="<answer>{}</answer>", answers=("7", "-3", "12"))
+    spec = FormatSpec(
+        "agentstream/Reasoning-v0",
+        {"dataset": "basic_arithmetic", "max_attempts": 1},
+        max_steps=1,
+        template="<answer>{}</answer>",
+        answers=("7", "-3", "12"),
+    )
     demos = format_demos(spec, tok, episodes=60, seed=0)
     assert len(demos) == 60  # one answer ends a one-attempt episode
     drawn = Counter(parse_answer(tok.decode(d.response_ids, skip_special_tokens=True)) for d in demos)

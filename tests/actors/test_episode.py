@@ -155,15 +155,17 @@ class Engine:
     def __init__(self) -> None:
         self.answers, self.prompts = iter(SCRIPT), []
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None,
-                       images: Any = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: Any, seed: int | None = None, images: Any = None
+    ) -> Generation:
         self.prompts.append(list(prompt_ids))
         text = next(self.answers)
         ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)
         return Generation(ids, np.zeros(len(ids), np.float32), text, "stop", version_lo=5, version_hi=5)
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         return [await self.generate(prompt_ids, sampling, seed, images) for _ in range(n)]
 
 
@@ -196,8 +198,9 @@ async def test_the_actor_plays_through_the_loop(spec: tuple[ActorSpec, list[str]
     actor_spec, calls = spec
     broker, engine = Broker(), Engine()
     actor = Actor(actor_spec, "actor-0", 0, broker, [engine], ByteTokenizer())  # type: ignore[arg-type]
-    result = await asyncio.create_task(actor.play(GroupGrant(group_id=7, seed=SEED, min_version=6), "t", engine),
-                                       name="actor")
+    result = await asyncio.create_task(
+        actor.play(GroupGrant(group_id=7, seed=SEED, min_version=6), "t", engine), name="actor"
+    )
     assert calls == ["actor"]
     sent = broker.sent
     assert [t.step for t in sent] == [0, 1, 2]
@@ -253,16 +256,19 @@ class GroupEngine:
         self.requests: list[tuple[int, str]] = []
         self.answered = 0
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         self.requests.append((n, bytes(prompt_ids).decode()))
         await asyncio.sleep(0.001)
         if n > 1 and self.fail_shared:
             raise EngineError(f"{self.url}: injected failure")
         ids = np.frombuffer(RIGHT.encode(), dtype=np.uint8).astype(np.int32)
         self.answered += n
-        return [Generation(ids, np.zeros(len(ids), np.float32), RIGHT, "stop", v, v)
-                for v in range(self.answered - n + 1, self.answered + 1)]
+        return [
+            Generation(ids, np.zeros(len(ids), np.float32), RIGHT, "stop", v, v)
+            for v in range(self.answered - n + 1, self.answered + 1)
+        ]
 
 
 class GroupBroker(Broker):
@@ -283,8 +289,14 @@ class GroupBroker(Broker):
 async def play_groups(spec: ActorSpec, engines: list[GroupEngine], groups: int) -> tuple[Actor, GroupBroker]:
     """The actor's lanes (K = G = 4) play `groups` groups of the corridor to their end."""
     broker = GroupBroker(groups)
-    actor = Actor(replace(spec, episodes_per_actor=4, group_size=4), "actor-0", 0, broker, engines,  # type: ignore
-                  ByteTokenizer())
+    actor = Actor(
+        replace(spec, episodes_per_actor=4, group_size=4),
+        "actor-0",
+        0,
+        broker,
+        engines,  # type: ignore
+        ByteTokenizer(),
+    )
     lanes = [asyncio.create_task(actor._lane()) for _ in range(4)]
     async with asyncio.timeout(10):
         await asyncio.gather(*lanes, return_exceptions=True)
@@ -292,8 +304,9 @@ async def play_groups(spec: ActorSpec, engines: list[GroupEngine], groups: int) 
     return actor, broker
 
 
-async def test_a_groups_first_turns_are_one_request_of_n_answers(spec: tuple[ActorSpec, list[str]],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_groups_first_turns_are_one_request_of_n_answers(
+    spec: tuple[ActorSpec, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """actors.share_first_turn: a group's 4 episodes start from one prompt; their first turns come from one request
     of n = 4, one answer each; their second turns (different prompts) ask one by one. A failed shared request has
     each episode ask on its own, on the other engine; an episode whose first prompt is not the group's asks on its

@@ -41,8 +41,12 @@ def test_due_never_skips_a_multiple_and_always_ends_at_total() -> None:
 def test_summarize_by_hand() -> None:
     # 4 episodes: 2 successes of 3 and 5 steps (return 1 each), 2 failures of 8 steps with 1 and 3 invalid.
     # success 2/4 = 0.5; return (1 + 1 + 0 + 0) / 4 = 0.5; invalid 4 / 24 steps; mean length 24 / 4 = 6.
-    eps = [ValidationEpisode(True, 1.0, 3, 0), ValidationEpisode(True, 1.0, 5, 0), ValidationEpisode(False, 0.0, 8, 1),
-           ValidationEpisode(False, 0.0, 8, 3)]
+    eps = [
+        ValidationEpisode(True, 1.0, 3, 0),
+        ValidationEpisode(True, 1.0, 5, 0),
+        ValidationEpisode(False, 0.0, 8, 1),
+        ValidationEpisode(False, 0.0, 8, 3),
+    ]
     row = summarize(eps, version=10, version_end=11, wall_s=12.345, trajectories=320)
     assert (row.val_success_rate, row.val_return, row.val_steps) == (0.5, 0.5, 6.0)
     assert row.val_invalid_rate == 4 / 24

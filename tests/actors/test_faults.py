@@ -129,7 +129,8 @@ class Run:
                 self.task.result()  # the actor failed: say why
                 raise AssertionError(f"the actor stopped while waiting for {what}")
             assert time.monotonic() < deadline, (
-                f"timed out after {timeout_s}s waiting for {what}: {dict(self.actor.counters)}")
+                f"timed out after {timeout_s}s waiting for {what}: {dict(self.actor.counters)}"
+            )
             await asyncio.sleep(0.2)
 
     async def metrics(self) -> str:
@@ -146,8 +147,10 @@ async def actor_run(cfg: Config, spec: ActorSpec, engine_urls: list[str]) -> Asy
 
     dashboard = free_port()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    async with (broker_and_client(cfg, dashboard) as (broker, client),
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)) as session):
+    async with (
+        broker_and_client(cfg, dashboard) as (broker, client),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.engines.request_timeout_s)) as session,
+    ):
         engines = [EngineClient(url, session, cfg.engines.request_timeout_s) for url in engine_urls]
         actor = Actor(spec, "actor-0", 0, client, engines, tokenizer)
         task = asyncio.create_task(actor.run())
@@ -184,10 +187,16 @@ async def test_a_hung_or_failing_env_step_retries_the_episode_then_drops_its_gro
     try:
         async with actor_run(cfg, spec, [url]) as run:
             b = run.broker.buffer
-            await run.until(lambda: b.counts["groups_completed"] >= 4 and b.counts["groups_dropped_infra_raised"] == 1
-                            and run.actor.counters["infra_failures_timeout"] == 1
-                            and any(g.group_id == 0 for g in b.ready),  # its retry, the last to end, ended too
-                            60, "4 groups and group 0 complete, group 1 dropped")
+            await run.until(
+                lambda: (
+                    b.counts["groups_completed"] >= 4
+                    and b.counts["groups_dropped_infra_raised"] == 1
+                    and run.actor.counters["infra_failures_timeout"] == 1
+                    and any(g.group_id == 0 for g in b.ready)
+                ),  # its retry, the last to end, ended too
+                60,
+                "4 groups and group 0 complete, group 1 dropped",
+            )
             c = run.actor.counters
             # Group 0: the episode whose second step hung was played again (.r1) and the group is whole: G
             # trajectories of 3 steps, the retry in the hung attempt's place, nothing of the hung attempt.
@@ -203,9 +212,14 @@ async def test_a_hung_or_failing_env_step_retries_the_episode_then_drops_its_gro
             assert c["episode_retries"] >= retries + 1 and c["infra_failures_engine"] == 0
             # Both counters: the raised ones end before the timed-out retry does, so a report can hold all of them
             # and none of that one.
-            await run.until(lambda: all(run.broker.snapshot()["counters"].get(k, 0) == run.actor.counters[k]
-                                        for k in ("infra_failures_raised", "infra_failures_timeout")),
-                            10, "the actor's stats at the broker")
+            await run.until(
+                lambda: all(
+                    run.broker.snapshot()["counters"].get(k, 0) == run.actor.counters[k]
+                    for k in ("infra_failures_raised", "infra_failures_timeout")
+                ),
+                10,
+                "the actor's stats at the broker",
+            )
             text = await run.metrics()
             assert metric(text, "infra_failures_timeout_total") == 1
             assert metric(text, "infra_failures_raised_total") == c["infra_failures_raised"]
@@ -232,9 +246,11 @@ async def vllm_answered(http: aiohttp.ClientSession, url: str) -> float:
     """Requests the vLLM server finished with a stop or length (its own /metrics; aborted ones are not counted)."""
     async with http.get(f"{url}/metrics") as resp:
         text = await resp.text()
-    return sum(float(m.group(2)) for m in re.finditer(
-        r'^vllm:request_success_total\{([^}]*)\} (\S+)$', text, re.M) if re.search(r'finished_reason="(stop|length)"',
-                                                                                     m.group(1)))
+    return sum(
+        float(m.group(2))
+        for m in re.finditer(r"^vllm:request_success_total\{([^}]*)\} (\S+)$", text, re.M)
+        if re.search(r'finished_reason="(stop|length)"', m.group(1))
+    )
 
 
 STALL_S = 8.0  # the issue's SIGSTOP lasts 60 s; nothing in the mechanism depends on it beyond stall_timeout_s
@@ -268,8 +284,10 @@ async def test_a_stalled_engine_loses_its_requests_to_another_and_rejoins(tiny_e
                 assert run.actor.requests_in_flight <= cfg.actors.episodes_per_actor
             finally:
                 os.killpg(server.pid, signal.SIGCONT)
-            print(f"stalled engine: moved after {moved_s:.1f}s; {c['engine_stalls'] - stalls} stalls, "
-                  f"{c['engine_failovers']} failovers in all, {STALL_S:.0f}s stopped")
+            print(
+                f"stalled engine: moved after {moved_s:.1f}s; {c['engine_stalls'] - stalls} stalls, "
+                f"{c['engine_failovers']} failovers in all, {STALL_S:.0f}s stopped"
+            )
             before = await vllm_answered(run.http, url_b)
             deadline = time.monotonic() + 30
             while await vllm_answered(run.http, url_b) <= before:  # B rejoins: it answers new requests
@@ -277,8 +295,11 @@ async def test_a_stalled_engine_loses_its_requests_to_another_and_rejoins(tiny_e
                 await asyncio.sleep(0.5)
             # Every stalled request was retried on A: no episode failed, none was dropped.
             assert c["infra_failures"] == 0 and c["engine_failovers"] >= c["engine_stalls"] >= 1
-            await run.until(lambda: run.broker.snapshot()["counters"].get("engine_stalls", 0) == c["engine_stalls"], 10,
-                            "the actor's stats at the broker")
+            await run.until(
+                lambda: run.broker.snapshot()["counters"].get("engine_stalls", 0) == c["engine_stalls"],
+                10,
+                "the actor's stats at the broker",
+            )
             text = await run.metrics()
             assert metric(text, "engine_stalls_total") == c["engine_stalls"]
         s = run.broker.summary()

@@ -39,18 +39,21 @@ NUMBER = re.compile(Config().judges.score_pattern)  # the default: any number, t
 # ------------------------------------------------------------------------------------------------ parse_score
 
 
-@pytest.mark.parametrize("answer, score", [
-    ("0.7", 0.7),
-    ("Score: 1", 1.0),
-    ("-2", -2.0),
-    # Several numbers: the last one counts (a judge reasons first, then gives its verdict).
-    ("Step 3 was wrong, step 4 fixed it. Score: 0.25", 0.25),
-    ("7/10", 10.0),  # the documented pitfall of "the last number": use a pattern like 'Score: (\d+)' for x/10
-    # Unicode: a decimal comma is not a decimal point, so "0,8" holds the numbers 0 and 8: the last is 8.
-    ("Évaluation : 0,8 ✓", 8.0),
-    # \d matches any Unicode decimal digit, and float() reads it: fullwidth ７ is 7.
-    ("スコア：７", 7.0),
-])
+@pytest.mark.parametrize(
+    "answer, score",
+    [
+        ("0.7", 0.7),
+        ("Score: 1", 1.0),
+        ("-2", -2.0),
+        # Several numbers: the last one counts (a judge reasons first, then gives its verdict).
+        ("Step 3 was wrong, step 4 fixed it. Score: 0.25", 0.25),
+        ("7/10", 10.0),  # the documented pitfall of "the last number": use a pattern like 'Score: (\d+)' for x/10
+        # Unicode: a decimal comma is not a decimal point, so "0,8" holds the numbers 0 and 8: the last is 8.
+        ("Évaluation : 0,8 ✓", 8.0),
+        # \d matches any Unicode decimal digit, and float() reads it: fullwidth ７ is 7.
+        ("スコア：７", 7.0),
+    ],
+)
 def test_the_last_number_of_an_answer_is_its_score(answer: str, score: float) -> None:
     assert parse_score(answer, NUMBER) == score
 
@@ -65,13 +68,18 @@ def test_an_answer_without_a_number_is_a_typed_failure(answer: str) -> None:
 def test_a_match_that_is_not_a_finite_number_is_a_failure_too() -> None:
     anything = re.compile(r"Score: (\S+)")
     assert parse_score("Score: 0.5", anything) == 0.5
-    for answer, why in [("Score: good", "not a number"), ("Score: inf", "not a finite"), ("Score: nan", "not a finite"),
-                        ("Score: 1e999", "not a finite")]:
+    for answer, why in [
+        ("Score: good", "not a number"),
+        ("Score: inf", "not a finite"),
+        ("Score: nan", "not a finite"),
+        ("Score: 1e999", "not a finite"),
+    ]:
         failure = parse_score(answer, anything)
         assert isinstance(failure, ScoreParseFailure) and why in failure.reason, answer
     optional = re.compile(r"(\d+)|none")  # group 1 takes no part when "none" matches last
-    assert parse_score("3 then none", optional) == ScoreParseFailure(f"group 1 of {optional.pattern!r} took no "
-                                                                     f"part in its last match")
+    assert parse_score("3 then none", optional) == ScoreParseFailure(
+        f"group 1 of {optional.pattern!r} took no part in its last match"
+    )
 
 
 def test_score_patterns_are_checked() -> None:
@@ -82,8 +90,9 @@ def test_score_patterns_are_checked() -> None:
 
 # ------------------------------------------------------------------------------------------------ the template
 
-EPISODE = EpisodeRecord("Walk right.", (JudgedStep("at 1", "left", 0.0), JudgedStep("at 1", "right", 0.5)),
-                        "at 2", True)
+EPISODE = EpisodeRecord(
+    "Walk right.", (JudgedStep("at 1", "left", 0.0), JudgedStep("at 1", "right", 0.5)), "at 2", True
+)
 
 
 def test_every_placeholder_renders_as_worked_out_by_hand() -> None:
@@ -91,21 +100,26 @@ def test_every_placeholder_renders_as_worked_out_by_hand() -> None:
     # env_return = 0.0 + 0.5; two steps; literal braces stay single.
     assert render(template, EPISODE) == (
         "T=Walk right.|Step 1\nObservation:\nat 1\nAction: left\nReward: 0\n\n"
-        "Step 2\nObservation:\nat 1\nAction: right\nReward: 0.5|F=at 2|R=0.5|N=2|S=yes|{x}")
+        "Step 2\nObservation:\nat 1\nAction: right\nReward: 0.5|F=at 2|R=0.5|N=2|S=yes|{x}"
+    )
     # Only the last step: numbered 2, after a line saying one was left out; {steps} still counts both.
     assert render("{transcript} ({steps})", EPISODE, keep_last=1) == (
-        "(1 earlier steps left out)\n\nStep 2\nObservation:\nat 1\nAction: right\nReward: 0.5 (2)")
+        "(1 earlier steps left out)\n\nStep 2\nObservation:\nat 1\nAction: right\nReward: 0.5 (2)"
+    )
     assert render("{transcript}", EPISODE, keep_last=0) == "(2 earlier steps left out)"
     assert render("{env_return:.2f}", EPISODE) == "0.50"
 
 
-@pytest.mark.parametrize("template, needle", [
-    ("{task} {reward}", "names {reward}, which is not a placeholder"),
-    ("{}", "names {}, which is not a placeholder"),
-    ("{task.upper}", "names {task.upper}, which is not a placeholder"),
-    ("{task", "does not parse"),
-    ("{task:.2f}", "does not render"),
-])
+@pytest.mark.parametrize(
+    "template, needle",
+    [
+        ("{task} {reward}", "names {reward}, which is not a placeholder"),
+        ("{}", "names {}, which is not a placeholder"),
+        ("{task.upper}", "names {task.upper}, which is not a placeholder"),
+        ("{task", "does not parse"),
+        ("{task:.2f}", "does not render"),
+    ],
+)
 def test_templates_that_cannot_render_say_why(template: str, needle: str) -> None:
     errors = template_errors(template)
     assert len(errors) == 1 and needle in errors[0], errors
@@ -141,13 +155,15 @@ class CharTokenizer:
 class JudgeServer:
     """A judge server: answers `answer`, after `gate` is set if one is given; or raises `error`."""
 
-    def __init__(self, url: str, answer: str = "Score: 0.5", gate: asyncio.Event | None = None,
-                 error: Exception | None = None):
+    def __init__(
+        self, url: str, answer: str = "Score: 0.5", gate: asyncio.Event | None = None, error: Exception | None = None
+    ):
         self.url, self.answer, self.gate, self.error = url, answer, gate, error
         self.prompts: list[str] = []
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None,
-                       images: Any = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: Any, seed: int | None = None, images: Any = None
+    ) -> Generation:
         self.prompts.append("".join(map(chr, prompt_ids)))
         if self.gate is not None:
             await self.gate.wait()
@@ -266,14 +282,16 @@ class ByteTokenizer:
 class Engine:
     url = "http://e:0"
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, seed: int | None = None,
-                       images: Any = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: Any, seed: int | None = None, images: Any = None
+    ) -> Generation:
         await asyncio.sleep(0)
         ids = np.frombuffer(RIGHT.encode(), dtype=np.uint8).astype(np.int32)
         return Generation(ids, np.zeros(len(ids), np.float32), RIGHT, "stop", 0, 0)
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         return [await self.generate(prompt_ids, sampling, seed, images) for _ in range(n)]
 
 
@@ -286,7 +304,8 @@ class Broker:
 
 
 async def test_the_last_transition_waits_for_its_verdict_while_other_episodes_play_on(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cfg = Config()
     cfg.memory.k, cfg.memory.max_prompt_tokens, cfg.trainer.invalid_action_penalty = 1, 10_000, -0.25
     cfg.judges.count, cfg.judges.combine, cfg.judges.weight, cfg.judges.template = 1, "add", 2.0, "{final_observation}"
@@ -296,8 +315,15 @@ async def test_the_last_transition_waits_for_its_verdict_while_other_episodes_pl
     gate = asyncio.Event()
     server = JudgeServer("http://j:0", "Score: 0.25", gate=gate)
     broker = Broker()
-    actor = Actor(spec, "actor-0", 0, broker, [Engine()], ByteTokenizer(),  # type: ignore[arg-type]
-                  judge=Judge(spec.judge, [server], ByteTokenizer()))
+    actor = Actor(
+        spec,
+        "actor-0",
+        0,
+        broker,
+        [Engine()],
+        ByteTokenizer(),  # type: ignore[arg-type]
+        judge=Judge(spec.judge, [server], ByteTokenizer()),
+    )
     grant = GroupGrant(group_id=1, seed=1, min_version=0)
     slow = asyncio.create_task(actor.play(grant, "slow", actor.engines[0]))  # cell 1 -> 2 -> 3: two steps
     while not server.prompts:

@@ -68,8 +68,9 @@ async def test_every_granted_episode_is_played_once_and_open_groups_stay_within_
         g = rng.choice([1, 2, 4])
         k = g * rng.randint(1, 3)
         groups = rng.randint(3, 9)
-        length = {f"actor-0.0.g{gid}.{i}": rng.choice([0.0, 0.001, 0.003, 0.02]) for gid in range(groups)
-                  for i in range(g)}
+        length = {
+            f"actor-0.0.g{gid}.{i}": rng.choice([0.0, 0.001, 0.003, 0.02]) for gid in range(groups) for i in range(g)
+        }
         actor = make_actor(k, g, Broker(groups, delay=rng.choice([0.0, 0.002])))
         events = await play_lanes(actor, length)
         starts = [t for e, t, _ in events if e == "start"]

@@ -59,8 +59,10 @@ def answer(text: str, n: int) -> list[Generation]:
 def seat_and_legal(prompt_ids: list[int]) -> tuple[int, list[str]]:
     """The seat whose turn the prompt is (its newest "You are player N.") and the legal moves it lists."""
     text = bytes(prompt_ids).decode()
-    return (int(re.findall(r"You are player (\d)\.", text)[-1]),
-            re.findall(r"Your legal moves: (.*)\.", text)[-1].split(", "))
+    return (
+        int(re.findall(r"You are player (\d)\.", text)[-1]),
+        re.findall(r"Your legal moves: (.*)\.", text)[-1].split(", "),
+    )
 
 
 class ScriptedSeats:
@@ -71,8 +73,9 @@ class ScriptedSeats:
     def __init__(self, scripts: dict[int, list[str]]) -> None:
         self.scripts = {seat: iter(moves) for seat, moves in scripts.items()}
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         seat, _ = seat_and_legal(prompt_ids)
         move = next(self.scripts[seat])
         return answer(move if move == "junk" else f"<action>{move}</action>", n)
@@ -86,8 +89,9 @@ class Policy:
     def __init__(self, choose: Any) -> None:
         self.choose = choose
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         return answer(f"<action>{self.choose(seat_and_legal(prompt_ids)[1])}</action>", n)
 
 
@@ -126,8 +130,17 @@ async def test_a_match_sends_each_seat_as_a_trajectory_of_its_own_group() -> Non
     actor = actor_for(cfg, broker, engine := ScriptedSeats(FORCED_WIN))
     results = await actor.play_match(GroupGrant(group_id=10, seed=3, min_version=0), ["a", "b"], engine)  # type: ignore
     # A seat's step goes once what followed it is known: the other seat's reply, or the end of the game.
-    assert [(t.traj_id, t.step) for t in broker.sent] == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2),
-                                                          ("a", 3), ("a", 4), ("b", 3)]
+    assert [(t.traj_id, t.step) for t in broker.sent] == [
+        ("a", 0),
+        ("b", 0),
+        ("a", 1),
+        ("b", 1),
+        ("a", 2),
+        ("b", 2),
+        ("a", 3),
+        ("a", 4),
+        ("b", 3),
+    ]
     a, b = by_traj(broker.sent)["a"], by_traj(broker.sent)["b"]
     assert {t.group_id for t in a} == {10} and {t.group_id for t in b} == {11}  # seat s: group grant.group_id + s
     assert [t.reward for t in a] == pytest.approx([0, 0, 0, 0, 0.55]) and [t.reward for t in b] == [0, 0, 0, -1]
@@ -160,8 +173,9 @@ async def test_kuhn_matches_are_zero_sum_and_a_seed_replays_the_same_match() -> 
         for _ in range(2):  # two matches of a group: the same seed
             broker = Broker_()
             engine = Policy(bet_or_call)
-            await actor_for(cfg, broker, engine).play_match(GroupGrant(group_id=0, seed=seed, min_version=0),
-                                                            ["a", "b"], engine)  # type: ignore[arg-type]
+            await actor_for(cfg, broker, engine).play_match(
+                GroupGrant(group_id=0, seed=seed, min_version=0), ["a", "b"], engine
+            )  # type: ignore[arg-type]
             runs.append(by_traj(broker.sent))
         a, b = runs[0]["a"], runs[0]["b"]
         assert len(a) == len(b) == 3 and a[-1].done and b[-1].done
@@ -196,9 +210,16 @@ async def test_one_grant_opens_a_group_per_seat_at_the_broker() -> None:
     """The actor asks for 2 groups per grant: groups 0 (seat 0) and 1 (seat 1), G = 2 matches from one seed, each
     group complete with its G trajectories, the accounting exact. groups_per_step 2 at staleness bound 0 and no
     learner: the first request (2 groups, the whole step) is admitted, the next waits."""
-    cfg = config(env__group_size=2, actors__episodes_per_actor=2, trainer__groups_per_step=2,
-                 trainer__max_staleness=0, learner__world_size=1, broker__track_keys=True, broker__logger=[],
-                 engines__max_model_len=8192)  # (a byte per token: the rules alone are ~1000)
+    cfg = config(
+        env__group_size=2,
+        actors__episodes_per_actor=2,
+        trainer__groups_per_step=2,
+        trainer__max_staleness=0,
+        learner__world_size=1,
+        broker__track_keys=True,
+        broker__logger=[],
+        engines__max_model_len=8192,
+    )  # (a byte per token: the rules alone are ~1000)
     async with broker_and_actor(cfg, Policy(lowest)) as (broker, actor):
         async with asyncio.timeout(20):
             while len(broker.buffer.ready) < 2:
@@ -258,6 +279,7 @@ async def test_a_failed_match_is_played_again_or_dropped_in_both_seats_groups(re
 
 # ---- a frozen seat: one seat trained, the other answered by the engine's frozen copy --------------------------------
 
+
 class WithFrozenCopy:
     """An engine (`answers`: ScriptedSeats or Policy) whose frozen copy (`with_model`) answers from the same script and
     notes the seat of every turn it answers."""
@@ -268,8 +290,9 @@ class WithFrozenCopy:
         self.answers, self.copies, self.frozen_seats = answers, [], []
         self.policy_seats: list[int] = []
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         self.policy_seats += [seat_and_legal(prompt_ids)[0]] * n
         return await self.answers.sample(prompt_ids, sampling, n, seed, images)
 
@@ -280,8 +303,9 @@ class WithFrozenCopy:
         class FrozenCopy:
             url = outer.url
 
-            async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                             images: Any = None) -> list[Generation]:
+            async def sample(
+                self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+            ) -> list[Generation]:
                 outer.frozen_seats += [seat_and_legal(prompt_ids)[0]] * n
                 return await outer.answers.sample(prompt_ids, sampling, n, seed, images)
 
@@ -299,8 +323,9 @@ def frozen_config(seat: int | None = None, **over: Any) -> Config:
 # is sent. Seat 1 trained: its 4 steps, rewards 0 0 0 -1 (it loses after seat 0's random move), and seat 0's 5 turns
 # (one invalid) are the frozen copy's.
 @pytest.mark.parametrize("seat, rewards, frozen_turns", [(0, [0, 0, 0, 0, 0.55], 4), (1, [0, 0, 0, -1], 5)])
-async def test_a_frozen_match_sends_only_the_trained_seats_steps(seat: int, rewards: list[float],
-                                                                 frozen_turns: int) -> None:
+async def test_a_frozen_match_sends_only_the_trained_seats_steps(
+    seat: int, rewards: list[float], frozen_turns: int
+) -> None:
     cfg = frozen_config(seat, trainer__invalid_action_penalty=PENALTY)
     spec = ActorSpec.from_config(cfg)
     assert (spec.episode.seats, spec.episode.trained_seats, spec.episode.frozen) == (2, 1, True)
@@ -328,9 +353,16 @@ async def test_a_frozen_seat_grant_opens_one_group_of_the_trained_seat() -> None
     """With a frozen seat the actor asks for 1 group per grant: group 0, G = 2 matches from one seed, each a trajectory
     of the trained seat (drawn from the seed) that the broker completes; groups_per_step 1 at bound 0, no learner: only
     that group is admitted. The accounting is exact and counts the trained seat's steps only."""
-    cfg = frozen_config(env__group_size=2, actors__episodes_per_actor=2, trainer__groups_per_step=1,
-                        trainer__max_staleness=0, learner__world_size=1, broker__track_keys=True, broker__logger=[],
-                        engines__max_model_len=8192)
+    cfg = frozen_config(
+        env__group_size=2,
+        actors__episodes_per_actor=2,
+        trainer__groups_per_step=1,
+        trainer__max_staleness=0,
+        learner__world_size=1,
+        broker__track_keys=True,
+        broker__logger=[],
+        engines__max_model_len=8192,
+    )
     engine = WithFrozenCopy(Policy(lowest))
     async with broker_and_actor(cfg, engine) as (broker, actor):
         async with asyncio.timeout(20):

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from actors.token_rewards import (
-    FAILURES, TokenRewards, TokenRewardStep, after_action, per_token_cost, token_reward_errors,
+    FAILURES,
+    TokenRewards,
+    TokenRewardStep,
+    after_action,
+    per_token_cost,
+    token_reward_errors,
 )
 
 
@@ -43,7 +48,7 @@ def test_after_action_penalises_exactly_the_tokens_after_the_closing_tag(tokeniz
         assert got == [0.0] * first + [-0.5] * (len(ids) - first)  # every token after the first penalised one too
         if tag in tokenizer.decode(ids):
             # the tag is whole within tokens 0..first-1 and not within 0..first-2: `first` is the first token after it
-            assert tag in tokenizer.decode(ids[:first]) and tag not in tokenizer.decode(ids[:first - 1])
+            assert tag in tokenizer.decode(ids[:first]) and tag not in tokenizer.decode(ids[: first - 1])
             tagged += first < len(ids)
         else:
             assert first == len(ids)
@@ -62,9 +67,15 @@ def test_every_failure_of_a_users_function_is_counted_and_never_raised(tokenizer
     def boom(step):
         raise RuntimeError("user bug")
 
-    cases = [(boom, "raised"), (lambda s: "abc", "not_numbers"), (lambda s: [[1.0], [2.0, 3.0]], "not_numbers"),
-             (lambda s: [0.0] * (t + 1), "wrong_length"), (lambda s: None, "wrong_length"),
-             (lambda s: [float("nan")] * t, "non_finite"), (lambda s: [1e39] * t, "non_finite")]
+    cases = [
+        (boom, "raised"),
+        (lambda s: "abc", "not_numbers"),
+        (lambda s: [[1.0], [2.0, 3.0]], "not_numbers"),
+        (lambda s: [0.0] * (t + 1), "wrong_length"),
+        (lambda s: None, "wrong_length"),
+        (lambda s: [float("nan")] * t, "non_finite"),
+        (lambda s: [1e39] * t, "non_finite"),
+    ]
     for fn, cause in cases:
         rewards = TokenRewards(fn)
         values, problem = rewards(step)
@@ -81,9 +92,12 @@ def test_every_failure_of_a_users_function_is_counted_and_never_raised(tokenizer
 def test_the_config_check_says_what_is_wrong() -> None:
     assert token_reward_errors("", {}) == [] and token_reward_errors("actors.token_rewards:after_action", {}) == []
     assert token_reward_errors("actors.token_rewards:after_action", {"penalty": -0.1, "tag": "</a>"}) == []
-    for spec, kwargs, says in [("after_action", {}, "module:function"), ("no_such_module:f", {}, "cannot import"),
-                               ("actors.token_rewards:nope", {}, "has no function"),
-                               ("actors.token_rewards:after_action", {"penality": 1}, "penality"),
-                               ("", {"cost": 1}, "token_reward is not")]:
+    for spec, kwargs, says in [
+        ("after_action", {}, "module:function"),
+        ("no_such_module:f", {}, "cannot import"),
+        ("actors.token_rewards:nope", {}, "has no function"),
+        ("actors.token_rewards:after_action", {"penality": 1}, "penality"),
+        ("", {"cost": 1}, "token_reward is not"),
+    ]:
         (error,) = token_reward_errors(spec, kwargs)
         assert says in error, error

@@ -37,8 +37,9 @@ run_process("probe-0", log, main, log_format="%(levelname)s [probe-0] %(message)
 
 
 def start(mode: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", CHILD, mode], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, mode], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

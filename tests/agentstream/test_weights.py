@@ -15,8 +15,12 @@ from agentstream.weights import StreamLayout, host_store, open_group, receive_bu
 def test_buckets_are_cut_by_aligned_size_and_a_large_parameter_stands_alone():
     # float32 [10] = 40 B -> 64 aligned; float32 [100] = 400 B -> 448; bfloat16 [3, 5] = 30 B -> 64;
     # float32 [300] = 1200 B -> 1216 (larger than a bucket by itself); float16 [4] = 8 B -> 64.
-    layout = StreamLayout(["a", "b", "c", "d", "e"], ["float32", "float32", "bfloat16", "float32", "float16"],
-                          [[10], [100], [3, 5], [300], [4]], bucket_bytes=512)
+    layout = StreamLayout(
+        ["a", "b", "c", "d", "e"],
+        ["float32", "float32", "bfloat16", "float32", "float16"],
+        [[10], [100], [3, 5], [300], [4]],
+        bucket_bytes=512,
+    )
     # a + b = 512 fills the first bucket exactly; c (64) opens the second; d (1216) cannot join it, and is alone;
     # e (64) opens the fourth.
     assert layout.buckets() == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
@@ -25,8 +29,9 @@ def test_buckets_are_cut_by_aligned_size_and_a_large_parameter_stands_alone():
 
 
 def test_of_casts_floating_dtypes_only_and_refuses_bad_layouts():
-    layout = StreamLayout.of([("w", torch.Size([2, 3]), torch.float32), ("steps", [4], torch.int64)], 1024,
-                             dtype="bfloat16")
+    layout = StreamLayout.of(
+        [("w", torch.Size([2, 3]), torch.float32), ("steps", [4], torch.int64)], 1024, dtype="bfloat16"
+    )
     assert layout.dtype_names == ["bfloat16", "int64"] and layout.shapes == [[2, 3], [4]]
     with pytest.raises(ValueError, match="one dtype and one shape per name"):
         StreamLayout(["a", "b"], ["float32"], [[1], [1]], 64)
@@ -56,8 +61,10 @@ def _stream(params: dict[str, torch.Tensor], layout: StreamLayout, receivers: in
     world = 1 + receivers
     store = host_store("127.0.0.1", world, 30)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_receive, args=(store.port, r, world, layout, out, die_after if r == 1 else -1))
-             for r in range(1, world)]
+    procs = [
+        ctx.Process(target=_receive, args=(store.port, r, world, layout, out, die_after if r == 1 else -1))
+        for r in range(1, world)
+    ]
     for p in procs:
         p.start()
     try:

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_bench(module: str, *argv: str, timeout: float = 300) -> list[str]:
     """Run a benchmark, `python -m <module> ARGV`; its stdout lines (the test fails with its output if it exits
     non-zero)."""
-    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
     assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return [line for line in proc.stdout.splitlines() if line.strip()]
 
@@ -53,8 +54,9 @@ def test_bench_broker_prints_both_sizes_and_the_ratio() -> None:
 
 
 def test_bench_memory_broker_holds_the_arrays_and_chunking_agrees() -> None:
-    lines = run_bench("bench.memory", "--transitions", "256", "--vocab", "4096", "--tokens", "128",
-                      "--chunk", "32", timeout=240)
+    lines = run_bench(
+        "bench.memory", "--transitions", "256", "--vocab", "4096", "--tokens", "128", "--chunk", "32", timeout=240
+    )
     small, large = (numbers(next(line for line in lines if line.startswith(p))) for p in ("small", "large"))
     # [48, 16, array bytes, held bytes, overhead]: 48+16 int32 ids + 16 float32 log-probs = 320 bytes.
     assert small[2] == 320 and large[2] == (1536 + 512) * 4 + 512 * 4
@@ -65,8 +67,14 @@ def test_bench_memory_broker_holds_the_arrays_and_chunking_agrees() -> None:
 
 
 def test_gpu_check_dry_run_prints_every_figure() -> None:
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--steps", "2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", "--steps", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
     for label in ("tokens/s:", "MFU:", "peak memory:", "gather full weights:"):
@@ -80,9 +88,28 @@ def test_gpu_check_dry_run_prints_every_figure() -> None:
 @pytest.mark.e2e
 def test_bench_overlap_sync_has_no_staleness_and_async_stays_within_its_bound(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_bench("bench.overlap", "--bounds", "0,1", "--steps", "2", "--groups-per-step", "1",
-                      "--group-size", "2", "--max-steps", "2", "--max-tokens", "8", "--latency-ms", "10",
-                      "--model", model, "--engine-url", url, timeout=600)
+    lines = run_bench(
+        "bench.overlap",
+        "--bounds",
+        "0,1",
+        "--steps",
+        "2",
+        "--groups-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-steps",
+        "2",
+        "--max-tokens",
+        "8",
+        "--latency-ms",
+        "10",
+        "--model",
+        model,
+        "--engine-url",
+        url,
+        timeout=600,
+    )
     rows = {int(numbers(line)[0]): line for line in lines if re.match(r"\s+\d+\s", line)}
     assert set(rows) == {0, 1}, lines
     for bound, line in rows.items():
@@ -103,10 +130,28 @@ def test_bench_overlap_sync_has_no_staleness_and_async_stays_within_its_bound(ti
 @pytest.mark.e2e
 def test_bench_actor_measures_both_paths(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_bench("bench.actor", "--episodes", "4", "--seconds", "3", "--warmup", "1",
-                      "--max-tokens", "8", "--model", model, "--engine-url", url, timeout=300)
-    rates = {label: numbers(line)[0] for line in lines for label in ("engine driven directly", "actor (+ broker)")
-             if line.startswith(label)}
+    lines = run_bench(
+        "bench.actor",
+        "--episodes",
+        "4",
+        "--seconds",
+        "3",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "8",
+        "--model",
+        model,
+        "--engine-url",
+        url,
+        timeout=300,
+    )
+    rates = {
+        label: numbers(line)[0]
+        for line in lines
+        for label in ("engine driven directly", "actor (+ broker)")
+        if line.startswith(label)
+    }
     replayed = next(line for line in lines if line.startswith("engine driven directly"))
     assert numbers(replayed)[1] > 0  # the ceiling replayed the prompts the actor's transitions carried
     assert set(rates) == {"engine driven directly", "actor (+ broker)"} and all(r > 0 for r in rates.values())
@@ -118,8 +163,20 @@ def test_bench_actor_measures_both_paths(tiny_engine) -> None:
 @pytest.mark.e2e
 def test_bench_weights_one_update_each_way_reaches_the_engine(spare_engine) -> None:
     # on the session's spare vLLM server (its weights may change), not one of its own: ~40 s of the suite
-    lines = run_bench("bench.weights", "--modes", "file,stream", "--updates", "1", "--engines", "1",
-                      "--model", spare_engine.model, "--engine-url", spare_engine.url, timeout=600)
+    lines = run_bench(
+        "bench.weights",
+        "--modes",
+        "file,stream",
+        "--updates",
+        "1",
+        "--engines",
+        "1",
+        "--model",
+        spare_engine.model,
+        "--engine-url",
+        spare_engine.url,
+        timeout=600,
+    )
     rows = {}
     for mode in ("file", "stream"):
         line = next(line for line in lines if line.startswith(f"given  {mode:<6}"))
@@ -135,8 +192,24 @@ def test_bench_weights_one_update_each_way_reaches_the_engine(spare_engine) -> N
 @pytest.mark.e2e
 def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_bench("bench.gateway", "--episodes", "4", "--rounds", "1", "--turns", "2",
-                      "--max-tokens", "8", "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
+    lines = run_bench(
+        "bench.gateway",
+        "--episodes",
+        "4",
+        "--rounds",
+        "1",
+        "--turns",
+        "2",
+        "--max-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--model",
+        model,
+        "--engine-url",
+        url,
+        timeout=300,
+    )
     labels = ("gateway (openai client)", "engine driven directly")
     rates = {label: numbers(line)[0] for line in lines for label in labels if line.startswith(label)}
     assert set(rates) == set(labels) and all(r > 0 for r in rates.values())
@@ -145,23 +218,39 @@ def test_bench_gateway_measures_both_paths_with_the_ratio_last(tiny_engine) -> N
     assert lines[-1].startswith("gateway/ceiling:")
     # (the rates are printed rounded to whole tokens/s: a ratio of them is within 1% of the printed one, e.g. 3.15
     # printed against 572 / 181 = 3.16 on a loaded machine where the ceiling ran at 181 tokens/s)
-    assert numbers(lines[-1])[0] == pytest.approx(rates["gateway (openai client)"] / rates["engine driven directly"],
-                                                  rel=0.01, abs=0.01)
+    assert numbers(lines[-1])[0] == pytest.approx(
+        rates["gateway (openai client)"] / rates["engine driven directly"], rel=0.01, abs=0.01
+    )
 
 
 @pytest.mark.e2e
 def test_bench_generate_times_both_generators_on_every_shape(tiny_engine) -> None:
     model, url = tiny_engine
-    lines = run_bench("bench.generate", "--shapes", "1x1,2x3", "--tokens", "4", "--prompt-tokens", "12",
-                      "--repeats", "1", "--model", model, "--engine-url", url, timeout=300)
+    lines = run_bench(
+        "bench.generate",
+        "--shapes",
+        "1x1,2x3",
+        "--tokens",
+        "4",
+        "--prompt-tokens",
+        "12",
+        "--repeats",
+        "1",
+        "--model",
+        model,
+        "--engine-url",
+        url,
+        timeout=300,
+    )
     rows = {line.split()[0]: numbers(line.split(None, 1)[1]) for line in lines if line.split()[0] in ("1x1", "2x3")}
     assert set(rows) == {"1x1", "2x3"}
     for shape, (answers, engine_ms, hf_ms, engine_per_token, hf_per_token) in rows.items():
         r, n = (int(x) for x in shape.split("x"))
         assert answers == r * n and engine_ms > 0 and hf_ms > 0, shape
         # per token = the batch's time over the 4 tokens each answer got (the script checks every answer's length)
-        assert engine_per_token == pytest.approx(engine_ms / 4, abs=0.5) and hf_per_token == pytest.approx(hf_ms / 4,
-                                                                                                             abs=0.5)
+        assert engine_per_token == pytest.approx(engine_ms / 4, abs=0.5) and hf_per_token == pytest.approx(
+            hf_ms / 4, abs=0.5
+        )
     assert lines[-1].startswith("vLLM's time over HF generate's")
     ratios = dict(part.split(": ") for part in lines[-1].split("): ", 1)[1].split(", "))
     for shape, (_, engine_ms, hf_ms, _, _) in rows.items():

@@ -44,8 +44,13 @@ def test_what_was_played_counts_only_the_rollouts_that_ended() -> None:
 
 def _result(name: str, rate: float, cpu_cores: dict[str, float]) -> eco.Result:
     s = eco.Steady(steps=10, seconds=160 / rate, rollouts_per_s=rate, wait_frac=0.5)
-    return eco.Result(eco.BY_NAME[name], startup_s=30.0, steady=s, played=eco.Played(160, 1.0, 80.0, 31.0),
-                      cpu_ms=eco.cpu_ms_per_rollout(cpu_cores, rate))
+    return eco.Result(
+        eco.BY_NAME[name],
+        startup_s=30.0,
+        steady=s,
+        played=eco.Played(160, 1.0, 80.0, 31.0),
+        cpu_ms=eco.cpu_ms_per_rollout(cpu_cores, rate),
+    )
 
 
 def test_cpu_per_rollout_and_the_ratios_to_the_actors_end_the_lines() -> None:
@@ -58,11 +63,13 @@ def test_cpu_per_rollout_and_the_ratios_to_the_actors_end_the_lines() -> None:
     line = eco.row_line(openai, actors)
     assert line.split()[0] == "openai" and line.endswith(" 0.25x") and " 300.0 " in line and " 5.00 " in line
     assert eco.row_line(actors, actors).endswith(" 1.00x")
-    assert eco.cpu_line(openai) == ("# openai: CPU ms per rollout by process: vLLM engine core 200.0, "
-                                    "agent (openai) 100.0 = 300.0")
+    assert eco.cpu_line(openai) == (
+        "# openai: CPU ms per rollout by process: vLLM engine core 200.0, agent (openai) 100.0 = 300.0"
+    )
     assert eco.cpu_ratio_line([actors, openai]).endswith(": openai 0.30x")
-    assert eco.last_line([actors, openai]) == ("steady rollouts/s against the project's own actors (20.00/s): "
-                                               "openai 0.25x")
+    assert eco.last_line([actors, openai]) == (
+        "steady rollouts/s against the project's own actors (20.00/s): openai 0.25x"
+    )
     assert eco.last_line([actors]).endswith("no other path ran")
     assert len(line) == len(eco.HEADER)  # every figure under its column
 

@@ -46,20 +46,29 @@ def test_ratios_put_agentstream_over_trl_with_the_targets() -> None:
 
     # completions/s = (steps - 1) x batch / steady: TRL 4 x 16 / 2 = 32; agentstream 64 / 1 = 64 (2.00x),
     # 64 / 4 = 16 (0.50x); at 64: TRL 256 / 4 = 64, agentstream 256 / 2 = 128 (2.00x, target 1.5)
-    results = [result("TRL", "sync", 16, 2.0), result("agentstream", "sync", 16, 1.0),
-               result("agentstream", "async", 16, 4.0), result("TRL", "sync", 64, 4.0),
-               result("agentstream", "async", 64, 2.0)]
+    results = [
+        result("TRL", "sync", 16, 2.0),
+        result("agentstream", "sync", 16, 1.0),
+        result("agentstream", "async", 16, 4.0),
+        result("TRL", "sync", 64, 4.0),
+        result("agentstream", "async", 64, 2.0),
+    ]
     assert results[1].rate == pytest.approx(64.0)
-    assert bench_peer.ratios(results) == ["sync at 16: 2.00x (target >= 1.0x)", "async at 16: 0.50x (no target)",
-                                          "async at 64: 2.00x (target >= 1.5x)"]
+    assert bench_peer.ratios(results) == [
+        "sync at 16: 2.00x (target >= 1.0x)",
+        "async at 16: 0.50x (no target)",
+        "async at 64: 2.00x (target >= 1.5x)",
+    ]
 
 
 def test_the_cpu_sampler_reports_the_cores_each_process_of_a_tree_used(monkeypatch) -> None:
     monkeypatch.setattr(bench_peer, "ROLES", (("BURN", "burner"), ("DOZE", "sleeper")))
     busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
-    tree = (f"import subprocess, sys\nkids = [subprocess.Popen([sys.executable, '-c', {busy!r}, 'burn'.upper()]), "
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)', 'doze'.upper()])]\n"
-            "[k.wait() for k in kids]")  # (the parent's own command line names neither role)
+    tree = (
+        f"import subprocess, sys\nkids = [subprocess.Popen([sys.executable, '-c', {busy!r}, 'burn'.upper()]), "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)', 'doze'.upper()])]\n"
+        "[k.wait() for k in kids]"
+    )  # (the parent's own command line names neither role)
     proc = subprocess.Popen([sys.executable, "-c", tree])  # a parent ("other") and its two children
     with bench_peer.CpuSampler(proc.pid, every_s=0.1) as cpu:
         proc.wait()
@@ -88,8 +97,9 @@ def test_the_learn_workload_reaches_the_env_and_the_peers_prompts(tmp_path: Path
     from agentstream.config import TINY_MODEL_DIR
     from launcher.tiny_model import ensure_tiny_model
 
-    w = bench_peer.Workload(model=str(ensure_tiny_model(TINY_MODEL_DIR)), batch=16, steps=2,
-                            dataset_kwargs=bench_peer.LEARN_KWARGS, seed=2)
+    w = bench_peer.Workload(
+        model=str(ensure_tiny_model(TINY_MODEL_DIR)), batch=16, steps=2, dataset_kwargs=bench_peer.LEARN_KWARGS, seed=2
+    )
     cfg = bench_peer.compose(bench_peer.workload_overrides(w))  # the launcher's own composition
     assert cfg.env.kwargs["dataset_kwargs"] == bench_peer.LEARN_KWARGS and cfg.run.seed == 2
     bench_peer.write_prompts(w, tmp_path / "prompts.jsonl")
@@ -105,15 +115,19 @@ def test_the_learn_workload_reaches_the_env_and_the_peers_prompts(tmp_path: Path
 def test_learning_lines_compare_the_mean_reward_per_completion() -> None:
     # TRL's 2 seeds: means 0.2 and 0.4 (0.3 +- 0.1414); agentstream's: 0.3 and 0.5 (0.4 +- 0.1414);
     # difference 0.1, standard error sqrt(0.02/2 + 0.02/2) = 0.1414: within 2 of them; ratio 0.4/0.3 = 1.33x
-    curves = {"TRL sync": [(0.0, 0.2, 0.4, 0.2), (0.0, 0.4, 0.6, 0.6)],
-              "agentstream sync": [(0.0, 0.4, 0.4, 0.4), (0.0, 0.6, 0.6, 0.8)]}
+    curves = {
+        "TRL sync": [(0.0, 0.2, 0.4, 0.2), (0.0, 0.4, 0.6, 0.6)],
+        "agentstream sync": [(0.0, 0.4, 0.4, 0.4), (0.0, 0.6, 0.6, 0.8)],
+    }
     lines = bench_peer.learning_lines(curves, batch=64, every=2)
     assert lines[1].split() == ["1", "64", "0.000", "0.000"]
     assert lines[2].split() == ["3", "192", "0.500", "0.500"]  # step 3: (0.4+0.6)/2 both
     assert lines[3].split() == ["4", "256", "0.400", "0.600"]  # the last step is always shown
     assert "mean reward over the run +0.3000 +- 0.1414 over 2 seeds" in lines[4]
     # Paired by seed, agentstream is ahead by exactly 0.1 in both seeds: every resample's mean is 0.1.
-    assert "agentstream sync +0.1000 +- 0.1414 (as fast or faster; 95% paired bootstrap [+0.1000, +0.1000])" in lines[-2]
+    assert (
+        "agentstream sync +0.1000 +- 0.1414 (as fast or faster; 95% paired bootstrap [+0.1000, +0.1000])" in lines[-2]
+    )
     assert lines[-1] == "mean reward over the run, over TRL sync's: agentstream sync 1.33x"
     slower = {"TRL sync": curves["TRL sync"], "agentstream sync": [(0.0, 0.0, 0.0, 0.0)] * 2}
     assert "(slower;" in bench_peer.learning_lines(slower, batch=64, every=2)[-2]
@@ -136,9 +150,24 @@ def test_the_learn_warm_start_writes_a_model_of_format_demonstrations(tmp_path: 
 
     # A few steps only (the whole warm start is the benchmark's, ~30 s): the command, its arguments and its record.
     out = tmp_path / "warm"
-    argv = [sys.executable, "-m", "launcher.warm_start", "--env", "agentstream/Reasoning-v0", "--dataset-kwargs",
-            json.dumps(bench_peer.LEARN_KWARGS), *bench_peer.LEARN_WARM_START, "--episodes", "12", "--steps", "2",
-            "--batch-size", "4", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.warm_start",
+        "--env",
+        "agentstream/Reasoning-v0",
+        "--dataset-kwargs",
+        json.dumps(bench_peer.LEARN_KWARGS),
+        *bench_peer.LEARN_WARM_START,
+        "--episodes",
+        "12",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     stamp = json.loads((out / "agentstream_warm_start.json").read_text())

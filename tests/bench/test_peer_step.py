@@ -27,8 +27,11 @@ def test_the_learner_batch_and_trls_replay_hold_the_same_completions(tmp_path: P
     assert b.response_ids.tolist() == [10, 2, 11, 12, 2, 13, 14, 15]
     assert b.rewards.tolist() == pytest.approx([1.0, 0.0, -0.1, 0.5])
     path = tmp_path / "completions.jsonl"
-    path.write_text("".join(json.dumps({"prompt_ids": p["prompt_ids"], "completions": c}) + "\n"
-                            for p, c in zip(prompts, completions)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt_ids": p["prompt_ids"], "completions": c}) + "\n" for p, c in zip(prompts, completions)
+        )
+    )
     generate = replay(path)
     # TRL asks for each prompt G times in a row; it gets that prompt's completions in order
     ids, logprobs = generate([[5, 6, 7], [5, 6, 7], [8, 9], [8, 9]], None, {}, 2)

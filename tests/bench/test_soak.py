@@ -17,8 +17,16 @@ from bench import harness, soak
 from bench.soak import MIB, Sample, Usage
 
 
-def sample(t: float, step: int | None, rss_mib: float, fds: int = 30, threads: int = 10, wal_mib: float = 1.0,
-           buffered: int | None = 0, role: str = "learner") -> Sample:
+def sample(
+    t: float,
+    step: int | None,
+    rss_mib: float,
+    fds: int = 30,
+    threads: int = 10,
+    wal_mib: float = 1.0,
+    buffered: int | None = 0,
+    role: str = "learner",
+) -> Sample:
     return Sample(t, step, buffered, int(wal_mib * MIB), {role: Usage(1, int(rss_mib * MIB), fds, threads)})
 
 
@@ -48,8 +56,10 @@ def test_a_linear_series_gives_its_growth_per_1000_steps() -> None:
     # steps 100..400, RSS 200, 202, 204, 206 MiB: 0.02 MiB a step = 20 MiB per 1000 = 10% of 200 (the first value)
     # fds flat at 30: 0; threads 10, 10, 11, 11: steps' mean 250, threads' 10.5:
     # sum (x-250)(y-10.5) = (-150)(-.5) + (-50)(-.5) + (50)(.5) + (150)(.5) = 200; sum (x-250)^2 = 50000 -> 0.004 a step
-    samples = [sample(t, step, rss, threads=th) for t, step, rss, th in
-               [(10, 100, 200, 10), (20, 200, 202, 10), (30, 300, 204, 11), (40, 400, 206, 11)]]
+    samples = [
+        sample(t, step, rss, threads=th)
+        for t, step, rss, th in [(10, 100, 200, 10), (20, 200, 202, 10), (30, 300, 204, 11), (40, 400, 206, 11)]
+    ]
     g = soak.role_growth(samples, "learner")
     assert g.rss == (pytest.approx(200), pytest.approx(206))
     assert g.rss_per_k == pytest.approx(20.0) and g.rss_pct_per_k == pytest.approx(10.0)
@@ -66,8 +76,23 @@ def test_a_flat_series_after_the_warm_up_has_no_growth() -> None:
     lines = soak.report(warm + steady, 0.25)
     assert lines[0].startswith("# 4 samples of 6 after the warm-up (20 s..80 s), learner steps 10..40")
     learner = next(line for line in lines if line.startswith("learner "))
-    assert learner.split() == ["learner", "1", "500.0", "->", "500.0", "+0.00", "+0.00", "40", "->", "40", "+0.0",
-                               "12", "->", "12", "+0.0"]
+    assert learner.split() == [
+        "learner",
+        "1",
+        "500.0",
+        "->",
+        "500.0",
+        "+0.00",
+        "+0.00",
+        "40",
+        "->",
+        "40",
+        "+0.0",
+        "12",
+        "->",
+        "12",
+        "+0.0",
+    ]
     assert lines[-1].startswith("soak RSS growth per 1000 learner steps, worst role: 0.00% (learner; target < 5%: met)")
 
 
@@ -96,15 +121,18 @@ def test_too_few_steps_say_so_instead_of_a_figure() -> None:
     lines = soak.report(samples, 0.0)
     assert "n/a" in next(line for line in lines if line.startswith("learner "))
     assert lines[-1].startswith("soak RSS growth per 1000 learner steps: not measured (learner steps 7..7")
-    assert soak.report(samples[:1], 0.0) == ["soak: 1 samples after the warm-up (of 1): run longer or sample more "
-                                             "often"]
+    assert soak.report(samples[:1], 0.0) == [
+        "soak: 1 samples after the warm-up (of 1): run longer or sample more often"
+    ]
 
 
 def test_the_wal_and_buffered_lines() -> None:
     # WAL 1, 2, 3 MiB, compacted to 1, then 2: first 1, max 3, last 2, shrank once; buffered 4, 8, 6 (one sample
     # without the dashboard): mean 6, max 8
-    samples = [sample(i, i, 100, wal_mib=w, buffered=b) for i, (w, b) in
-               enumerate([(1, 4), (2, None), (3, 8), (1, 6), (2, None)])]
+    samples = [
+        sample(i, i, 100, wal_mib=w, buffered=b)
+        for i, (w, b) in enumerate([(1, 4), (2, None), (3, 8), (1, 6), (2, None)])
+    ]
     assert soak.wal_line(samples) == "WAL on disk (MiB): first 1.00, max 3.00, last 2.00; shrank 1 times (compactions)"
     assert soak.buffered_line(samples) == "buffered transitions: mean 6.0, max 8"
 

@@ -10,13 +10,30 @@ from agentstream.wire.messages import Transition
 from broker.buffer import RejectedTransition, ReplayBuffer, partition_by_tokens
 
 
-def tr(group_id: int, traj: str, step: int, done: bool = False, lo: int = 0, n_prompt: int = 3, n_resp: int = 2,
-       reward: float = 0.0) -> Transition:
+def tr(
+    group_id: int,
+    traj: str,
+    step: int,
+    done: bool = False,
+    lo: int = 0,
+    n_prompt: int = 3,
+    n_resp: int = 2,
+    reward: float = 0.0,
+) -> Transition:
     return Transition(
-        traj_id=traj, group_id=group_id, actor="a", step=step,
-        prompt_ids=np.arange(n_prompt, dtype=np.int32), response_ids=np.arange(n_resp, dtype=np.int32) + 100,
-        logprobs=np.full(n_resp, -1.0, dtype=np.float32), version_lo=lo, version_hi=lo, reward=reward,
-        done=done, truncated=False, valid=True,
+        traj_id=traj,
+        group_id=group_id,
+        actor="a",
+        step=step,
+        prompt_ids=np.arange(n_prompt, dtype=np.int32),
+        response_ids=np.arange(n_resp, dtype=np.int32) + 100,
+        logprobs=np.full(n_resp, -1.0, dtype=np.float32),
+        version_lo=lo,
+        version_hi=lo,
+        reward=reward,
+        done=done,
+        truncated=False,
+        valid=True,
     )
 
 
@@ -27,7 +44,9 @@ def serve(b: ReplayBuffer, step: int, rank: int):
 
 
 def invariant(b: ReplayBuffer) -> None:
-    assert b.counts["transitions_ingested"] == b.counts["transitions_trained"] + b.buffered() + sum(b.dropped().values())
+    assert b.counts["transitions_ingested"] == b.counts["transitions_trained"] + b.buffered() + sum(
+        b.dropped().values()
+    )
 
 
 def test_group_completes_only_when_all_g_trajectories_are_done() -> None:
@@ -42,11 +61,10 @@ def test_group_completes_only_when_all_g_trajectories_are_done() -> None:
     invariant(b)
 
 
-@pytest.mark.parametrize("bad, reason", [
-    (tr(9, "t0", 0), "unknown_group"),
-    (tr(0, "t0", 0), "duplicate"),
-    (tr(0, "t2", 0), "group_overflow"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [(tr(9, "t0", 0), "unknown_group"), (tr(0, "t0", 0), "duplicate"), (tr(0, "t2", 0), "group_overflow")],
+)
 def test_transitions_that_fit_no_group_are_rejected(bad, reason) -> None:
     b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=0, max_buffered_transitions=100)
     gid, _, _ = b.admit()
@@ -196,8 +214,14 @@ def test_random_streams_keep_the_accounting_invariant() -> None:
 def test_dynamic_sampling_drops_zero_variance_groups_and_refills() -> None:
     # groups_per_step=1, bound 0: one group admitted at a time. Returns [1, 1] carry no signal -> dropped,
     # its slot is freed so a new group may start; returns [1, 0] are kept.
-    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=0, max_buffered_transitions=100,
-                     drop_zero_variance=True)
+    b = ReplayBuffer(
+        group_size=2,
+        groups_per_step=1,
+        world_size=1,
+        max_staleness=0,
+        max_buffered_transitions=100,
+        drop_zero_variance=True,
+    )
     b.engine_versions = {"e": 0}
     gid, _, _ = b.admit()
     assert not b.admissible()
@@ -253,8 +277,14 @@ def formed_groups(b: ReplayBuffer, step: int) -> list[int]:
 
 
 def test_sample_reuse_trains_a_group_at_most_max_samples_times_fresh_groups_first() -> None:
-    b = ReplayBuffer(group_size=2, groups_per_step=2, world_size=1, max_staleness=10, max_buffered_transitions=100,
-                     max_samples_per_group=2)
+    b = ReplayBuffer(
+        group_size=2,
+        groups_per_step=2,
+        world_size=1,
+        max_staleness=10,
+        max_buffered_transitions=100,
+        max_samples_per_group=2,
+    )
     g0, g1 = complete_group(b), complete_group(b)
     assert b.try_form(0) and formed_groups(b, 0) == [g0, g1]
     assert b.try_form(1) and formed_groups(b, 1) == [g0, g1]  # nothing fresh: both again (their 2nd sample)
@@ -269,8 +299,15 @@ def test_sample_reuse_trains_a_group_at_most_max_samples_times_fresh_groups_firs
 
 
 def test_sample_to_insert_ratio_holds_back_reuse() -> None:
-    b = ReplayBuffer(group_size=2, groups_per_step=2, world_size=1, max_staleness=10, max_buffered_transitions=100,
-                     max_samples_per_group=3, samples_per_insert=1.5)
+    b = ReplayBuffer(
+        group_size=2,
+        groups_per_step=2,
+        world_size=1,
+        max_staleness=10,
+        max_buffered_transitions=100,
+        max_samples_per_group=3,
+        samples_per_insert=1.5,
+    )
     complete_group(b), complete_group(b)
     assert b.try_form(0)  # 2 samples of 2 inserts
     assert not b.try_form(1)  # 2 reused would make 4 samples > 1.5 x 2 inserts = 3
@@ -279,8 +316,14 @@ def test_sample_to_insert_ratio_holds_back_reuse() -> None:
 
 
 def test_reuse_stops_once_a_group_is_too_stale() -> None:
-    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=1, max_buffered_transitions=100,
-                     max_samples_per_group=5)
+    b = ReplayBuffer(
+        group_size=2,
+        groups_per_step=1,
+        world_size=1,
+        max_staleness=1,
+        max_buffered_transitions=100,
+        max_samples_per_group=5,
+    )
     complete_group(b, lo=0)
     assert b.try_form(0) and b.try_form(1)  # versions 0 and 1: lag 0 and 1, within the bound
     b.learner_version = 2
@@ -292,12 +335,24 @@ def test_reuse_stops_once_a_group_is_too_stale() -> None:
 def test_the_reuse_pool_survives_a_snapshot() -> None:
     from broker.state import _frames, _transition
 
-    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=10, max_buffered_transitions=100,
-                     max_samples_per_group=3)
+    b = ReplayBuffer(
+        group_size=2,
+        groups_per_step=1,
+        world_size=1,
+        max_staleness=10,
+        max_buffered_transitions=100,
+        max_samples_per_group=3,
+    )
     complete_group(b)
     assert b.try_form(0)
-    copy = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=10,
-                        max_buffered_transitions=100, max_samples_per_group=3)
+    copy = ReplayBuffer(
+        group_size=2,
+        groups_per_step=1,
+        world_size=1,
+        max_staleness=10,
+        max_buffered_transitions=100,
+        max_samples_per_group=3,
+    )
     copy.load_state(b.to_state(_frames), _transition)
     assert [g.samples for g in copy.reuse] == [1] and copy.try_form(1) and copy.try_form(2) and not copy.try_form(3)
 
@@ -306,13 +361,31 @@ def test_a_batch_lists_groups_trajectories_and_steps_in_order_with_their_columns
     from broker.buffer import Group, build_batch
 
     def t(traj: str, step: int, n_prompt: int, reward: float, lo: int, done: bool = False, valid: bool = True):
-        return Transition(traj_id=traj, group_id=0, actor="a", step=step,
-                          prompt_ids=np.full(n_prompt, step, np.int32), response_ids=np.array([7, step], np.int32),
-                          logprobs=np.array([-1.0, -0.5 * step], np.float32), version_lo=lo, version_hi=lo + 1,
-                          reward=reward, done=done, truncated=False, valid=valid, anchor=f"{traj}@{step}")
+        return Transition(
+            traj_id=traj,
+            group_id=0,
+            actor="a",
+            step=step,
+            prompt_ids=np.full(n_prompt, step, np.int32),
+            response_ids=np.array([7, step], np.int32),
+            logprobs=np.array([-1.0, -0.5 * step], np.float32),
+            version_lo=lo,
+            version_hi=lo + 1,
+            reward=reward,
+            done=done,
+            truncated=False,
+            valid=valid,
+            anchor=f"{traj}@{step}",
+        )
 
-    g0 = Group(0, 0, trajectories={"b": [t("b", 1, 1, 2.0, 3, done=True), t("b", 0, 2, 1.0, 2)],  # steps arrive 1, 0
-                                   "a": [t("a", 0, 1, 0.5, 1, done=True, valid=False)]})
+    g0 = Group(
+        0,
+        0,
+        trajectories={
+            "b": [t("b", 1, 1, 2.0, 3, done=True), t("b", 0, 2, 1.0, 2)],  # steps arrive 1, 0
+            "a": [t("a", 0, 1, 0.5, 1, done=True, valid=False)],
+        },
+    )
     g1 = Group(1, 1, trajectories={"z": [t("z", 0, 3, -1.0, 0, done=True)]})
     b = build_batch(5, 1, 9, 2, [g0, g1])
     # By hand: group 0's trajectories sorted by id (a, then b with its steps 0, 1), then group 1's z.
@@ -326,7 +399,12 @@ def test_a_batch_lists_groups_trajectories_and_steps_in_order_with_their_columns
     assert b.logprobs.tolist() == [-1.0, 0.0, -1.0, 0.0, -1.0, -0.5, -1.0, 0.0]
     assert b.anchors == ["a@0", "b@0", "b@1", "z@0"]
     assert (b.group_index.dtype, b.rewards.dtype, b.dones.dtype, b.prompt_ids.dtype, b.logprobs.dtype) == (
-        np.int32, np.float32, np.bool_, np.int32, np.float32)
+        np.int32,
+        np.float32,
+        np.bool_,
+        np.int32,
+        np.float32,
+    )
     empty = build_batch(0, 0, 0, 2, [])
     assert empty.prompt_ids.size == 0 and empty.rewards.dtype == np.float32 and empty.anchors == []
     assert b.token_rewards.size == 0  # none of its transitions has token rewards: the column is empty
@@ -340,16 +418,30 @@ def abandon(group_id: int, traj: str, step: int, cause: str, group: bool = False
     from agentstream.wire.messages import ABANDON, ABANDON_GROUP
 
     empty = np.zeros(0, np.int32)
-    return Transition(traj_id=traj, group_id=group_id, actor="a", step=step, prompt_ids=empty, response_ids=empty,
-                      logprobs=np.zeros(0, np.float32), version_lo=0, version_hi=0, reward=0.0, done=False,
-                      truncated=False, valid=False, info={ABANDON: cause, ABANDON_GROUP: group})
+    return Transition(
+        traj_id=traj,
+        group_id=group_id,
+        actor="a",
+        step=step,
+        prompt_ids=empty,
+        response_ids=empty,
+        logprobs=np.zeros(0, np.float32),
+        version_lo=0,
+        version_hi=0,
+        reward=0.0,
+        done=False,
+        truncated=False,
+        valid=False,
+        info={ABANDON: cause, ABANDON_GROUP: group},
+    )
 
 
 def test_an_abandoned_attempt_is_dropped_and_its_retry_takes_its_place_in_the_group() -> None:
     """G = 2. Attempt t0 sends 2 steps and fails (env timeout): its marker drops those 2 steps and itself (3 dropped
     as infra_timeout); the retry t0.r1 is the group's second trajectory, and the group trains t0.r1 and t1 only."""
-    b = ReplayBuffer(group_size=2, groups_per_step=1, world_size=1, max_staleness=0, max_buffered_transitions=100,
-                     track_keys=True)
+    b = ReplayBuffer(
+        group_size=2, groups_per_step=1, world_size=1, max_staleness=0, max_buffered_transitions=100, track_keys=True
+    )
     gid, _, _ = b.admit()
     b.add(tr(gid, "t1", 0, done=True))
     b.add(tr(gid, "t0", 0))

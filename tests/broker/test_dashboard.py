@@ -31,29 +31,96 @@ SNAPSHOT: dict[str, Any] = {
     "run": {"name": "frozenlake-grpo", "status": "running", "reason": "", "wall_s": 125.0, "total_steps": 200},
     "learner": {"version": 7, "step_time_s": 2.5, "loss": 0.125, "publish_s": 0.5},
     "engines": [
-        {"name": "engine-0", "url": "http://127.0.0.1:8000", "version": 6, "alive": True, "last_seen_s": 0.4,
-         "requests_in_flight": 12, "weight_sync_s": 0.25},
-        {"name": "engine-1", "url": "http://127.0.0.1:8001", "version": 7, "alive": False, "last_seen_s": 12.0,
-         "requests_in_flight": -1, "weight_sync_s": 0.5},
+        {
+            "name": "engine-0",
+            "url": "http://127.0.0.1:8000",
+            "version": 6,
+            "alive": True,
+            "last_seen_s": 0.4,
+            "requests_in_flight": 12,
+            "weight_sync_s": 0.25,
+        },
+        {
+            "name": "engine-1",
+            "url": "http://127.0.0.1:8001",
+            "version": 7,
+            "alive": False,
+            "last_seen_s": 12.0,
+            "requests_in_flight": -1,
+            "weight_sync_s": 0.5,
+        },
     ],
     "actors": [
-        {"name": "actor-0", "incarnation": 0, "alive": True, "episodes_in_flight": 8, "last_seen_s": 0.2,
-         "requests_in_flight": 5, "version": 6},
-        {"name": "actor-1", "incarnation": 2, "alive": False, "episodes_in_flight": 0, "last_seen_s": 30.0,
-         "requests_in_flight": 0, "version": 4},
-        {"name": 'actor "2"', "incarnation": 1, "alive": True, "episodes_in_flight": 3, "last_seen_s": 0.9,
-         "requests_in_flight": 1, "version": 7},
+        {
+            "name": "actor-0",
+            "incarnation": 0,
+            "alive": True,
+            "episodes_in_flight": 8,
+            "last_seen_s": 0.2,
+            "requests_in_flight": 5,
+            "version": 6,
+        },
+        {
+            "name": "actor-1",
+            "incarnation": 2,
+            "alive": False,
+            "episodes_in_flight": 0,
+            "last_seen_s": 30.0,
+            "requests_in_flight": 0,
+            "version": 4,
+        },
+        {
+            "name": 'actor "2"',
+            "incarnation": 1,
+            "alive": True,
+            "episodes_in_flight": 3,
+            "last_seen_s": 0.9,
+            "requests_in_flight": 1,
+            "version": 7,
+        },
     ],
-    "envs": {"agentstream/FrozenLake-v0": {"episodes": 280.0, "successes": 40.0, "env_steps": 2000.0,
-                                           "reward_mean": 0.125, "success_rate": 0.25, "invalid_action_ratio": 0.5},
-             "taxi": {"episodes": 20.0, "successes": 5.0, "env_steps": 300.0, "reward_mean": -1.5,
-                      "success_rate": 0.0, "invalid_action_ratio": 0.0}},
-    "rates": {"env_steps_per_s": 41.5, "tokens_per_s": 1234.0, "transitions_per_s": 40.0,
-              "learner_samples_per_s": 32.0, "learner_steps_per_s": 0.25},
-    "counters": {"transitions_ingested": 5000, "transitions_trained": 4800, "transitions_dropped_stale": 12,
-                 "episodes": 300, "successes": 45, "weird-name.x": 3},
-    "gauges": {"buffered_transitions": 188, "groups_ready": 2, "staleness_mean": 0.75, "staleness_max": 2,
-               "reward_mean": 0.15, "success_rate": 0.15, "invalid_action_ratio": 0.05},
+    "envs": {
+        "agentstream/FrozenLake-v0": {
+            "episodes": 280.0,
+            "successes": 40.0,
+            "env_steps": 2000.0,
+            "reward_mean": 0.125,
+            "success_rate": 0.25,
+            "invalid_action_ratio": 0.5,
+        },
+        "taxi": {
+            "episodes": 20.0,
+            "successes": 5.0,
+            "env_steps": 300.0,
+            "reward_mean": -1.5,
+            "success_rate": 0.0,
+            "invalid_action_ratio": 0.0,
+        },
+    },
+    "rates": {
+        "env_steps_per_s": 41.5,
+        "tokens_per_s": 1234.0,
+        "transitions_per_s": 40.0,
+        "learner_samples_per_s": 32.0,
+        "learner_steps_per_s": 0.25,
+    },
+    "counters": {
+        "transitions_ingested": 5000,
+        "transitions_trained": 4800,
+        "transitions_dropped_stale": 12,
+        "episodes": 300,
+        "successes": 45,
+        "weird-name.x": 3,
+    },
+    "gauges": {
+        "buffered_transitions": 188,
+        "groups_ready": 2,
+        "staleness_mean": 0.75,
+        "staleness_max": 2,
+        "reward_mean": 0.15,
+        "success_rate": 0.15,
+        "invalid_action_ratio": 0.05,
+    },
     "staleness_hist": {"0": 1200, "1": 2400, "2": 1200},
 }
 
@@ -86,7 +153,7 @@ async def read_events(resp: aiohttp.ClientResponse, n: int) -> list[dict[str, An
         line = await asyncio.wait_for(resp.content.readline(), timeout=5)
         assert line, "stream ended early"
         if line.startswith(b"data: "):
-            events.append(json.loads(line[len(b"data: "):]))
+            events.append(json.loads(line[len(b"data: ") :]))
     return events
 
 
@@ -210,9 +277,13 @@ async def test_metrics_parse_with_prometheus_client(client: TestClient) -> None:
     assert fams["agentstream_transitions_ingested"].type == "counter"  # the parser strips `_total`
     assert fams["agentstream_transitions_ingested"].samples[0].value == 5000
     assert {s.labels["engine"]: s.value for s in fams["agentstream_engine_version"].samples} == {
-        "engine-0": 6, "engine-1": 7}
+        "engine-0": 6,
+        "engine-1": 7,
+    }
     assert {s.labels["env"]: s.value for s in fams["agentstream_env_reward_mean"].samples} == {
-        "agentstream/FrozenLake-v0": 0.125, "taxi": -1.5}
+        "agentstream/FrozenLake-v0": 0.125,
+        "taxi": -1.5,
+    }
     assert all(f.documentation and f.type in ("counter", "gauge") for f in fams.values())
 
 

@@ -121,8 +121,17 @@ class Run:
         return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
 
     async def start_broker(self) -> None:
-        argv = [sys.executable, "-m", "broker.server", "--config", str(self.run_dir / "config.yaml"),
-                "--port", str(self.port), "--dashboard-port", str(self.dashboard)]
+        argv = [
+            sys.executable,
+            "-m",
+            "broker.server",
+            "--config",
+            str(self.run_dir / "config.yaml"),
+            "--port",
+            str(self.port),
+            "--dashboard-port",
+            str(self.dashboard),
+        ]
         self.broker = procs.start(self._inside(argv), self.run_dir / "broker.log", env=self.marker, cwd=ROOT)
         await self.until(lambda st: st["run"]["status"] == "running", 30, "the broker up")
 
@@ -144,12 +153,23 @@ class Run:
             for traj in range(G):
                 for step in range(self.steps):
                     await asyncio.sleep(0.005)  # the env and the engine
-                    await client.send_transition(Transition(
-                        traj_id=f"{client.name}/{grant.group_id}/{traj}", group_id=grant.group_id, actor=client.name,
-                        step=step, prompt_ids=PROMPT, response_ids=np.array([7] * 16, np.int32),
-                        logprobs=np.full(16, -0.5, np.float32), version_lo=grant.min_version,
-                        version_hi=grant.min_version, reward=float(traj), done=step == self.steps - 1, truncated=False,
-                        valid=True))
+                    await client.send_transition(
+                        Transition(
+                            traj_id=f"{client.name}/{grant.group_id}/{traj}",
+                            group_id=grant.group_id,
+                            actor=client.name,
+                            step=step,
+                            prompt_ids=PROMPT,
+                            response_ids=np.array([7] * 16, np.int32),
+                            logprobs=np.full(16, -0.5, np.float32),
+                            version_lo=grant.min_version,
+                            version_hi=grant.min_version,
+                            reward=float(traj),
+                            done=step == self.steps - 1,
+                            truncated=False,
+                            valid=True,
+                        )
+                    )
                     self.sent += 1
 
     async def _report(self, client: AsyncClient) -> None:
@@ -235,16 +255,25 @@ async def test_a_stalled_learner_stops_admission_and_the_broker_stays_bounded(tm
                 st = await run.state()
                 assert st is not None
                 g = st["gauges"]
-                samples.append((g["buffered_transitions"], run.sent, broker.memory_info().rss, g["group_waiters"],
-                                st["learner"]["version"]))
+                samples.append(
+                    (
+                        g["buffered_transitions"],
+                        run.sent,
+                        broker.memory_info().rss,
+                        g["group_waiters"],
+                        st["learner"]["version"],
+                    )
+                )
                 if len(samples) >= 16 and len({s[1] for s in samples[-8:]}) == 1:
                     break
             paused_version = st["learner"]["version"]
         finally:
             os.kill(run.learner.pid, signal.SIGCONT)
         buffered, sent, rss, waiters, versions = (list(x) for x in zip(*samples))
-        print(f"stalled learner: {len(samples) / 2:.1f}s paused, buffered max {max(buffered):.0f}, broker RSS "
-              f"{rss_before / 2**20:.1f} MiB before, {max(rss) / 2**20:.1f} MiB peak, {rss[-1] / 2**20:.1f} MiB after")
+        print(
+            f"stalled learner: {len(samples) / 2:.1f}s paused, buffered max {max(buffered):.0f}, broker RSS "
+            f"{rss_before / 2**20:.1f} MiB before, {max(rss) / 2**20:.1f} MiB peak, {rss[-1] / 2**20:.1f} MiB after"
+        )
         assert len(set(sent[-8:])) == 1, f"the actors kept sending while the learner was stopped: {sent}"
         assert len(set(versions)) == 1, versions  # the learner really was stopped
         # Admission stops once MAX_BUFFERED are held; each group in play may still add G x T.
@@ -261,11 +290,14 @@ async def test_a_stalled_learner_stops_admission_and_the_broker_stays_bounded(tm
 
 def mount_tmpfs(folder: Path, size: str) -> None:
     folder.mkdir(parents=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip() or res.returncode}): the full-disk test needs "
-                    "root (or CAP_SYS_ADMIN)")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({res.stderr.strip() or res.returncode}): the full-disk test needs "
+            "root (or CAP_SYS_ADMIN)"
+        )
 
 
 ROOM = 48 * 1024  # what the ballast leaves free on the log's tmpfs
@@ -299,8 +331,11 @@ async def test_a_full_disk_stops_acknowledgements_loses_nothing_and_recovers(tmp
             assert "cannot be written" in (run_dir / "broker.log").read_text()
 
             ballast.unlink()  # space returns
-            await run.until(lambda st: st["run"]["status"] == "running" and st["learner"]["version"] >= version + 3,
-                            30, "the run going on once the disk had room")
+            await run.until(
+                lambda st: st["run"]["status"] == "running" and st["learner"]["version"] >= version + 3,
+                30,
+                "the run going on once the disk had room",
+            )
             assert run.acked_by_clients() > acked
             assert "agentstream_wal_failing 0.0" in await run.get("/metrics")
             await run.stop_actors()
@@ -315,8 +350,10 @@ async def test_a_full_disk_stops_acknowledgements_loses_nothing_and_recovers(tmp
             await run.start_broker()
             after = json.loads(await run.get("/api/summary"))
         rel = after["reliability"]
-        print(f"full disk: {before['reliability']['wal_write_errors']} failed writes; acknowledged "
-              f"{before['reliability']['transitions_acked']} before the kill, {rel['transitions_acked']} recovered")
+        print(
+            f"full disk: {before['reliability']['wal_write_errors']} failed writes; acknowledged "
+            f"{before['reliability']['transitions_acked']} before the kill, {rel['transitions_acked']} recovered"
+        )
         assert rel["wal_torn_bytes"] == 0 and rel["wal_events_recovered"] > 0
         assert rel["transitions_acked"] == before["reliability"]["transitions_acked"] >= run.acked_by_clients()
         fields = ("transitions_ingested", "transitions_trained", "transitions_buffered", "transitions_dropped")
@@ -341,13 +378,17 @@ class Namespace:
         """Drop every packet either end of the pair sends: a pfifo queue of 0 packets (tc) on both ends (this
         kernel has no netem and iptables is not installed; the effect is the same, the link stays up)."""
         drop_all = ["root", "pfifo", "limit", "0"]
-        for argv in (["tc", "qdisc", "add", "dev", self.near, *drop_all],
-                     ["ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "far0", *drop_all]):
+        for argv in (
+            ["tc", "qdisc", "add", "dev", self.near, *drop_all],
+            ["ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "far0", *drop_all],
+        ):
             subprocess.run(argv, check=True, capture_output=True)
 
     def heal(self) -> None:
-        for argv in (["tc", "qdisc", "del", "dev", self.near, "root"],
-                     ["ip", "netns", "exec", self.name, "tc", "qdisc", "del", "dev", "far0", "root"]):
+        for argv in (
+            ["tc", "qdisc", "del", "dev", self.near, "root"],
+            ["ip", "netns", "exec", self.name, "tc", "qdisc", "del", "dev", "far0", "root"],
+        ):
             subprocess.run(argv, check=True, capture_output=True)
 
 
@@ -356,17 +397,21 @@ def namespace() -> Iterator[Namespace]:
     name, tag, octet = f"agentstream-{os.getpid()}", f"as{os.getpid() % 10**6}", 1 + os.getpid() % 250
     made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot make a network namespace here ({made.stderr.strip() or made.returncode}): the "
-                    "partition test needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN)")
+        pytest.skip(
+            f"cannot make a network namespace here ({made.stderr.strip() or made.returncode}): the "
+            "partition test needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+        )
     inside = ["ip", "netns", "exec", name]
     try:
         for i in (0, 1):  # 10.213.<octet>.0/30 (cut) and .4/30 (kept): addresses of these pairs only
             near, base = f"{tag}n{i}", 4 * i
-            for argv in (["ip", "link", "add", near, "type", "veth", "peer", "name", f"far{i}", "netns", name],
-                         ["ip", "addr", "add", f"10.213.{octet}.{base + 1}/30", "dev", near],
-                         ["ip", "link", "set", near, "up"],
-                         [*inside, "ip", "addr", "add", f"10.213.{octet}.{base + 2}/30", "dev", f"far{i}"],
-                         [*inside, "ip", "link", "set", f"far{i}", "up"]):
+            for argv in (
+                ["ip", "link", "add", near, "type", "veth", "peer", "name", f"far{i}", "netns", name],
+                ["ip", "addr", "add", f"10.213.{octet}.{base + 1}/30", "dev", near],
+                ["ip", "link", "set", near, "up"],
+                [*inside, "ip", "addr", "add", f"10.213.{octet}.{base + 2}/30", "dev", f"far{i}"],
+                [*inside, "ip", "link", "set", f"far{i}", "up"],
+            ):
                 subprocess.run(argv, check=True, capture_output=True)
         subprocess.run([*inside, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
         yield Namespace(name, f"{tag}n0", f"10.213.{octet}.2", f"10.213.{octet}.6")
@@ -389,7 +434,8 @@ HEARTBEAT_S, PARTITION_S = 3.0, 8.0
 
 @pytest.mark.e2e
 async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_trained_twice(
-        tmp_path: Path, spare_engine) -> None:
+    tmp_path: Path, spare_engine
+) -> None:
     """The broker and the learner in a network namespace; in this one, actor-0 and an engine's weight sidecar
     (the session's spare vLLM server) reach them over the link that is cut, actor-1 over the one that stays up.
     For PARTITION_S (> broker.heartbeat_timeout_s) every packet on the cut link is dropped: the run goes on with
@@ -402,25 +448,57 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
     cfg.broker.allow_insecure_bind = True  # (bound in the test's own namespace: its loopback and the two pairs)
     weights = free_port()
     with namespace() as ns:
-        where = dict(netns=ns.name, hosts=(ns.cut_ip, ns.kept_ip),
-                     weights=(f"tcp://*:{weights}", str(Path(spare_engine.model) / "model.safetensors")))
+        where = dict(
+            netns=ns.name,
+            hosts=(ns.cut_ip, ns.kept_ip),
+            weights=(f"tcp://*:{weights}", str(Path(spare_engine.model) / "model.safetensors")),
+        )
         async with running(tmp_path / "run", cfg, step_s=0.3, steps=T, **where) as run:
-            sidecar = procs.start([sys.executable, "-m", "engines.sidecar", "--name", "engine-p",
-                                   "--url", spare_engine.url, "--learner", f"tcp://{ns.cut_ip}:{weights}",
-                                   "--broker", f"tcp://{ns.cut_ip}:{run.port}", "--stats-interval", "0.5",
-                                   "--workdir", str(tmp_path / "sidecar")], tmp_path / "sidecar.log", env=run.marker,
-                                  cwd=ROOT)
+            sidecar = procs.start(
+                [
+                    sys.executable,
+                    "-m",
+                    "engines.sidecar",
+                    "--name",
+                    "engine-p",
+                    "--url",
+                    spare_engine.url,
+                    "--learner",
+                    f"tcp://{ns.cut_ip}:{weights}",
+                    "--broker",
+                    f"tcp://{ns.cut_ip}:{run.port}",
+                    "--stats-interval",
+                    "0.5",
+                    "--workdir",
+                    str(tmp_path / "sidecar"),
+                ],
+                tmp_path / "sidecar.log",
+                env=run.marker,
+                cwd=ROOT,
+            )
             try:
-                st = await run.until(lambda st: st["learner"]["version"] >= 3 and (e := engine_row(st, "engine-p"))
-                                     is not None and e["version"] >= 1, 90, "the engine serving the learner's weights")
+                st = await run.until(
+                    lambda st: (
+                        st["learner"]["version"] >= 3
+                        and (e := engine_row(st, "engine-p")) is not None
+                        and e["version"] >= 1
+                    ),
+                    90,
+                    "the engine serving the learner's weights",
+                )
                 before = {c.name: c.counters["transitions_resent"] for c in run.clients}
                 ns.cut()
                 cut_at, cut_version = asyncio.get_running_loop().time(), st["learner"]["version"]
                 try:
-                    st = await run.until(lambda st: not actor_row(st, "actor-0")["alive"]
-                                         and not engine_row(st, "engine-p")["alive"]
-                                         and st["learner"]["version"] >= cut_version + 3, PARTITION_S + 20,
-                                         "actor-0 and the engine declared gone while the run goes on with actor-1")
+                    st = await run.until(
+                        lambda st: (
+                            not actor_row(st, "actor-0")["alive"]
+                            and not engine_row(st, "engine-p")["alive"]
+                            and st["learner"]["version"] >= cut_version + 3
+                        ),
+                        PARTITION_S + 20,
+                        "actor-0 and the engine declared gone while the run goes on with actor-1",
+                    )
                     acks_cut = run.clients[0].counters["acks"]  # (seconds after the cut: any ack in flight is in)
                     await asyncio.sleep(max(0.0, cut_at + PARTITION_S - asyncio.get_running_loop().time()))
                     st = await run.until(lambda st: True, 5, "the dashboard, over the link that stays up")
@@ -433,12 +511,25 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
                     assert engine_row(st, "engine-p")["version"] <= cut_version  # its new weights are cut off
                 finally:
                     ns.heal()
-                st = await run.until(lambda st: actor_row(st, "actor-0")["alive"] and (e := engine_row(st, "engine-p"))
-                                     is not None and e["version"] >= healed_version, 60,
-                                     "actor-0 back and the engine at the weights published during the partition")
+                st = await run.until(
+                    lambda st: (
+                        actor_row(st, "actor-0")["alive"]
+                        and (e := engine_row(st, "engine-p")) is not None
+                        and e["version"] >= healed_version
+                    ),
+                    60,
+                    "actor-0 back and the engine at the weights published during the partition",
+                )
                 c0 = run.clients[0]  # its resent transitions (go-back-N, every ack_timeout_s) acknowledged at last:
-                await run.until(lambda st: c0.counters["acks"] > acks and c0.unacked < MAX_UNACKED
-                                and st["learner"]["version"] >= healed_version + 3, 30, "actor-0's sends acknowledged")
+                await run.until(
+                    lambda st: (
+                        c0.counters["acks"] > acks
+                        and c0.unacked < MAX_UNACKED
+                        and st["learner"]["version"] >= healed_version + 3
+                    ),
+                    30,
+                    "actor-0's sends acknowledged",
+                )
                 await run.stop_actors()
                 resent = {c.name: c.counters["transitions_resent"] - before[c.name] for c in run.clients}
                 summary = json.loads(await run.get("/api/summary"))
@@ -448,8 +539,10 @@ async def test_a_partitioned_host_is_declared_gone_then_rejoins_and_nothing_is_t
                 # labelled version 0 as a server no sidecar touched (tests/engines/test_engines_vllm.py).
                 async with run.http.post(spare_engine.url + "/update_weight_version", json={"new_version": "0"}) as r:
                     assert r.status == 200, await r.text()
-    print(f"partition: resent {resent}; dropped {summary['transitions_dropped']}; rejected "
-          f"{summary['reliability']['transitions_rejected']}")
+    print(
+        f"partition: resent {resent}; dropped {summary['transitions_dropped']}; rejected "
+        f"{summary['reliability']['transitions_rejected']}"
+    )
     check_accounting(summary)
     assert resent["actor-0"] > 0 and resent["actor-1"] == 0
     # actor-0's groups open at the broker when it was declared silent are dropped, and its resent transitions of them

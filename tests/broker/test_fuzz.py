@@ -57,10 +57,20 @@ def valid_transition(rng: random.Random, n_prompt: int | None = None) -> P.Trans
     n_p, n_r = n_prompt or rng.randint(1, 40), rng.randint(1, 20)
     lo = rng.randint(0, 5)
     return P.Transition(
-        traj_id=f"fz.{rng.randint(0, 99)}", group_id=rng.randint(0, 10**6), actor="fuzz", step=rng.randint(0, 9),
-        prompt_ids=g.integers(0, VOCAB, n_p, dtype=np.int32), response_ids=g.integers(0, VOCAB, n_r, dtype=np.int32),
-        logprobs=(-10 * g.random(n_r)).astype(np.float32), version_lo=lo, version_hi=lo + rng.randint(0, 2),
-        reward=rng.uniform(-1, 1), done=rng.random() < 0.5, truncated=False, valid=True, anchor="grid",
+        traj_id=f"fz.{rng.randint(0, 99)}",
+        group_id=rng.randint(0, 10**6),
+        actor="fuzz",
+        step=rng.randint(0, 9),
+        prompt_ids=g.integers(0, VOCAB, n_p, dtype=np.int32),
+        response_ids=g.integers(0, VOCAB, n_r, dtype=np.int32),
+        logprobs=(-10 * g.random(n_r)).astype(np.float32),
+        version_lo=lo,
+        version_hi=lo + rng.randint(0, 2),
+        reward=rng.uniform(-1, 1),
+        done=rng.random() < 0.5,
+        truncated=False,
+        valid=True,
+        anchor="grid",
         info={"success": False},
     )
 
@@ -73,18 +83,20 @@ def imaged_transition(rng: random.Random) -> P.Transition:
 
 
 def valid_message(rng: random.Random) -> P.Message:
-    return rng.choice([
-        lambda: valid_transition(rng),
-        lambda: imaged_transition(rng),
-        lambda: P.Transitions.of([imaged_transition(rng) for _ in range(rng.randint(2, 4))]),
-        lambda: P.Transitions.of([valid_transition(rng) for _ in range(rng.randint(2, 4))]),
-        lambda: P.Hello(role="actor", name=f"x{rng.randint(0, 9)}", incarnation=rng.randint(0, 3)),
-        lambda: P.Stats(source="x", role="actor", counters={"env_steps": rng.randint(0, 99)}, gauges={"g": 1.5}),
-        lambda: P.BatchRequest(step=rng.randint(0, 50), rank=0, world_size=1),
-        lambda: P.VersionUpdate(version=rng.randint(0, 50), metrics={"loss": 0.1}),
-        lambda: P.GroupRequest(actor="x"),
-        lambda: P.EngineStatus(engine="e", url="http://h:1", version=rng.randint(-1, 9)),
-    ])()
+    return rng.choice(
+        [
+            lambda: valid_transition(rng),
+            lambda: imaged_transition(rng),
+            lambda: P.Transitions.of([imaged_transition(rng) for _ in range(rng.randint(2, 4))]),
+            lambda: P.Transitions.of([valid_transition(rng) for _ in range(rng.randint(2, 4))]),
+            lambda: P.Hello(role="actor", name=f"x{rng.randint(0, 9)}", incarnation=rng.randint(0, 3)),
+            lambda: P.Stats(source="x", role="actor", counters={"env_steps": rng.randint(0, 99)}, gauges={"g": 1.5}),
+            lambda: P.BatchRequest(step=rng.randint(0, 50), rank=0, world_size=1),
+            lambda: P.VersionUpdate(version=rng.randint(0, 50), metrics={"loss": 0.1}),
+            lambda: P.GroupRequest(actor="x"),
+            lambda: P.EngineStatus(engine="e", url="http://h:1", version=rng.randint(-1, 9)),
+        ]
+    )()
 
 
 def frames_of(msg: P.Message) -> list[bytes]:
@@ -105,8 +117,10 @@ class Pools:
         self.messages = [frames_of(valid_message(rng)) for _ in range(size)]
         self.transitions = [frames_of(valid_transition(rng)) for _ in range(size)]
         self.imaged = [frames_of(imaged_transition(rng)) for _ in range(size // 4)]
-        self.imaged_bundles = [frames_of(P.Transitions.of([imaged_transition(rng) for _ in range(rng.randint(2, 4))]))
-                               for _ in range(size // 4)]
+        self.imaged_bundles = [
+            frames_of(P.Transitions.of([imaged_transition(rng) for _ in range(rng.randint(2, 4))]))
+            for _ in range(size // 4)
+        ]
 
 
 def m_random(rng: random.Random, pools: Pools):
@@ -138,12 +152,14 @@ def m_dtype(rng: random.Random, pools: Pools):
     def edit(h: dict) -> None:
         i = rng.randrange(3)  # prompt_ids, response_ids (int32) or logprobs (float32), each 4-byte items
         h["_arrays"][i][1] = {0: "float32", 1: "float32", 2: "int32"}[i] if rng.random() < 0.5 else "uint8"
+
     return edit_header(rng.choice(pools.transitions), edit), "bad_dtype"
 
 
 def m_shape(rng: random.Random, pools: Pools):
     def edit(h: dict) -> None:
         h["_arrays"][rng.randrange(3)][2] = rng.choice([[2**40], [2**62], [2**32, 2**32], [7, 1_000_000], []])
+
     return edit_header(rng.choice(pools.transitions), edit), "bad_array"
 
 
@@ -190,9 +206,19 @@ def m_image(rng: random.Random, pools: Pools):
 
 
 HOSTILE_HEADER_VALUES = [
-    ("step", 2**63), ("group_id", -(2**63)), ("reward", "x"), ("traj_id", "t" * 300), ("kind", "nope"),
-    ("v", 2), ("extra", 1), ("info", {"k": [1]}), ("info", {str(i): 0 for i in range(1100)}),
-    ("anchor", msgpack.ExtType(3, b"\x00" * 4)), ("done", None), ("_arrays", "x"), ("version_lo", -5),
+    ("step", 2**63),
+    ("group_id", -(2**63)),
+    ("reward", "x"),
+    ("traj_id", "t" * 300),
+    ("kind", "nope"),
+    ("v", 2),
+    ("extra", 1),
+    ("info", {"k": [1]}),
+    ("info", {str(i): 0 for i in range(1100)}),
+    ("anchor", msgpack.ExtType(3, b"\x00" * 4)),
+    ("done", None),
+    ("_arrays", "x"),
+    ("version_lo", -5),
 ]
 
 
@@ -209,8 +235,19 @@ def m_oversized(rng: random.Random):
     return frames_of(valid_transition(rng, n_prompt=MAX_BYTES // 4 + 100)), "oversized"
 
 
-MUTATIONS = [(m_random, 15), (m_flip, 25), (m_cut, 10), (m_frame_count, 8), (m_dtype, 8), (m_shape, 8),
-             (m_nan, 8), (m_vocab, 8), (m_header, 7), (m_deep, 2), (m_image, 8)]
+MUTATIONS = [
+    (m_random, 15),
+    (m_flip, 25),
+    (m_cut, 10),
+    (m_frame_count, 8),
+    (m_dtype, 8),
+    (m_shape, 8),
+    (m_nan, 8),
+    (m_vocab, 8),
+    (m_header, 7),
+    (m_deep, 2),
+    (m_image, 8),
+]
 
 
 def oracle(frames: list[bytes], limits: Limits) -> str:
@@ -247,7 +284,6 @@ def make_bad_frames(n: int, limits: Limits, seed: int = 0) -> tuple[list[list[by
 
 
 # ------------------------------------------------------------------------------------------ clients
-
 
 
 async def recv(sock: zmq.asyncio.Socket, timeout_s: float = 60) -> P.Message:
@@ -306,11 +342,25 @@ async def healthy_run(address: str, fuzz_done: asyncio.Event) -> dict[str, int]:
             assert isinstance(grant, P.GroupGrant), grant
             for traj in range(2):
                 t = valid_transition(rng)
-                await actor.send_multipart(P.encode(P.Transition(
-                    traj_id=f"actor-0.{grant.group_id}.{traj}", group_id=grant.group_id, actor="actor-0", step=0,
-                    prompt_ids=t.prompt_ids, response_ids=t.response_ids, logprobs=t.logprobs,
-                    version_lo=grant.min_version, version_hi=grant.min_version, reward=float(traj), done=True,
-                    truncated=False, valid=True)))
+                await actor.send_multipart(
+                    P.encode(
+                        P.Transition(
+                            traj_id=f"actor-0.{grant.group_id}.{traj}",
+                            group_id=grant.group_id,
+                            actor="actor-0",
+                            step=0,
+                            prompt_ids=t.prompt_ids,
+                            response_ids=t.response_ids,
+                            logprobs=t.logprobs,
+                            version_lo=grant.min_version,
+                            version_hi=grant.min_version,
+                            reward=float(traj),
+                            done=True,
+                            truncated=False,
+                            valid=True,
+                        )
+                    )
+                )
             await learner.send_multipart(P.encode(P.BatchRequest(step=step, rank=0, world_size=1)))
             batch = await recv(learner)
             assert isinstance(batch, P.Batch) and batch.step == step and batch.traj_index.size == 2, batch
@@ -393,16 +443,19 @@ async def test_broker_survives_100k_bad_frames_and_keeps_serving(tmp_path) -> No
         code = proc.wait(timeout=30)
     assert code == 0, (tmp_path / "broker.log").read_text()[-3000:]
     summary = json.loads(summary_path.read_text())
-    counted = {k.removeprefix("protocol_"): v for k, v in summary["messages_rejected"].items()
-               if k.startswith("protocol_")}
-    print(f"\nfuzz: {N_FRAMES} bad frames (generated in {gen_s:.1f} s) sent in {fuzz_s:.1f} s "
-          f"({N_FRAMES / fuzz_s:.0f}/s; broker CPU {broker_cpu:.1f} s = {broker_cpu / N_FRAMES * 1e6:.0f} us/frame) "
-          f"from {SENDERS} DEALERs; Rejects received {sum(replies)}; "
-          f"broker counted {sum(counted.values())}: {dict(sorted(counted.items()))}; broker RSS start "
-          f"{rss_start / 2**20:.0f} MiB, peak {peak_rss / 2**20:.0f} MiB (psutil, 50 ms samples), end "
-          f"{rss_end / 2**20:.0f} MiB, VmHWM "
-          f"{hwm_kb / 1024:.0f} MiB; healthy actor: {run['groups']} groups, {run['served_during_fuzz']} during "
-          f"the flood; transitions ingested {summary['transitions_ingested']}")
+    counted = {
+        k.removeprefix("protocol_"): v for k, v in summary["messages_rejected"].items() if k.startswith("protocol_")
+    }
+    print(
+        f"\nfuzz: {N_FRAMES} bad frames (generated in {gen_s:.1f} s) sent in {fuzz_s:.1f} s "
+        f"({N_FRAMES / fuzz_s:.0f}/s; broker CPU {broker_cpu:.1f} s = {broker_cpu / N_FRAMES * 1e6:.0f} us/frame) "
+        f"from {SENDERS} DEALERs; Rejects received {sum(replies)}; "
+        f"broker counted {sum(counted.values())}: {dict(sorted(counted.items()))}; broker RSS start "
+        f"{rss_start / 2**20:.0f} MiB, peak {peak_rss / 2**20:.0f} MiB (psutil, 50 ms samples), end "
+        f"{rss_end / 2**20:.0f} MiB, VmHWM "
+        f"{hwm_kb / 1024:.0f} MiB; healthy actor: {run['groups']} groups, {run['served_during_fuzz']} during "
+        f"the flood; transitions ingested {summary['transitions_ingested']}"
+    )
     assert sum(replies) == N_FRAMES  # every bad frame was answered
     assert counted == dict(expected)  # and counted under the reason the oracle gives, code by code
     assert summary["messages_rejected"]["malformed"] == N_FRAMES  # nothing else was refused
@@ -414,9 +467,24 @@ async def test_broker_survives_100k_bad_frames_and_keeps_serving(tmp_path) -> No
 def start_broker(config_path: Path, port: int, dashboard_port: int, summary_path: Path) -> subprocess.Popen:
     with open(config_path.parent / "broker.log", "wb") as log_file:
         return subprocess.Popen(
-            [sys.executable, "-m", "broker.server", "--config", str(config_path), "--port", str(port),
-             "--dashboard-port", str(dashboard_port), "--summary", str(summary_path)],
-            cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "broker.server",
+                "--config",
+                str(config_path),
+                "--port",
+                str(port),
+                "--dashboard-port",
+                str(dashboard_port),
+                "--summary",
+                str(summary_path),
+            ],
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def vm_hwm_kib(pid: int) -> int:

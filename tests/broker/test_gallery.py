@@ -26,11 +26,26 @@ RNG = np.random.default_rng(0)
 NONE = np.zeros((0, 0, 0, 0), np.uint8)
 
 
-def step(traj: str, n: int, images: np.ndarray, seq: int = -1, gid: int = 0, done: bool = False,
-         reward: float = 0.0) -> P.Transition:
-    return P.Transition(traj_id=traj, group_id=gid, actor="actor-0", step=n, prompt_ids=np.array([1, 2], np.int32),
-                        response_ids=np.array([3], np.int32), logprobs=np.array([-0.5], np.float32), version_lo=2,
-                        version_hi=3, reward=reward, done=done, truncated=False, valid=True, images=images, seq=seq)
+def step(
+    traj: str, n: int, images: np.ndarray, seq: int = -1, gid: int = 0, done: bool = False, reward: float = 0.0
+) -> P.Transition:
+    return P.Transition(
+        traj_id=traj,
+        group_id=gid,
+        actor="actor-0",
+        step=n,
+        prompt_ids=np.array([1, 2], np.int32),
+        response_ids=np.array([3], np.int32),
+        logprobs=np.array([-0.5], np.float32),
+        version_lo=2,
+        version_hi=3,
+        reward=reward,
+        done=done,
+        truncated=False,
+        valid=True,
+        images=images,
+        seq=seq,
+    )
 
 
 def pictures(n: int, h: int = 6, w: int = 5, c: int = 3) -> np.ndarray:
@@ -94,7 +109,7 @@ async def test_the_routes_serve_the_kept_pictures_and_404_for_an_unknown_or_expi
     gallery = Gallery(2)
     shown = pictures(3, 4, 6, 3)
     for n in range(3):  # step 0's picture is pushed out by steps 1 and 2
-        gallery.keep([step("t", n, shown[n:n + 1], reward=0.5 * n)], ["taken"])
+        gallery.keep([step("t", n, shown[n : n + 1], reward=0.5 * n)], ["taken"])
     old_id = f"{gallery.entries()[0]['id'][:-1]}0"  # the prefix of this gallery, number 0: step 0's id
     async with TestClient(TestServer(make_app(dict, gallery=gallery))) as c:
         listed = (await (await c.get("/api/images")).json())["images"]
@@ -142,7 +157,9 @@ async def test_the_broker_keeps_nothing_of_a_text_run_then_the_pictures_it_takes
         await send(bundle, step("t1", 0, a, 2, gid), upto=3)
         snap = broker.snapshot()["images"]
         assert [(e["traj_id"], e["step"], e["reward"], e["prompt_images"]) for e in snap] == [
-            ("t1", 1, 0.0, 3), ("t1", 0, 0.25, 2)]
+            ("t1", 1, 0.0, 3),
+            ("t1", 0, 0.25, 2),
+        ]
         host = f"http://127.0.0.1:{broker.dashboard_port}"
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{host}/api/images") as resp:

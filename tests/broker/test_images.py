@@ -32,9 +32,23 @@ def config(run_dir: Path | None = None) -> Config:
 
 
 def step(gid: int, traj: str, n: int, done: bool, images: np.ndarray, seq: int) -> P.Transition:
-    return P.Transition(traj_id=traj, group_id=gid, actor="actor-0", step=n, prompt_ids=np.array([1, 2], np.int32),
-                        response_ids=np.array([3], np.int32), logprobs=np.array([-0.5], np.float32), version_lo=0,
-                        version_hi=0, reward=1.0, done=done, truncated=False, valid=True, images=images, seq=seq)
+    return P.Transition(
+        traj_id=traj,
+        group_id=gid,
+        actor="actor-0",
+        step=n,
+        prompt_ids=np.array([1, 2], np.int32),
+        response_ids=np.array([3], np.int32),
+        logprobs=np.array([-0.5], np.float32),
+        version_lo=0,
+        version_hi=0,
+        reward=1.0,
+        done=done,
+        truncated=False,
+        valid=True,
+        images=images,
+        seq=seq,
+    )
 
 
 async def play_group(actor: zmq.asyncio.Socket) -> None:
@@ -44,9 +58,11 @@ async def play_group(actor: zmq.asyncio.Socket) -> None:
     grant = await recv(actor)
     assert isinstance(grant, P.GroupGrant)
     gid = grant.group_id
-    for msg in (step(gid, "t0", 0, False, A, 0),
-                P.Transitions.of([step(gid, "t0", 1, True, B, 1), step(gid, "t1", 0, False, NONE, 2)]),
-                step(gid, "t1", 1, True, C, 3)):
+    for msg in (
+        step(gid, "t0", 0, False, A, 0),
+        P.Transitions.of([step(gid, "t0", 1, True, B, 1), step(gid, "t1", 0, False, NONE, 2)]),
+        step(gid, "t1", 1, True, C, 3),
+    ):
         await actor.send_multipart(P.encode(msg))
     acked = -1
     while acked < 3:
@@ -74,6 +90,7 @@ async def assert_batch_holds_the_images(address: str) -> None:
 
 def bad_image_messages() -> dict[str, list]:
     """Malformed image messages, each under the reject code it must be counted by."""
+
     def frames(msg: P.Message) -> list:
         return [bytes(f) for f in P.encode(msg)]
 
@@ -96,8 +113,13 @@ async def test_images_reach_the_learners_batch_and_bad_images_are_refused_and_co
         await play_group(actor)  # still serving
         await assert_batch_holds_the_images(address)
         s = broker.summary()
-        assert s["messages_rejected"] == {"malformed": 4, "protocol_out_of_range": 1, "protocol_too_long": 1,
-                                          "protocol_bad_dtype": 1, "protocol_inconsistent": 1}
+        assert s["messages_rejected"] == {
+            "malformed": 4,
+            "protocol_out_of_range": 1,
+            "protocol_too_long": 1,
+            "protocol_bad_dtype": 1,
+            "protocol_inconsistent": 1,
+        }
         assert (s["transitions_ingested"], s["transitions_trained"]) == (4, 4)
     finally:
         broker.stop()

@@ -1,7 +1,6 @@
 """The broker process's message handling over real ZeroMQ sockets: admission, assembly, serving,
 and bad input (malformed or oversized messages are rejected, counted, and the broker keeps serving)."""
 
-
 import asyncio
 
 import numpy as np
@@ -26,9 +25,21 @@ def small_config() -> Config:
 
 
 def step(gid: int, traj: str, done: bool) -> P.Transition:
-    return P.Transition(traj_id=traj, group_id=gid, actor="a", step=0, prompt_ids=np.array([1, 2], np.int32),
-                        response_ids=np.array([3], np.int32), logprobs=np.array([-0.5], np.float32),
-                        version_lo=0, version_hi=0, reward=1.0, done=done, truncated=False, valid=True)
+    return P.Transition(
+        traj_id=traj,
+        group_id=gid,
+        actor="a",
+        step=0,
+        prompt_ids=np.array([1, 2], np.int32),
+        response_ids=np.array([3], np.int32),
+        logprobs=np.array([-0.5], np.float32),
+        version_lo=0,
+        version_hi=0,
+        reward=1.0,
+        done=done,
+        truncated=False,
+        valid=True,
+    )
 
 
 async def test_group_is_admitted_assembled_and_served() -> None:
@@ -86,13 +97,27 @@ async def test_malformed_and_oversized_messages_are_rejected_counted_and_survive
             [b"\xc1garbage"],
             [P.encode(P.GroupRequest(actor="x"))[0][:-3]],
             P.encode(P.WeightUpdate(version=1, payload=b"x" * 5000)),  # over the 4096-byte limit
-            P.encode(P.Batch(step=0, rank=0, learner_version=0, group_size=1, group_index=np.zeros(0, np.int32),
-                             traj_index=np.zeros(0, np.int32), step_index=np.zeros(0, np.int32),
-                             prompt_lens=np.zeros(0, np.int32), response_lens=np.zeros(0, np.int32),
-                             rewards=np.zeros(0, np.float32), dones=np.zeros(0, bool), valid=np.zeros(0, bool),
-                             version_lo=np.zeros(0, np.int32), version_hi=np.zeros(0, np.int32),
-                             prompt_ids=np.zeros(0, np.int32), response_ids=np.zeros(0, np.int32),
-                             logprobs=np.zeros(0, np.float32))),  # well-formed, but not for the broker
+            P.encode(
+                P.Batch(
+                    step=0,
+                    rank=0,
+                    learner_version=0,
+                    group_size=1,
+                    group_index=np.zeros(0, np.int32),
+                    traj_index=np.zeros(0, np.int32),
+                    step_index=np.zeros(0, np.int32),
+                    prompt_lens=np.zeros(0, np.int32),
+                    response_lens=np.zeros(0, np.int32),
+                    rewards=np.zeros(0, np.float32),
+                    dones=np.zeros(0, bool),
+                    valid=np.zeros(0, bool),
+                    version_lo=np.zeros(0, np.int32),
+                    version_hi=np.zeros(0, np.int32),
+                    prompt_ids=np.zeros(0, np.int32),
+                    response_ids=np.zeros(0, np.int32),
+                    logprobs=np.zeros(0, np.float32),
+                )
+            ),  # well-formed, but not for the broker
         ]
         for frames in bad:
             await client.send_multipart(frames)
@@ -104,8 +129,12 @@ async def test_malformed_and_oversized_messages_are_rejected_counted_and_survive
         s = broker.summary()
         # 2 unparseable headers + 1 oversized are protocol rejections (counted by code); the batch and the
         # unknown group are refused by the handlers: 5 malformed in all.
-        assert s["messages_rejected"] == {"malformed": 5, "unknown_group": 1, "protocol_bad_header": 2,
-                                          "protocol_oversized": 1}
+        assert s["messages_rejected"] == {
+            "malformed": 5,
+            "unknown_group": 1,
+            "protocol_bad_header": 2,
+            "protocol_oversized": 1,
+        }
         assert s["transitions_ingested"] == 0
     finally:
         broker.stop()
@@ -154,11 +183,19 @@ async def test_the_last_mismatch_measurement_stays_until_the_next() -> None:
 
     broker, task, address = await start_broker(small_config())
     learner = dealer(address, "learner-0")
-    measured = {"loss": 0.5, "mismatch_tokens": 40.0, "mismatch_logp_abs_mean": 2e-6, "mismatch_logp_abs_max": 1e-5,
-                "mismatch_kl": 3e-12, "mismatch_version": 1.0}
+    measured = {
+        "loss": 0.5,
+        "mismatch_tokens": 40.0,
+        "mismatch_logp_abs_mean": 2e-6,
+        "mismatch_logp_abs_max": 1e-5,
+        "mismatch_kl": 3e-12,
+        "mismatch_version": 1.0,
+    }
     try:
         await learner.send_multipart(P.encode(P.VersionUpdate(version=1, metrics=measured)))
-        await learner.send_multipart(P.encode(P.VersionUpdate(version=2, metrics={"loss": 0.4, "mismatch_tokens": 0.0})))
+        await learner.send_multipart(
+            P.encode(P.VersionUpdate(version=2, metrics={"loss": 0.4, "mismatch_tokens": 0.0}))
+        )
         for _ in range(100):
             if broker.learner_metrics.get("loss") == 0.4:
                 break

@@ -26,8 +26,10 @@ LAKE = "agentstream/FrozenLake-v0"
 
 def test_flatten_names_one_key_per_series_and_nulls_non_finite_values() -> None:
     state = {
-        "time": 50.0, "rates": {"env_steps_per_s": 3.0, "tokens_per_s": math.inf},
-        "gauges": {"buffered_transitions": 7.0, "staleness_mean": math.nan}, "learner": {"version": 2, "loss": 0.5},
+        "time": 50.0,
+        "rates": {"env_steps_per_s": 3.0, "tokens_per_s": math.inf},
+        "gauges": {"buffered_transitions": 7.0, "staleness_mean": math.nan},
+        "learner": {"version": 2, "loss": 0.5},
         "engines": [{"name": "engine-0", "version": 2, "weight_sync_s": 0.25}],
         "envs": {LAKE: {"reward_mean": 0.5, "success_rate": 0.25, "invalid_action_ratio": 0.0}},
     }
@@ -42,10 +44,18 @@ def test_flatten_names_one_key_per_series_and_nulls_non_finite_values() -> None:
 # ------------------------------------------------------------------------------------------ sinks
 
 
-POINTS = [{"t": 100.0, "env_steps_per_s": 1.5, "learner_version": 0.0, "learner_loss": None},
-          {"t": 101.0, "env_steps_per_s": 2.5, "learner_version": 1.0, "learner_loss": 0.25},
-          {"t": 103.0, "env_steps_per_s": 4.0, "learner_version": 1.0, "learner_loss": 0.125,
-           "reward_mean": 0.75, f"reward_mean/{LAKE}": 0.5}]
+POINTS = [
+    {"t": 100.0, "env_steps_per_s": 1.5, "learner_version": 0.0, "learner_loss": None},
+    {"t": 101.0, "env_steps_per_s": 2.5, "learner_version": 1.0, "learner_loss": 0.25},
+    {
+        "t": 103.0,
+        "env_steps_per_s": 4.0,
+        "learner_version": 1.0,
+        "learner_loss": 0.125,
+        "reward_mean": 0.75,
+        f"reward_mean/{LAKE}": 0.5,
+    },
+]
 
 
 def write_points(cfg: BrokerConfig, run_dir: Path, run_name: str = "") -> list[str]:
@@ -111,8 +121,9 @@ def test_mlflow_keys_are_names_mlflow_takes() -> None:
     assert sinks.mlflow_key("../a") == "a" and sinks.mlflow_key("/") == "_"
 
 
-def test_a_tracker_that_fails_is_reported_by_write_and_close(tmp_path: Path, tracker_env: None,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tracker_that_fails_is_reported_by_write_and_close(
+    tmp_path: Path, tracker_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://host/x")  # MLflow has no store for it
     [sink] = sinks.open_sinks(BrokerConfig(logger=["mlflow"]), tmp_path, "r")
     sink._thread.join(60)  # opening failed on the sink's thread
@@ -123,15 +134,18 @@ def test_a_tracker_that_fails_is_reported_by_write_and_close(tmp_path: Path, tra
 
 
 def test_an_unknown_logger_is_refused_with_the_known_ones(tmp_path: Path) -> None:
-    text = ("broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard, wandb, mlflow "
-            "(e.g. logger=[jsonl,wandb]).")
+    text = (
+        "broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard, wandb, mlflow "
+        "(e.g. logger=[jsonl,wandb])."
+    )
     assert sinks.logger_errors(["jsonl", "neptune"]) == [text]
     with pytest.raises(ValueError) as err:
         sinks.open_sinks(BrokerConfig(logger=["jsonl", "neptune"]), tmp_path)
     assert str(err.value) == text
     assert list(tmp_path.iterdir()) == []  # nothing opened
     assert sinks.logger_errors(["wandb", "jsonl", "wandb"]) == [
-        "broker.logger lists 'wandb' 2 times; list each logger once."]
+        "broker.logger lists 'wandb' 2 times; list each logger once."
+    ]
     assert sinks.logger_errors(["jsonl", "tensorboard", "wandb", "mlflow"]) == sinks.logger_errors([]) == []
 
 
@@ -139,8 +153,10 @@ def test_no_run_folder_no_files_and_a_missing_package_is_named(tmp_path: Path, m
     assert sinks.open_sinks(BrokerConfig(), None) == []
     assert sinks.open_sinks(BrokerConfig(logger=[]), tmp_path) == [] and list(tmp_path.iterdir()) == []
     monkeypatch.setitem(sinks.LOGGERS, "wandb", "agentstream_not_installed")  # as if wandb were not installed
-    text = ("broker.logger has wandb, but the agentstream_not_installed package is not installed: run bash "
-            "scripts/setup.sh, or leave wandb out of broker.logger.")
+    text = (
+        "broker.logger has wandb, but the agentstream_not_installed package is not installed: run bash "
+        "scripts/setup.sh, or leave wandb out of broker.logger."
+    )
     assert sinks.logger_errors(["jsonl", "wandb"]) == [text]
     with pytest.raises(ValueError, match=re.escape(text)):
         sinks.open_sinks(BrokerConfig(logger=["wandb"]), tmp_path)

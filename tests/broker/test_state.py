@@ -14,17 +14,36 @@ from broker.wal import WriteAheadLog
 
 
 def make_state(folder: Path | None, **kw) -> BrokerState:
-    buf = ReplayBuffer(group_size=2, groups_per_step=2, world_size=2, max_staleness=1, max_buffered_transitions=10**6,
-                       track_keys=True, **kw)
+    buf = ReplayBuffer(
+        group_size=2,
+        groups_per_step=2,
+        world_size=2,
+        max_staleness=1,
+        max_buffered_transitions=10**6,
+        track_keys=True,
+        **kw,
+    )
     buf.engine_versions = {"e": 0}
     return BrokerState(buf, WriteAheadLog(folder) if folder else None, compact_every=40)
 
 
 def tr(actor: str, inc: int, seq: int, gid: int, traj: str, step: int, done: bool, lo: int = 0) -> Transition:
     return Transition(
-        traj_id=traj, group_id=gid, actor=actor, step=step, prompt_ids=np.arange(3, dtype=np.int32),
-        response_ids=np.arange(2, dtype=np.int32), logprobs=np.full(2, -0.5, np.float32), version_lo=lo,
-        version_hi=lo, reward=float(seq % 3), done=done, truncated=False, valid=True, incarnation=inc, seq=seq,
+        traj_id=traj,
+        group_id=gid,
+        actor=actor,
+        step=step,
+        prompt_ids=np.arange(3, dtype=np.int32),
+        response_ids=np.arange(2, dtype=np.int32),
+        logprobs=np.full(2, -0.5, np.float32),
+        version_lo=lo,
+        version_hi=lo,
+        reward=float(seq % 3),
+        done=done,
+        truncated=False,
+        valid=True,
+        incarnation=inc,
+        seq=seq,
     )
 
 
@@ -43,8 +62,13 @@ def test_a_bundle_is_taken_as_its_transitions_one_by_one() -> None:
     gs = [st.admit("a", 0, request=0) for st in (single, bundled)]
     assert gs[0] == gs[1]
     g = gs[0].group_id
-    stream = [tr("a", 0, 0, g, "x", 0, False), tr("a", 0, 2, g, "x", 2, False), tr("a", 0, 0, g, "x", 0, False),
-              tr("a", 0, 1, g, "x", 1, True), tr("a", 0, 2, g, "y", 0, True)]
+    stream = [
+        tr("a", 0, 0, g, "x", 0, False),
+        tr("a", 0, 2, g, "x", 2, False),
+        tr("a", 0, 0, g, "x", 0, False),
+        tr("a", 0, 1, g, "x", 1, True),
+        tr("a", 0, 2, g, "y", 0, True),
+    ]
     one_by_one = [(r.outcome, r.ack) for r in (ingest(single, t) for t in stream)]
     assert one_by_one == [("taken", 0), ("gap", None), ("duplicate", 0), ("taken", 1), ("completed", 2)]
     assert [(r.outcome, r.ack) for r in ingest_bundle(bundled, stream)] == one_by_one
@@ -72,6 +96,7 @@ def test_only_the_newest_grants_are_kept_for_resent_requests(monkeypatch) -> Non
     again = s.admit("a", 0, request=1)  # forgotten: answered with a new group
     assert again.group_id == 8 and s.buffer.counts["groups_admitted"] == 9
     assert sorted(s.grants["a"][1]) == [1, 4, 5, 6, 7]
+
 
 def test_a_request_for_two_groups_is_granted_once_and_replays_from_the_log(tmp_path: Path) -> None:
     s = make_state(tmp_path / "wal")
@@ -103,8 +128,12 @@ def test_intake_is_in_order_once_and_acknowledged() -> None:
     assert ingest(s, tr("a", 0, 1, g.group_id, "x", 1, True)).ack == 1
     c = s.buffer.counts
     # Hand count: 3 distinct seqs sent (0, 1, 2); 0 and 1 taken, 2 was a gap, 0 came twice.
-    assert (c["transitions_acked"], c["transitions_ingested"], c["transitions_duplicate"],
-            c["transitions_out_of_order"]) == (2, 2, 1, 1)
+    assert (
+        c["transitions_acked"],
+        c["transitions_ingested"],
+        c["transitions_duplicate"],
+        c["transitions_out_of_order"],
+    ) == (2, 2, 1, 1)
 
 
 def test_a_new_incarnation_settles_the_old_ones_groups_and_ignores_its_stragglers() -> None:
@@ -170,7 +199,9 @@ def random_run(s: BrokerState, rng: random.Random, steps: int, actors: dict) -> 
             gid = rng.choice(list(st["groups"]))
             traj = rng.choice(list(st["groups"][gid]))
             done = rng.random() < 0.4
-            send(name, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done, s.buffer.learner_version))
+            send(
+                name, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done, s.buffer.learner_version)
+            )
             if rng.random() < 0.1:  # a resend of the same transition (lost ack): a duplicate
                 send(name, tr(name, st["inc"], st["seq"], gid, traj, st["groups"][gid][traj], done))
             st["seq"] += 1
@@ -248,9 +279,14 @@ def test_abandon_markers_replay_from_the_log_to_the_same_state(tmp_path: Path) -
 
     def marker(seq: int, gid: int, traj: str, step: int, give_up: bool) -> Transition:
         empty = np.zeros(0, np.int32)
-        return dataclasses.replace(tr("a", 0, seq, gid, traj, step, False), prompt_ids=empty, response_ids=empty,
-                                   logprobs=np.zeros(0, np.float32), valid=False,
-                                   info={ABANDON: "timeout" if not give_up else "raised", ABANDON_GROUP: give_up})
+        return dataclasses.replace(
+            tr("a", 0, seq, gid, traj, step, False),
+            prompt_ids=empty,
+            response_ids=empty,
+            logprobs=np.zeros(0, np.float32),
+            valid=False,
+            info={ABANDON: "timeout" if not give_up else "raised", ABANDON_GROUP: give_up},
+        )
 
     s = make_state(tmp_path / "wal")
     s.recover()

@@ -90,4 +90,7 @@ def test_frames_are_written_as_the_same_bytes_as_a_packed_record(tmp_path: Path)
     wal.append_frames("transitions", [memoryview(b"head"), memoryview(big)])
     wal.close()
     assert read_segment(next(tmp_path.glob("wal-*.log"))).records == [
-        ("transition", [b"head", bytes(300)]), ("count", "x"), ("transitions", [b"head", big])]
+        ("transition", [b"head", bytes(300)]),
+        ("count", "x"),
+        ("transitions", [b"head", big]),
+    ]

@@ -21,10 +21,14 @@ class FakeVLLM:
     fail: dict[str, int] = field(default_factory=dict)  # path -> HTTP status to answer instead
     bump_on_completion: bool = False  # an update lands while a completion is being served
     drop_connections: int = 0  # close this many connections without answering (a keep-alive race)
-    completion: dict[str, Any] = field(default_factory=lambda: {
-        "token_ids": [5, 6, 2], "text": "ab", "finish_reason": "stop",
-        "logprobs": {"token_logprobs": [-0.5, -1.25, -0.125]},
-    })
+    completion: dict[str, Any] = field(
+        default_factory=lambda: {
+            "token_ids": [5, 6, 2],
+            "text": "ab",
+            "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-0.5, -1.25, -0.125]},
+        }
+    )
     bodies: list[Any] = field(default_factory=list)
     token_route: bool = False  # serves /inference/v1/generate (else FastAPI's bare 404, as vLLM without
     # --enable-scale-out); its answer's weight_versions: `spans`, or one span of the current version
@@ -50,8 +54,16 @@ class FakeVLLM:
             if path == "/v1/load_lora_adapter":
                 self.models.add(body["lora_name"])
             elif body["model"] not in self.models:
-                return web.json_response({"error": {"message": f"The model `{body['model']}` does not exist.",
-                                                    "type": "NotFoundError", "code": 404}}, status=404)
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": f"The model `{body['model']}` does not exist.",
+                            "type": "NotFoundError",
+                            "code": 404,
+                        }
+                    },
+                    status=404,
+                )
         if path == "/weight_info":
             return web.json_response({"weight_version": self.version})
         if path == "/update_weight_version":
@@ -66,13 +78,22 @@ class FakeVLLM:
                 return web.Response(status=404, text='{"detail":"Not Found"}', content_type="application/json")
             n = len(self.completion["token_ids"])
             labelled = None if self.version in (None, "default") else [{"version": self.version, "start": 0, "end": n}]
-            lps = [{"token_id": t, "logprob": lp} for t, lp in zip(self.completion["token_ids"],
-                                                                  self.completion["logprobs"]["token_logprobs"])]
+            lps = [
+                {"token_id": t, "logprob": lp}
+                for t, lp in zip(self.completion["token_ids"], self.completion["logprobs"]["token_logprobs"])
+            ]
             spans = [self.spans if self.spans is not None else labelled] * (
-                self.choices or body["sampling_params"].get("n", 1))
-            choices = [{**self.completion, "index": i, "logprobs": {"content": lps},
-                        "weight_versions": self.choice_spans[i] if self.choice_spans else s}
-                       for i, s in enumerate(spans)]
+                self.choices or body["sampling_params"].get("n", 1)
+            )
+            choices = [
+                {
+                    **self.completion,
+                    "index": i,
+                    "logprobs": {"content": lps},
+                    "weight_versions": self.choice_spans[i] if self.choice_spans else s,
+                }
+                for i, s in enumerate(spans)
+            ]
             return web.json_response({"output_mode": "text", "choices": choices})
         if path == "/collective_rpc":
             return web.json_response({"results": [{"retied": True}]})

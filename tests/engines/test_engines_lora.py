@@ -63,8 +63,9 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     port = free_port()
-    argv, env = server_command(ModelConfig(path=str(model_dir), lora_rank=RANK),
-                               EnginesConfig(max_model_len=MAX_MODEL_LEN), port)
+    argv, env = server_command(
+        ModelConfig(path=str(model_dir), lora_rank=RANK), EnginesConfig(max_model_len=MAX_MODEL_LEN), port
+    )
     assert "--enable-lora" in argv and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
     proc = procs.start(argv, log, env=env)
@@ -85,8 +86,23 @@ def publisher(server, tmp_path_factory) -> Iterator[WeightPublisher]:
     broker = zmq.Context.instance().socket(zmq.ROUTER)  # the agent's broker: receives, never answers
     broker_port = broker.bind_to_random_port("tcp://127.0.0.1")
     logs = tmp_path_factory.mktemp("agent")
-    argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", url, "--learner", pub.address,
-            "--broker", f"tcp://127.0.0.1:{broker_port}", "--workdir", str(logs / "weights"), "--frozen-every", "2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "engines.sidecar",
+        "--name",
+        "engine-0",
+        "--url",
+        url,
+        "--learner",
+        pub.address,
+        "--broker",
+        f"tcp://127.0.0.1:{broker_port}",
+        "--workdir",
+        str(logs / "weights"),
+        "--frozen-every",
+        "2",
+    ]
     agent = procs.start(argv, logs / "sidecar.log", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
     try:
         try:
@@ -112,19 +128,29 @@ def one_sequence(prompt: list[int], response: np.ndarray) -> MicroBatch:
     ids = torch.tensor(prompt + response.tolist())[None]  # [1, P+T]
     t = len(response)
     return MicroBatch(
-        input_ids=ids, attention_mask=torch.ones_like(ids), logit_rows=torch.zeros(t, dtype=torch.long),
-        logit_pos=torch.arange(len(prompt) - 1, len(prompt) + t - 1), targets=torch.from_numpy(response).long(),
-        behav_logp=torch.zeros(t), advantages=torch.zeros(t), mask=torch.ones(t, dtype=torch.bool),
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        logit_rows=torch.zeros(t, dtype=torch.long),
+        logit_pos=torch.arange(len(prompt) - 1, len(prompt) + t - 1),
+        targets=torch.from_numpy(response).long(),
+        behav_logp=torch.zeros(t),
+        advantages=torch.zeros(t),
+        mask=torch.ones(t, dtype=torch.bool),
         token_index=torch.arange(t),
     )
 
 
-def learner_logprobs(model: torch.nn.Module, responses: list[np.ndarray], prompts: list[list[int]] | None = None
-                     ) -> np.ndarray:
+def learner_logprobs(
+    model: torch.nn.Module, responses: list[np.ndarray], prompts: list[list[int]] | None = None
+) -> np.ndarray:
     model.eval()
     with torch.no_grad():
-        out = np.concatenate([response_logprobs(model, one_sequence(prompt, r)).numpy()
-                              for prompt, r in zip(prompts or [PROMPT] * len(responses), responses, strict=True)])
+        out = np.concatenate(
+            [
+                response_logprobs(model, one_sequence(prompt, r)).numpy()
+                for prompt, r in zip(prompts or [PROMPT] * len(responses), responses, strict=True)
+            ]
+        )
     model.train()
     return out
 
@@ -139,11 +165,13 @@ def train(model: torch.nn.Module, lr: float, steps: int = 2) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-async def sample(url: str, model: str, base_model: str | None, version: int, n: int = 3,
-                 base_while_absent: bool = False) -> list:
+async def sample(
+    url: str, model: str, base_model: str | None, version: int, n: int = 3, base_while_absent: bool = False
+) -> list:
     async with aiohttp.ClientSession() as session:
-        client = EngineClient(url, session, timeout_s=60, model=model, base_model=base_model,
-                              base_while_absent=base_while_absent)
+        client = EngineClient(
+            url, session, timeout_s=60, model=model, base_model=base_model, base_while_absent=base_while_absent
+        )
         gens = [await client.generate(PROMPT, SamplingConfig(max_tokens=12), seed=s) for s in range(n)]
     assert all((g.version_lo, g.version_hi) == (version, version) for g in gens)
     return gens
@@ -204,8 +232,9 @@ async def test_c_a_newer_adapter_replaces_it_in_place(server, publisher, policy)
     assert "the frozen copy (policy-frozen) is now version 2" in publisher.agent_log.read_text()
 
 
-async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_version_3(server, publisher, policy,
-                                                                                        model_dir, monkeypatch):
+async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_version_3(
+    server, publisher, policy, model_dir, monkeypatch
+):
     """Kuhn Poker with opponent=frozen through the actor (`actors.actor.Actor`: env, a memory per seat, the chat
     template, this engine, transitions over ZeroMQ to a real broker in this loop). One grant opens one group (G = 2
     matches, groups_per_step 1 at bound 0, no learner); each match sends the trained seat's steps only, whose
@@ -225,8 +254,10 @@ async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_vers
     assert publisher.wait_for(3, 1, 60) == {"engine-0": 3}, publisher.agent_log.read_text()[-2000:]
     still = await sample(url, FROZEN_ADAPTER_NAME, SERVED_MODEL_NAME, version=3, base_while_absent=True)
     assert [g.response_ids.tolist() for g in still] == [g.response_ids.tolist() for g in frozen_v2]
-    assert np.abs(np.concatenate([g.logprobs for g in still]) - np.concatenate([g.logprobs for g in frozen_v2])
-                  ).max() < TOL  # the frozen copy did not move with the policy (3 is in 2's block)
+    assert (
+        np.abs(np.concatenate([g.logprobs for g in still]) - np.concatenate([g.logprobs for g in frozen_v2])).max()
+        < TOL
+    )  # the frozen copy did not move with the policy (3 is in 2's block)
 
     cfg = Config()
     cfg.model.path, cfg.model.lora_rank, cfg.engines.max_model_len = str(model_dir), RANK, MAX_MODEL_LEN
@@ -245,8 +276,9 @@ async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_vers
     monkeypatch.setattr(EngineClient, "_post", noting)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with aiohttp.ClientSession() as session:
-        engine = EngineClient(url, session, 120, model=LORA_ADAPTER_NAME, base_model=SERVED_MODEL_NAME,
-                              decode=text_decoder(tokenizer))
+        engine = EngineClient(
+            url, session, 120, model=LORA_ADAPTER_NAME, base_model=SERVED_MODEL_NAME, decode=text_decoder(tokenizer)
+        )
         async with broker_and_client(cfg) as (broker, client):
             actor = Actor(ActorSpec.from_config(cfg), "actor-0", 0, client, [engine], tokenizer)
             await play_until_ready(actor, broker, 1)
@@ -258,13 +290,17 @@ async def test_d_a_frozen_seat_plays_version_2_while_the_trained_seat_plays_vers
     assert len({t.anchor[:6] for t in steps}) == 1  # one seat trained, the seat drawn from the group's seed
     for traj in group.trajectories.values():  # each match played to its end by the game's rules
         assert traj[-1].done and not any(t.done or t.truncated for t in traj[:-1])
-        outcome = sum(t.reward for t in traj) - (-0.2 + cfg.trainer.invalid_action_penalty) * sum(not t.valid
-                                                                                                   for t in traj)
+        outcome = sum(t.reward for t in traj) - (-0.2 + cfg.trainer.invalid_action_penalty) * sum(
+            not t.valid for t in traj
+        )
         assert min(abs(outcome - o) for o in (-1.0, 0.0, 1.0)) < 1e-6
     assert all((t.version_lo, t.version_hi) == (3, 3) for t in steps)
-    np.testing.assert_allclose(np.concatenate([t.logprobs for t in steps]),
-                               learner_logprobs(policy, [t.response_ids for t in steps],
-                                                [t.prompt_ids.tolist() for t in steps]), atol=TOL, rtol=0)
+    np.testing.assert_allclose(
+        np.concatenate([t.logprobs for t in steps]),
+        learner_logprobs(policy, [t.response_ids for t in steps], [t.prompt_ids.tolist() for t in steps]),
+        atol=TOL,
+        rtol=0,
+    )
     frozen_turns = actor.counters["frozen_steps"]
     assert frozen_turns >= 2 and asked.count(FROZEN_ADAPTER_NAME) == frozen_turns
     assert set(asked) == {LORA_ADAPTER_NAME, FROZEN_ADAPTER_NAME}  # (engine at version 3: no base model request)

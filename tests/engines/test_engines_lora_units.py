@@ -12,8 +12,13 @@ import torch
 from safetensors.torch import load
 
 from agentstream.config import EnginesConfig, ModelConfig, SamplingConfig
-from agentstream.models import (FROZEN_ADAPTER_NAME, LORA_ADAPTER_NAME, SERVED_MODEL_NAME, base_model_name,
-                                served_model_name)
+from agentstream.models import (
+    FROZEN_ADAPTER_NAME,
+    LORA_ADAPTER_NAME,
+    SERVED_MODEL_NAME,
+    base_model_name,
+    served_model_name,
+)
 from agentstream.wire.messages import WeightUpdate
 from engines import EngineClient
 from engines import server as server_mod
@@ -36,7 +41,9 @@ def test_server_command_enables_runtime_lora(monkeypatch):
     argv, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
     assert (served_model_name(ModelConfig(lora_rank=8)), base_model_name(ModelConfig(lora_rank=8))) == (
-        LORA_ADAPTER_NAME, SERVED_MODEL_NAME)
+        LORA_ADAPTER_NAME,
+        SERVED_MODEL_NAME,
+    )
     assert (served_model_name(ModelConfig()), base_model_name(ModelConfig())) == (SERVED_MODEL_NAME, None)
 
 
@@ -59,15 +66,15 @@ async def test_lora_apply_loads_the_adapter_in_place(fake_vllm, tmp_path):
         await ServerControl(fake_vllm.url, session, 5).apply(tmp_path, 2, lora=True)
     assert fake_vllm.calls[:2] == ["/sleep", "/v1/load_lora_adapter"] and fake_vllm.calls[-1] == "/wake_up"
     # the label and the cache resets are sent together, all before /wake_up
-    assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache",
-                                                    *MM_CACHE_RESETS])
+    assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache", *MM_CACHE_RESETS])
     assert fake_vllm.bodies[1] == {"lora_name": LORA_ADAPTER_NAME, "lora_path": str(tmp_path), "load_inplace": True}
     assert fake_vllm.version == "2"
 
 
 async def test_agent_refuses_an_unknown_format_before_touching_the_server(fake_vllm, tmp_path):
-    agent = WeightSidecar(SidecarSpec(name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2",
-                                  workdir=str(tmp_path)))
+    agent = WeightSidecar(
+        SidecarSpec(name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2", workdir=str(tmp_path))
+    )
     async with aiohttp.ClientSession() as session:
         agent._server = ServerControl(fake_vllm.url, session, 5)
         with pytest.raises(ApplyError, match="format 'zip'"):
@@ -78,8 +85,9 @@ async def test_agent_refuses_an_unknown_format_before_touching_the_server(fake_v
 async def test_client_asks_for_the_base_model_at_version_0_then_the_adapter(fake_vllm):
     sampling = SamplingConfig(max_tokens=3)
     async with aiohttp.ClientSession() as session:
-        client = EngineClient(fake_vllm.url, session, timeout_s=5, model=LORA_ADAPTER_NAME,
-                              base_model=SERVED_MODEL_NAME)
+        client = EngineClient(
+            fake_vllm.url, session, timeout_s=5, model=LORA_ADAPTER_NAME, base_model=SERVED_MODEL_NAME
+        )
         await client.generate([1, 2], sampling)  # vLLM says "default": version 0, no adapter loaded yet
         fake_vllm.version = "1"
         await client.generate([1, 2], sampling)  # still read 0 before sending: base (sound: version 0's model)
@@ -91,6 +99,7 @@ async def test_client_asks_for_the_base_model_at_version_0_then_the_adapter(fake
 
 
 # ---- the frozen copy (a frozen seat, engines.frozen_every) ----------------------------------------------------------
+
 
 def test_the_frozen_copy_is_due_at_the_first_version_applied_in_each_block() -> None:
     # Every 3: blocks 0-2, 3-5, 6-8. From 0 (the base model): 1 and 2 stay in block 0, 3 opens block 1. From 3: 4 and 5
@@ -114,8 +123,11 @@ def folder_version(folder) -> float | None:
 
 async def test_the_sidecar_refreshes_the_frozen_copy_every_n_versions_and_keeps_its_folder(fake_vllm, tmp_path):
     fake_vllm.models = {SERVED_MODEL_NAME}
-    agent = WeightSidecar(SidecarSpec(name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2",
-                                      workdir=str(tmp_path), frozen_every=3))
+    agent = WeightSidecar(
+        SidecarSpec(
+            name="e", url=fake_vllm.url, learner="tcp://x:1", broker="tcp://x:2", workdir=str(tmp_path), frozen_every=3
+        )
+    )
 
     async def no_status() -> None:  # (no learner or broker here)
         pass
@@ -129,8 +141,11 @@ async def test_the_sidecar_refreshes_the_frozen_copy_every_n_versions_and_keeps_
             await agent._apply(WeightUpdate(version=version, payload=adapter_of(version), format="peft_adapter"))
             calls = fake_vllm.calls[first:]
             bodies = [fake_vllm.bodies[first + i] for i, c in enumerate(calls) if c == "/v1/load_lora_adapter"]
-            assert calls[0] == "/sleep" and calls[-1] == "/wake_up" and calls[1:1 + len(bodies)] == [
-                "/v1/load_lora_adapter"] * len(bodies)  # both loads in one pause, before the label and resets
+            assert (
+                calls[0] == "/sleep"
+                and calls[-1] == "/wake_up"
+                and calls[1 : 1 + len(bodies)] == ["/v1/load_lora_adapter"] * len(bodies)
+            )  # both loads in one pause, before the label and resets
             folders = {LORA_ADAPTER_NAME: tmp_path / "adapter", FROZEN_ADAPTER_NAME: tmp_path / FROZEN_FOLDER}
             assert all(b["lora_path"] == str(folders[b["lora_name"]]) and b["load_inplace"] for b in bodies)
             loads = [b["lora_name"] for b in bodies]
@@ -140,8 +155,13 @@ async def test_the_sidecar_refreshes_the_frozen_copy_every_n_versions_and_keeps_
     # first applied in block 1: the frozen copy becomes version 4 and its folder keeps 4's weights through 5; 7 opens
     # block 2.
     lora, frozen = LORA_ADAPTER_NAME, FROZEN_ADAPTER_NAME
-    assert seen == {1: ([lora], 0, None), 2: ([lora], 0, None), 4: ([lora, frozen], 4, 4.0), 5: ([lora], 4, 4.0),
-                    7: ([lora, frozen], 7, 7.0)}
+    assert seen == {
+        1: ([lora], 0, None),
+        2: ([lora], 0, None),
+        4: ([lora, frozen], 4, 4.0),
+        5: ([lora], 4, 4.0),
+        7: ([lora, frozen], 7, 7.0),
+    }
     assert fake_vllm.models == {SERVED_MODEL_NAME, lora, frozen}
 
 
@@ -151,16 +171,18 @@ async def test_a_frozen_copy_client_asks_for_the_base_model_until_the_engine_has
     fake_vllm.token_route, fake_vllm.models = True, {SERVED_MODEL_NAME, LORA_ADAPTER_NAME}
     sampling = SamplingConfig(max_tokens=3)
     async with aiohttp.ClientSession() as session:
-        policy = EngineClient(fake_vllm.url, session, timeout_s=5, model=LORA_ADAPTER_NAME,
-                              base_model=SERVED_MODEL_NAME)
+        policy = EngineClient(
+            fake_vllm.url, session, timeout_s=5, model=LORA_ADAPTER_NAME, base_model=SERVED_MODEL_NAME
+        )
         client = policy.with_model(FROZEN_ADAPTER_NAME, base_while_absent=True)
         assert (client.url, client.base_model, policy.base_while_absent) == (policy.url, SERVED_MODEL_NAME, False)
         await client.generate([1, 2], sampling)  # version 0: the base model
         for version in ("1", "2", "3"):
             fake_vllm.version = version
             if version == "3":  # the sidecar's refresh: the frozen adapter is loaded
-                async with session.post(f"{fake_vllm.url}/v1/load_lora_adapter",
-                                        json={"lora_name": FROZEN_ADAPTER_NAME}) as resp:
+                async with session.post(
+                    f"{fake_vllm.url}/v1/load_lora_adapter", json={"lora_name": FROZEN_ADAPTER_NAME}
+                ) as resp:
                     assert resp.status == 200
             for _ in range(3):
                 await client.generate([1, 2], sampling)

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 
 from agentstream.config import REPO_ROOT, Config, SamplingConfig
 from agentstream.weights import StreamLayout, StreamSource
 from agentstream.wire.messages import Batch
-from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient
 from engines.control import ServerControl
 from launcher import procs
@@ -57,8 +57,13 @@ def hf_versions(model_dir: str, versions: int) -> dict[int, torch.nn.Module]:
 def source(model: torch.nn.Module) -> StreamSource:
     """What a one-rank learner streams: its parameters as they are (a tied head once), fp32 on the wire."""
     layout = StreamLayout.of([(n, p.shape, p.dtype) for n, p in model.named_parameters()], 64 << 10, dtype="float32")
-    return StreamSource(layout, lambda: ((n, p.detach()) for n, p in model.named_parameters()), torch.device("cpu"),
-                        solo=True, timeout_s=60)
+    return StreamSource(
+        layout,
+        lambda: ((n, p.detach()) for n, p in model.named_parameters()),
+        torch.device("cpu"),
+        solo=True,
+        timeout_s=60,
+    )
 
 
 def hf_logprobs(model: torch.nn.Module, responses: list[np.ndarray]) -> np.ndarray:
@@ -66,7 +71,7 @@ def hf_logprobs(model: torch.nn.Module, responses: list[np.ndarray]) -> np.ndarr
     for resp in responses:
         ids = torch.tensor([PROMPT + resp.tolist()])  # [1, P+T]
         with torch.no_grad():
-            logits = model(ids, use_cache=False).logits[0, len(PROMPT) - 1: -1]  # [T, V]
+            logits = model(ids, use_cache=False).logits[0, len(PROMPT) - 1 : -1]  # [T, V]
         out.append(torch.log_softmax(logits, -1).gather(1, torch.from_numpy(resp).long()[:, None])[:, 0].numpy())
     return np.concatenate(out)
 
@@ -84,9 +89,25 @@ class Stack:
 
     def _start(self) -> procs.subprocess.Popen:
         self.starts += 1
-        argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", self.url,
-                "--learner", self.publisher.address, "--broker", f"tcp://127.0.0.1:{self.broker_port}",
-                "--workdir", str(self.folder / "weights"), "--stats-interval", "0.5", "--stream-workers", "1"]
+        argv = [
+            sys.executable,
+            "-m",
+            "engines.sidecar",
+            "--name",
+            "engine-0",
+            "--url",
+            self.url,
+            "--learner",
+            self.publisher.address,
+            "--broker",
+            f"tcp://127.0.0.1:{self.broker_port}",
+            "--workdir",
+            str(self.folder / "weights"),
+            "--stats-interval",
+            "0.5",
+            "--stream-workers",
+            "1",
+        ]
         return procs.start(argv, self.log, env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
 
     @property
@@ -140,8 +161,9 @@ async def generate(url: str, seeds: range) -> list:
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-async def test_a_streamed_update_matches_hf_and_a_restarted_sidecar_gets_it_again(tied, tiny_engine, untied_engine,
-                                                                                   stack_of, tmp_path):
+async def test_a_streamed_update_matches_hf_and_a_restarted_sidecar_gets_it_again(
+    tied, tiny_engine, untied_engine, stack_of, tmp_path
+):
     model_dir, url = tiny_engine if tied else (untied_engine.model, untied_engine.url)
     hf = hf_versions(model_dir, 1)
     assert (hf[1].lm_head.weight is hf[1].model.embed_tokens.weight) == tied
@@ -165,8 +187,12 @@ async def test_a_streamed_update_matches_hf_and_a_restarted_sidecar_gets_it_agai
     assert stack.wait_for(1, serve=True) == {"engine-0": 1}
     assert "joined the learner's weight group 2" in stack.log.read_text()
     again = await generate(url, range(3))
-    np.testing.assert_allclose(np.concatenate([g.logprobs for g in again]),
-                               hf_logprobs(hf[1], [g.response_ids for g in again]), atol=TOL, rtol=0)
+    np.testing.assert_allclose(
+        np.concatenate([g.logprobs for g in again]),
+        hf_logprobs(hf[1], [g.response_ids for g in again]),
+        atol=TOL,
+        rtol=0,
+    )
     assert not any((tmp_path / "weights").glob("**/*"))
 
 
@@ -180,8 +206,10 @@ async def test_b_a_streamed_update_lands_while_32_requests_are_in_flight(tiny_en
     async with aiohttp.ClientSession() as session:
         client = EngineClient(url, session, timeout_s=300, extra_body={"ignore_eos": True})
         before = vllm_metric(await vllm_metrics(session, url), "generation_tokens_total")
-        tasks = [asyncio.create_task(client.generate(PROMPT, SamplingConfig(max_tokens=max_tokens), seed=s))
-                 for s in range(n)]
+        tasks = [
+            asyncio.create_task(client.generate(PROMPT, SamplingConfig(max_tokens=max_tokens), seed=s))
+            for s in range(n)
+        ]
         await wait_until_all_decode(session, url, tasks, before)
         # Freeze them mid-way with the sidecar's own pause, so that the update surely lands while they are in flight
         # (their KV stays: the update's cache reset must make them recompute it on the new weights).
@@ -207,18 +235,31 @@ def batch_of(gens: list, learner_version: int) -> Batch:
     """One group of the engine's answers to PROMPT, one transition each (rewards 1, 0, 1, ...), as the broker serves it."""
     n = len(gens)
     i32 = lambda xs: np.asarray(xs, dtype=np.int32)  # noqa: E731
-    return Batch(step=0, rank=0, learner_version=learner_version, group_size=n, group_index=i32([0] * n),
-                 traj_index=i32(range(n)), step_index=i32([0] * n), prompt_lens=i32([len(PROMPT)] * n),
-                 response_lens=i32([len(g.response_ids) for g in gens]),
-                 rewards=np.asarray([float(i % 2 == 0) for i in range(n)], np.float32), dones=np.ones(n, bool),
-                 valid=np.ones(n, bool), version_lo=i32([g.version_lo for g in gens]),
-                 version_hi=i32([g.version_hi for g in gens]), prompt_ids=i32(PROMPT * n),
-                 response_ids=np.concatenate([g.response_ids for g in gens]).astype(np.int32),
-                 logprobs=np.concatenate([g.logprobs for g in gens]).astype(np.float32), anchors=[""] * n)
+    return Batch(
+        step=0,
+        rank=0,
+        learner_version=learner_version,
+        group_size=n,
+        group_index=i32([0] * n),
+        traj_index=i32(range(n)),
+        step_index=i32([0] * n),
+        prompt_lens=i32([len(PROMPT)] * n),
+        response_lens=i32([len(g.response_ids) for g in gens]),
+        rewards=np.asarray([float(i % 2 == 0) for i in range(n)], np.float32),
+        dones=np.ones(n, bool),
+        valid=np.ones(n, bool),
+        version_lo=i32([g.version_lo for g in gens]),
+        version_hi=i32([g.version_hi for g in gens]),
+        prompt_ids=i32(PROMPT * n),
+        response_ids=np.concatenate([g.response_ids for g in gens]).astype(np.int32),
+        logprobs=np.concatenate([g.logprobs for g in gens]).astype(np.float32),
+        anchors=[""] * n,
+    )
 
 
 async def test_c_the_learners_mismatch_metric_is_near_zero_on_the_engines_weights_and_large_on_others(
-        tiny_engine, stack_of, one_rank, tmp_path):
+    tiny_engine, stack_of, one_rank, tmp_path
+):
     # The engine serves version 1 (streamed); a learner step at version 1 on its answers measures the engine's
     # log-probs against its own. Holding the same weights: ~1e-6 (fp32). Holding other weights under the same version
     # number (the defect the metric is for: an update that did not land): the noise of 0.05 on every weight shows.
@@ -236,8 +277,15 @@ async def test_c_the_learners_mismatch_metric_is_near_zero_on_the_engines_weight
 
     def mismatch(weights: Path) -> dict[str, float]:
         model = load_policy(str(weights), "float32", torch.device("cpu"), 1)
-        metrics = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), batch, opts, version=1,
-                             world_size=1, device=torch.device("cpu"))
+        metrics = train_step(
+            model,
+            torch.optim.AdamW(model.parameters(), lr=1e-4),
+            batch,
+            opts,
+            version=1,
+            world_size=1,
+            device=torch.device("cpu"),
+        )
         return {k: v for k, v in metrics.items() if k.startswith("mismatch_")}
 
     same, other = mismatch(tmp_path / "v1"), mismatch(Path(model_dir))

@@ -34,9 +34,15 @@ def test_server_command_cpu(monkeypatch):
     assert argv[-2:] == ["--seed", "7"]  # extra args come last, so they can override
     assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv and "--enable-scale-out" in argv
     joined = " ".join(argv)
-    for part in ["--model /m", "--served-model-name policy", "--host 127.0.0.2", "--port 8123",
-                 "--dtype bfloat16", "--max-model-len 512",
-                 "--worker-extension-cls engines.worker_ext.WeightReloadExtension"]:
+    for part in [
+        "--model /m",
+        "--served-model-name policy",
+        "--host 127.0.0.2",
+        "--port 8123",
+        "--dtype bfloat16",
+        "--max-model-len 512",
+        "--worker-extension-cls engines.worker_ext.WeightReloadExtension",
+    ]:
         assert part in joined
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_CI_ENV"] == "1"
@@ -46,8 +52,11 @@ def test_server_command_cpu(monkeypatch):
 def test_a_cpu_server_preloads_tcmalloc_when_installed(monkeypatch):
     monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
     monkeypatch.setenv("LD_PRELOAD", "libmine.so")
-    monkeypatch.setattr(server_mod.ctypes.util, "find_library",
-                        lambda name: "libtcmalloc_minimal.so.4" if name == "tcmalloc_minimal" else None)
+    monkeypatch.setattr(
+        server_mod.ctypes.util,
+        "find_library",
+        lambda name: "libtcmalloc_minimal.so.4" if name == "tcmalloc_minimal" else None,
+    )
     _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:libmine.so"  # first, the caller's own kept
     monkeypatch.setattr(server_mod.ctypes.util, "find_library", lambda name: None)
@@ -133,9 +142,11 @@ async def test_n_answers_to_one_prompt_come_in_one_request_each_with_its_version
     an answer with another number of choices is an error that says so; without the token route, n goes to
     /v1/completions and every answer shares the bracketing reads."""
     fake_vllm.token_route = True
-    fake_vllm.choice_spans = [[{"version": "3", "start": 0, "end": 3}],
-                              [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}],
-                              [{"version": "4", "start": 0, "end": 3}]]
+    fake_vllm.choice_spans = [
+        [{"version": "3", "start": 0, "end": 3}],
+        [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}],
+        [{"version": "4", "start": 0, "end": 3}],
+    ]
     async with aiohttp.ClientSession() as session:
         client = EngineClient(fake_vllm.url, session, timeout_s=5)
         gens = await client.sample([1, 2], SamplingConfig(max_tokens=3), 3)
@@ -236,15 +247,16 @@ async def test_server_control_apply_order(fake_vllm, tmp_path):
     assert reports == [{"retied": True}]
     assert fake_vllm.calls[:2] == ["/sleep", "/collective_rpc"] and fake_vllm.calls[-1] == "/wake_up"
     # the label and the cache resets are sent together, all before /wake_up
-    assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache",
-                                                    *MM_CACHE_RESETS])
+    assert sorted(fake_vllm.calls[2:-1]) == sorted(["/update_weight_version", "/reset_prefix_cache", *MM_CACHE_RESETS])
     assert fake_vllm.version == "7"
     rpc = fake_vllm.bodies[1]
     assert rpc == {"method": "agentstream_reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
 
 
 def test_agent_keeps_only_the_newest_update(tmp_path):
-    agent = WeightSidecar(SidecarSpec(name="e", url="http://x", learner="tcp://x:1", broker="tcp://x:2", workdir=str(tmp_path)))
+    agent = WeightSidecar(
+        SidecarSpec(name="e", url="http://x", learner="tcp://x:1", broker="tcp://x:2", workdir=str(tmp_path))
+    )
     for v in (2, 3, 1, 3):
         agent.offer(WeightUpdate(version=v, payload=b""))
     assert agent._pending is not None and agent._pending.version == 3
@@ -257,8 +269,24 @@ def test_agent_keeps_only_the_newest_update(tmp_path):
 
 
 def _start_agent(url: str, learner: str, broker: str, log: Path, *extra: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-t", "--url", url, "--learner", learner,
-            "--broker", broker, "--stats-interval", "0.2", "--dead-after", "0.5", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "engines.sidecar",
+        "--name",
+        "engine-t",
+        "--url",
+        url,
+        "--learner",
+        learner,
+        "--broker",
+        broker,
+        "--stats-interval",
+        "0.2",
+        "--dead-after",
+        "0.5",
+        *extra,
+    ]
     return procs.start(argv, log, env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
 
 
@@ -269,16 +297,19 @@ async def _until(done, what: str, timeout_s: float = 20.0) -> None:  # noqa: ANN
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("up, since, asked_at, expected", [
-    # lost_s = 5, silent_s = 60, now = 100 throughout; the wait runs from the later of `since` and `asked_at`.
-    (False, 96.0, -1e9, False),  # down for 4 s < 5
-    (False, 95.0, -1e9, True),  # down for 5 s: ask
-    (False, 50.0, 97.0, False),  # down long, but asked 3 s ago: the next ask at 102
-    (False, 50.0, 95.0, True),  # ... asked 5 s ago: ask again
-    (True, 41.0, -1e9, False),  # connected, the learner's last word 59 s ago < 60
-    (True, 40.0, -1e9, True),  # ... 60 s ago: ask
-    (True, 10.0, 45.0, False),  # silent long, asked 55 s ago
-])
+@pytest.mark.parametrize(
+    "up, since, asked_at, expected",
+    [
+        # lost_s = 5, silent_s = 60, now = 100 throughout; the wait runs from the later of `since` and `asked_at`.
+        (False, 96.0, -1e9, False),  # down for 4 s < 5
+        (False, 95.0, -1e9, True),  # down for 5 s: ask
+        (False, 50.0, 97.0, False),  # down long, but asked 3 s ago: the next ask at 102
+        (False, 50.0, 95.0, True),  # ... asked 5 s ago: ask again
+        (True, 41.0, -1e9, False),  # connected, the learner's last word 59 s ago < 60
+        (True, 40.0, -1e9, True),  # ... 60 s ago: ask
+        (True, 10.0, 45.0, False),  # silent long, asked 55 s ago
+    ],
+)
 def test_a_sidecar_asks_where_the_learner_is_once_lost_or_silent_long_enough(up, since, asked_at, expected):
     assert learner_lost(100.0, up, since, asked_at, lost_s=5.0, silent_s=60.0) is expected
 
@@ -304,8 +335,9 @@ async def test_a_sidecar_given_the_learners_address_follows_it_where_the_broker_
     learner.setsockopt(zmq.IDENTITY, b"learner-0")
     learner.connect(broker_address)
     old, new = WeightPublisher(f"tcp://127.0.0.1:{old_port}"), None
-    agent = _start_agent(fake_vllm.url, old.address, broker_address, tmp_path / "sidecar.log",
-                         "--learner-lost-s", "0.5")
+    agent = _start_agent(
+        fake_vllm.url, old.address, broker_address, tmp_path / "sidecar.log", "--learner-lost-s", "0.5"
+    )
 
     def moves() -> float:
         return broker.stats.by_source("learner_moves_followed", "engine").get("engine-t", 0.0)
@@ -351,7 +383,7 @@ async def test_agent_exits_nonzero_when_an_update_fails(fake_vllm, tmp_path):
     log = (tmp_path / "sidecar.log").read_text()
     assert rc == 1, log
     assert "update to version 1 failed" in log and "HTTP 500" in log and "/collective_rpc" in log
-    assert "/wake_up" not in fake_vllm.calls[fake_vllm.calls.index("/collective_rpc"):]  # left paused
+    assert "/wake_up" not in fake_vllm.calls[fake_vllm.calls.index("/collective_rpc") :]  # left paused
     kinds = []
     while broker.poll(200):
         kinds.append(decode(broker.recv_multipart()[1:]))
@@ -393,7 +425,9 @@ def test_server_command_runs_the_cpu_model_in_the_engine_process_unless_mp_is_as
 
 def test_server_command_pins_cpu_compute_threads_only_when_asked(monkeypatch):
     monkeypatch.setattr(server_mod, "_on_gpu", lambda: False)
-    _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(cpu_threads_bind="0", cpu_executor="mp"), port=1)
+    _, env = server_mod.server_command(
+        ModelConfig(path="/m"), EnginesConfig(cpu_threads_bind="0", cpu_executor="mp"), port=1
+    )
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     _, env = server_mod.server_command(ModelConfig(path="/m"), EnginesConfig(), port=1)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM's own choice

@@ -23,8 +23,8 @@ import torch
 from agentstream.config import Config, SamplingConfig
 from agentstream.models import SERVED_MODEL_NAME
 from engines.client import GENERATE, EngineClient, EngineError, png_data_uri
-from engines.server import server_command
 from engines.control import ServerControl, write_weights
+from engines.server import server_command
 from launcher.tiny_vl_model import image_tokens, make_tiny_vl_model
 from learner.publish import serialize_state_dict
 from learner.vision import expand_images, vl_response_logprobs
@@ -65,16 +65,19 @@ def vl(vl_dir: Path, serving) -> Iterator[VL]:
         yield VL(server.url, vl_dir, processor, model, prompt)
 
 
-async def generate(vl: VL, image: np.ndarray, temperature: float, seed: int | None = None,
-                   model: str = SERVED_MODEL_NAME):
+async def generate(
+    vl: VL, image: np.ndarray, temperature: float, seed: int | None = None, model: str = SERVED_MODEL_NAME
+):
     async with aiohttp.ClientSession() as session:
         engine = EngineClient(vl.url, session, timeout_s=120, extra_body={"ignore_eos": True}, model=model)
-        return await engine.generate(vl.prompt, SamplingConfig(max_tokens=8, temperature=temperature), seed=seed,
-                                     images=[image])
+        return await engine.generate(
+            vl.prompt, SamplingConfig(max_tokens=8, temperature=temperature), seed=seed, images=[image]
+        )
 
 
-def hf_logprobs(vl: VL, response_ids: np.ndarray, image: np.ndarray,
-                model: torch.nn.Module | None = None) -> np.ndarray:
+def hf_logprobs(
+    vl: VL, response_ids: np.ndarray, image: np.ndarray, model: torch.nn.Module | None = None
+) -> np.ndarray:
     with torch.no_grad():
         return vl_response_logprobs(model or vl.model, vl.processor, vl.prompt, response_ids, [image]).numpy()
 
@@ -130,9 +133,13 @@ def test_png_data_uri_is_lossless() -> None:
 # ------------------------------------------------------------------------------------------------ real server
 async def test_engine_expands_the_placeholder_as_the_learner_does(vl: VL) -> None:
     """The engine's expanded prompt (it answers with it) is `expand_images`'s, token for token."""
-    body = {"model": SERVED_MODEL_NAME, "token_ids": vl.prompt, "sampling_params": {"max_tokens": 1},
-            "return_token_ids": True,
-            "content_parts": [{"type": "image_url", "url": png_data_uri(IMAGE_A)}]}
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "token_ids": vl.prompt,
+        "sampling_params": {"max_tokens": 1},
+        "return_token_ids": True,
+        "content_parts": [{"type": "image_url", "url": png_data_uri(IMAGE_A)}],
+    }
     async with aiohttp.ClientSession() as session, session.post(vl.url + GENERATE, json=body) as resp:
         answer = await resp.json()
     expanded = expand_images(vl.processor, vl.prompt, [IMAGE_A])["input_ids"][0].tolist()
@@ -204,8 +211,9 @@ async def test_an_episode_of_sokoban_pictures_reaches_the_engine_in_order(vl: VL
         pictures.append(turn.info["image"])
         async with aiohttp.ClientSession() as session:
             engine = EngineClient(vl.url, session, timeout_s=120, extra_body={"ignore_eos": True})
-            gen = await engine.generate(turn.prompt_ids, SamplingConfig(max_tokens=8, temperature=1.0),
-                                        images=turn.images)
+            gen = await engine.generate(
+                turn.prompt_ids, SamplingConfig(max_tokens=8, temperature=1.0), images=turn.images
+            )
         turns.append((turn, gen))
         return gen
 
@@ -241,8 +249,9 @@ async def test_a_lora_adapter_of_the_language_model_reaches_the_engine(vl: VL, t
     from learner.publish import serialize_adapter
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    policy = get_peft_model(copy.deepcopy(vl.model), LoraSpec(LORA_RANK, 16.0, targets).peft_config(
-        language_modules(vl.model)))
+    policy = get_peft_model(
+        copy.deepcopy(vl.model), LoraSpec(LORA_RANK, 16.0, targets).peft_config(language_modules(vl.model))
+    )
     adapted = {n for n, _ in policy.named_parameters() if "lora_B" in n}
     assert len(adapted) == 7 * vl.model.config.text_config.num_hidden_layers
     assert all(".text_model." in n for n in adapted)

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 
 from agentstream.config import REPO_ROOT, SamplingConfig
 from agentstream.wire.messages import EngineStatus, Hello, Message, Stats, decode
-from e2e_testing import vllm_metric, vllm_metrics, wait_until_all_decode
 from engines import EngineClient
 from engines.client import text_decoder
 from engines.control import ServerControl
@@ -108,9 +108,23 @@ def stack(server, tmp_path_factory):
     broker = zmq.Context.instance().socket(zmq.ROUTER)
     broker_port = broker.bind_to_random_port("tcp://127.0.0.1")
     logs = tmp_path_factory.mktemp("agent")
-    argv = [sys.executable, "-m", "engines.sidecar", "--name", "engine-0", "--url", server.url,
-            "--learner", publisher.address, "--broker", f"tcp://127.0.0.1:{broker_port}",
-            "--workdir", str(logs / "weights"), "--stats-interval", "0.5"]
+    argv = [
+        sys.executable,
+        "-m",
+        "engines.sidecar",
+        "--name",
+        "engine-0",
+        "--url",
+        server.url,
+        "--learner",
+        publisher.address,
+        "--broker",
+        f"tcp://127.0.0.1:{broker_port}",
+        "--workdir",
+        str(logs / "weights"),
+        "--stats-interval",
+        "0.5",
+    ]
     agent = procs.start(argv, logs / "sidecar.log", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
     try:
         try:
@@ -210,7 +224,9 @@ async def test_b_update_through_agent_matches_hf(server, stack, hf):
     responses = [g.response_ids for g in gens]
     assert all((g.version_lo, g.version_hi) == (1, 1) for g in gens)
     got = np.concatenate([g.logprobs for g in gens])
-    new, old, stale = (np.concatenate(hf_logprobs(m, PROMPT, responses)) for m in (hf[1], hf[0], stale_head(hf[1], hf[0])))
+    new, old, stale = (
+        np.concatenate(hf_logprobs(m, PROMPT, responses)) for m in (hf[1], hf[0], stale_head(hf[1], hf[0]))
+    )
     np.testing.assert_allclose(got, new, atol=TOL, rtol=0)
     # The check can fail: the old weights, and the new ones behind the old (un-re-tied) head, are far off.
     assert np.abs(got - old).max() > 0.05 and np.abs(got - stale).max() > 0.05

@@ -19,7 +19,7 @@ GAMES = [("agentstream/EZPoints-v0", 2, (72, 108, 3)), ("agentstream/Points24-v0
 
 def card_at(image: np.ndarray, i: int) -> np.ndarray:
     x = GAP + i * (CARD_W + GAP)
-    return image[GAP:GAP + CARD_H, x:x + CARD_W]
+    return image[GAP : GAP + CARD_H, x : x + CARD_W]
 
 
 def ink(region: np.ndarray) -> np.ndarray:
@@ -86,7 +86,7 @@ def test_every_card_is_drawn_in_its_place(name, n_cards, shape) -> None:
         # the table shows between and around the cards
         for i in range(n_cards + 1):
             x = i * (CARD_W + GAP)
-            assert (image[:, x:x + GAP] == table).all()
+            assert (image[:, x : x + GAP] == table).all()
         assert (image[:GAP] == table).all() and (image[-GAP:] == table).all()
 
 
@@ -108,8 +108,8 @@ def test_ranks_and_suits_are_told_apart() -> None:
     diff = (a != b).any(axis=-1)
     x0, y0, x1, y1 = RANK_BOX
     second = GAP + CARD_W + GAP
-    assert diff[GAP + y0:GAP + y1, second + x0:second + x1].any()
-    diff[GAP + y0:GAP + y1, second + x0:second + x1] = False
+    assert diff[GAP + y0 : GAP + y1, second + x0 : second + x1].any()
+    diff[GAP + y0 : GAP + y1, second + x0 : second + x1] = False
     assert not diff.any()
 
 

@@ -28,9 +28,17 @@ def test_can_make_by_hand() -> None:
 def enumerate_formula(numbers: list[int], target: int, operators: str) -> list[str] | None:
     """A token list that makes `target`, by brute force over orders, operators and bracket shapes,
     checked with Python's own arithmetic (independent of the env's evaluator)."""
-    shapes = ["{0}{o0}{1}"] if len(numbers) == 2 else [
-        "(({0}{o0}{1}){o1}{2}){o2}{3}", "({0}{o0}({1}{o1}{2})){o2}{3}", "({0}{o0}{1}){o1}({2}{o2}{3})",
-        "{0}{o0}(({1}{o1}{2}){o2}{3})", "{0}{o0}({1}{o1}({2}{o2}{3}))"]
+    shapes = (
+        ["{0}{o0}{1}"]
+        if len(numbers) == 2
+        else [
+            "(({0}{o0}{1}){o1}{2}){o2}{3}",
+            "({0}{o0}({1}{o1}{2})){o2}{3}",
+            "({0}{o0}{1}){o1}({2}{o2}{3})",
+            "{0}{o0}(({1}{o1}{2}){o2}{3})",
+            "{0}{o0}({1}{o1}({2}{o2}{3}))",
+        ]
+    )
     for order in itertools.permutations(numbers):
         for ops in itertools.product(operators, repeat=len(numbers) - 1):
             for shape in shapes:
@@ -50,8 +58,9 @@ def tokens_of(text: str) -> list[str]:
     return text.split()
 
 
-@pytest.mark.parametrize("name,target,ops", [("agentstream/EZPoints-v0", 12, "+*"),
-                                             ("agentstream/Points24-v0", 24, "+-*/")])
+@pytest.mark.parametrize(
+    "name,target,ops", [("agentstream/EZPoints-v0", 12, "+*"), ("agentstream/Points24-v0", 24, "+-*/")]
+)
 def test_enumeration_solves_every_dealt_hand(name, target, ops) -> None:
     env = envs.make(name, max_steps=40)
     for seed in range(8):

@@ -26,8 +26,12 @@ from envs.base import TRAIN_SEEDS, VALIDATION_SEEDS, TextEnv, seed_split
 
 ALL = envs.known_envs()
 # Envs backed by a JVM, a C planner, SQLite or subprocesses: the actor runs their reset/step in a thread.
-BLOCKING = {"agentstream/ALFWorld-v0", "agentstream/SkyRL-v0", "agentstream/TWX-CookingWorld-v0",
-            "agentstream/TWX-TWC-v0"}
+BLOCKING = {
+    "agentstream/ALFWorld-v0",
+    "agentstream/SkyRL-v0",
+    "agentstream/TWX-CookingWorld-v0",
+    "agentstream/TWX-TWC-v0",
+}
 
 
 def make(name: str, **kwargs):
@@ -116,10 +120,12 @@ def test_step_never_raises_on_random_text(name: str) -> None:
     env = make(name, max_steps=10**6)
     obs, info = env.reset(seed=0)
     rng = random.Random(0)
-    pieces = ["<action>", "</action>", "<", ">", "/", "action", "\n", "ü", "\x00", "√", "{", "\"action\":"]
+    pieces = ["<action>", "</action>", "<", ">", "/", "action", "\n", "ü", "\x00", "√", "{", '"action":']
     for _ in range(300):
-        text = "".join(rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable)
-                       for _ in range(rng.randint(0, 60)))
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable)
+            for _ in range(rng.randint(0, 60))
+        )
         obs, reward, term, trunc, info = env.step(text)
         assert isinstance(obs, str) and isinstance(info["valid"], bool)
         if not info["valid"]:

@@ -30,7 +30,9 @@ def test_parser_never_raises_on_random_strings() -> None:
     alphabet = string.printable + "<>/ü\x00"
     pieces = ["<action>", "</action>", "left", "up", "<", ">", "action"]
     for _ in range(5000):
-        text = "".join(rng.choice(pieces) if rng.random() < 0.3 else rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.3 else rng.choice(alphabet) for _ in range(rng.randint(0, 40))
+        )
         assert isinstance(parse_action(text), (Action, ParseFailure))
 
 
@@ -126,11 +128,14 @@ def test_safe_moves_line_lists_the_moves_the_grid_shows_are_on_the_lake_and_not_
             lines = obs.splitlines()
             assert "\n".join(lines[:-1]) == plain_obs
             grid = [row.split() for row in lines[:size]]
-            (row, col), = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "P"]
+            ((row, col),) = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "P"]
             assert lines[-1].startswith("Safe moves: ") and lines[-1].endswith(".")
-            said = lines[-1][len("Safe moves: "):-1]
-            expected = [m for m, (dr, dc) in offsets.items()
-                        if 0 <= row + dr < size and 0 <= col + dc < size and grid[row + dr][col + dc] != "H"]
+            said = lines[-1][len("Safe moves: ") : -1]
+            expected = [
+                m
+                for m, (dr, dc) in offsets.items()
+                if 0 <= row + dr < size and 0 <= col + dc < size and grid[row + dr][col + dc] != "H"
+            ]
             assert said == ", ".join(f"{m} {'yes' if m in expected else 'no'}" for m in offsets), obs
             move = rng.choice(ACTIONS)
             obs, _, term, trunc, _ = env.step(f"<action>{move}</action>")
@@ -183,7 +188,7 @@ def test_local_view_names_the_cell_each_move_reaches_as_the_grid_shows_it() -> N
         grid_obs, _ = grid.reset(seed=seed)
         for _ in range(10):
             cells = [row.split() for row in grid_obs.splitlines()[:size]]
-            (row, col), = [(r, c) for r in range(size) for c in range(size) if cells[r][c] == "P"]
+            ((row, col),) = [(r, c) for r in range(size) for c in range(size) if cells[r][c] == "P"]
             expected = []
             for move, (dr, dc) in offsets.items():
                 r, c = row + dr, col + dc

@@ -23,8 +23,10 @@ def test_parser_never_raises_on_random_strings() -> None:
     rng = random.Random(0)
     pieces = ["<answer>", "</answer>", "<", ">", "/", "answer", "42"]
     for _ in range(3000):
-        text = "".join(rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable + "ü\x00")
-                       for _ in range(rng.randint(0, 40)))
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable + "ü\x00")
+            for _ in range(rng.randint(0, 40))
+        )
         assert isinstance(parse_answer(text), (Action, ParseFailure))
 
 

@@ -50,9 +50,16 @@ def test_reward_by_hand() -> None:
     env = envs.make("agentstream/Shop-v0")
     env.reset(seed=0)
     product = env.catalogue.by_asin[env.goal.asin]
-    goal = Goal(product.asin, product.query, product.product_category, product.product_type,
-                (product.attributes[0], "definitely-not-an-attribute"), {"size": "no-such-size"},
-                price_upper=product.price - 0.01, instruction_text="")
+    goal = Goal(
+        product.asin,
+        product.query,
+        product.product_category,
+        product.product_type,
+        (product.attributes[0], "definitely-not-an-attribute"),
+        {"size": "no-such-size"},
+        price_upper=product.price - 0.01,
+        instruction_text="",
+    )
     # attributes 1 of 2, option 0 of 1 (size matches exactly or not at all), price over -> (1+0+0)/(2+1+1) = 0.25
     total, parts = reward(product, goal, {"size": "zzz"})
     assert total == 0.25 and parts["r_type"] == 1.0
@@ -78,6 +85,8 @@ def test_parser() -> None:
     rng = random.Random(0)
     pieces = ["<action>", "</action>", "click[", "search[", "]", "["]
     for _ in range(3000):
-        text = "".join(rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable)
-                       for _ in range(rng.randint(0, 40)))
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable)
+            for _ in range(rng.randint(0, 40))
+        )
         assert isinstance(parse_action(text), (Action, ParseFailure))

@@ -87,16 +87,31 @@ def test_sandbox_kills_an_infinite_loop_and_a_memory_hog() -> None:
     sleeper = "import time\ntime.sleep(30)\n"  # wall clock, not CPU: only the parent's timeout catches it
     start = time.monotonic()
     assert run_python(sleeper, ["\n"], time_limit_s=0.5).status == "timeout" and time.monotonic() - start < 2.0
-    assert run_python("import socket\nsocket.create_connection(('127.0.0.1', 9))", ["\n"]).errors[0].startswith("OSError")
+    assert (
+        run_python("import socket\nsocket.create_connection(('127.0.0.1', 9))", ["\n"]).errors[0].startswith("OSError")
+    )
 
 
 @pytest.mark.parametrize("parse", [parse_sql_action, parse_search_action, parse_code_action])
 def test_parsers_never_raise_on_random_strings(parse) -> None:
     rng = random.Random(0)
-    pieces = ["<sql>", "</sql>", "<solution>", "</solution>", "<search>", "</search>", "<answer>", "</answer>",
-              "```", "```python\n", "\n"]
+    pieces = [
+        "<sql>",
+        "</sql>",
+        "<solution>",
+        "</solution>",
+        "<search>",
+        "</search>",
+        "<answer>",
+        "</answer>",
+        "```",
+        "```python\n",
+        "\n",
+    ]
     for _ in range(2000):
-        text = "".join(rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable)
-                       for _ in range(rng.randint(0, 40)))
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.3 else rng.choice(string.printable)
+            for _ in range(rng.randint(0, 40))
+        )
         assert isinstance(parse(text), (Action, ParseFailure))
     assert isinstance(parse(None), ParseFailure)  # type: ignore[arg-type]

@@ -32,11 +32,18 @@ def responses(obs: str) -> list[str]:
     return re.findall(r"<tool_response>\n(.*?)\n</tool_response>", obs, re.DOTALL)
 
 
-_ARTICLE = re.compile(r'"(?P<town>\w+)"\n(?P=town) is a town in the province of (?P<province>\w+), on the banks of '
-                      r"the (?P<river>[\w ]+ River)\. It was founded in (?P<founded>\d+) by (?P<founder>[\w ]+)\. "
-                      r"Its main export is (?P<export>\w+)\.")
-_FIELD = {"In which year": "founded", "Who founded": "founder", "What is the main export": "export",
-          "In which province": "province", "On which river": "river"}
+_ARTICLE = re.compile(
+    r'"(?P<town>\w+)"\n(?P=town) is a town in the province of (?P<province>\w+), on the banks of '
+    r"the (?P<river>[\w ]+ River)\. It was founded in (?P<founded>\d+) by (?P<founder>[\w ]+)\. "
+    r"Its main export is (?P<export>\w+)\."
+)
+_FIELD = {
+    "In which year": "founded",
+    "Who founded": "founder",
+    "What is the main export": "export",
+    "In which province": "province",
+    "On which river": "river",
+}
 
 
 def answer_from(question: str, kind: str, response: str) -> str:
@@ -79,15 +86,21 @@ def test_answers_match_up_to_case_space_punctuation_and_number_format() -> None:
     assert answer_matches("Zyzy River", ["Kalo", "zyzy river"])  # any accepted answer
 
 
-@pytest.mark.parametrize("text, error", [
-    ('<tool_call>{"name": "sql", "arguments": {"query": </tool_call>', "bad_json"),
-    ('<tool_call>{"name": "browse", "arguments": {"url": "x"}}</tool_call>', "unknown_tool"),
-    ('<tool_call>{"name": "sql", "arguments": {"query": "SELECT 1"}}', "truncated"),  # the reply stopped
-    ('<tool_call>{"name": "sql", "arguments": ["SELECT 1"]}</tool_call>', "bad_call"),
-    ('<tool_call>{"name": "sql", "arguments": {"query": "SELECT 1"}}</tool_call><tool_call>{</tool_call>', "bad_json"),
-    ("The answer is probably 4.", None),
-    ("<answer>  </answer>", None),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ('<tool_call>{"name": "sql", "arguments": {"query": </tool_call>', "bad_json"),
+        ('<tool_call>{"name": "browse", "arguments": {"url": "x"}}</tool_call>', "unknown_tool"),
+        ('<tool_call>{"name": "sql", "arguments": {"query": "SELECT 1"}}', "truncated"),  # the reply stopped
+        ('<tool_call>{"name": "sql", "arguments": ["SELECT 1"]}</tool_call>', "bad_call"),
+        (
+            '<tool_call>{"name": "sql", "arguments": {"query": "SELECT 1"}}</tool_call><tool_call>{</tool_call>',
+            "bad_json",
+        ),
+        ("The answer is probably 4.", None),
+        ("<answer>  </answer>", None),
+    ],
+)
 def test_malformed_or_missing_calls_are_invalid_and_do_not_move(env, text: str, error: str | None) -> None:
     obs0, _ = env.reset(seed=1)
     obs, r, term, trunc, info = env.step(text)
@@ -101,8 +114,9 @@ def test_odd_arguments_and_failing_tools_come_back_as_text(env) -> None:
     obs, _, term, _, info = env.step(call("sql", sql="SELECT 1") + call("sql", query="DELETE FROM employees"))
     assert info["valid"] and not term
     assert responses(obs) == ['error: sql takes {"query": string}', "error: not authorized"]
-    obs, _, term, _, _ = env.step(call("python", code="print(1)\nraise ValueError('boom')")
-                                  + call("sql", query="SELECT nope FROM nowhere"))
+    obs, _, term, _, _ = env.step(
+        call("python", code="print(1)\nraise ValueError('boom')") + call("sql", query="SELECT nope FROM nowhere")
+    )
     assert responses(obs) == ["1\nerror: ValueError: boom", "error: no such table: nowhere"] and not term
     obs, r, term, _, _ = env.step(call("python", code="pass"))
     assert responses(obs) == ["(no output: print the result to see it)"]
@@ -162,12 +176,29 @@ def test_close_releases_the_retriever_and_the_databases() -> None:
 
 def test_parse_never_raises_on_random_strings() -> None:
     rng = random.Random(0)
-    pieces = ["<tool_call>", "</tool_call>", "<answer>", "</answer>", '{"name": "sql", "arguments": {"query": "x"}}',
-              '{"name": ', '"arguments"', "{", "}", "[", "]", '"', "\n", "\ud800", "\x00"]
+    pieces = [
+        "<tool_call>",
+        "</tool_call>",
+        "<answer>",
+        "</answer>",
+        '{"name": "sql", "arguments": {"query": "x"}}',
+        '{"name": ',
+        '"arguments"',
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        "\n",
+        "\ud800",
+        "\x00",
+    ]
     kinds = set()
     for _ in range(3000):
-        text = "".join(rng.choice(pieces) if rng.random() < 0.4 else rng.choice(string.printable)
-                       for _ in range(rng.randint(0, 40)))
+        text = "".join(
+            rng.choice(pieces) if rng.random() < 0.4 else rng.choice(string.printable)
+            for _ in range(rng.randint(0, 40))
+        )
         result = parse_multitool_action(text)
         assert isinstance(result, (Action, ParseFailure))
         kinds.add(type(result))

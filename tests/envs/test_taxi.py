@@ -57,8 +57,9 @@ def test_bfs_from_the_text_delivers_the_passenger() -> None:
         obs, _ = env.reset(seed=seed)
         grid, stands, taxi, passenger, dest = read(obs)
         assert passenger is not None
-        plan = (path(grid, taxi, stands[passenger]) + ["pickup"]
-                + path(grid, stands[passenger], stands[dest]) + ["dropoff"])
+        plan = (
+            path(grid, taxi, stands[passenger]) + ["pickup"] + path(grid, stands[passenger], stands[dest]) + ["dropoff"]
+        )
         total = 0.0
         for name in plan:
             obs, reward, term, trunc, info = env.step(f"<action>{name}</action>")

@@ -10,7 +10,6 @@ tests/actors/test_self_play.py. ~2 s.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 from typing import Any
@@ -46,11 +45,7 @@ def make(**kwargs: Any):
 #   win:  we 4, it 0; we 2, it 1; we 6: 2-4-6 is our diagonal -> +1 after our 3rd move.
 #   draw: we 1, it 0; we 3, it 2; we 4, it 5; we 6, it 7; we 8: X O X / O O X / O X O, no line, board full -> 0.
 # As seat 1 (it opens): it 0; we 8, it 1; we 7, it 2: 0-1-2 is its row -> -1 after our 2nd move.
-SCRIPTS = {
-    "win": (0, ["4", "2", "6"], 1.0),
-    "draw": (0, ["1", "3", "4", "6", "8"], 0.0),
-    "loss": (1, ["8", "7"], -1.0),
-}
+SCRIPTS = {"win": (0, ["4", "2", "6"], 1.0), "draw": (0, ["1", "3", "4", "6", "8"], 0.0), "loss": (1, ["8", "7"], -1.0)}
 
 
 @pytest.mark.parametrize("outcome", sorted(SCRIPTS))
@@ -118,11 +113,17 @@ def test_invalid_answers_until_the_step_limit_truncate_without_a_game_reward() -
     assert rewards + [reward] == [-0.2] * 5 and (terminated, truncated) == (False, True)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("<action>4</action>", Action("4")), ("I pick <ACTION> [4] </ACTION>", Action("4")),
-    ("<action>'Bet'</action>", Action("bet")), ("<action>5</action>", ParseFailure("")), ("4", ParseFailure("")),
-    (None, ParseFailure("")),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<action>4</action>", Action("4")),
+        ("I pick <ACTION> [4] </ACTION>", Action("4")),
+        ("<action>'Bet'</action>", Action("bet")),
+        ("<action>5</action>", ParseFailure("")),
+        ("4", ParseFailure("")),
+        (None, ParseFailure("")),
+    ],
+)
 def test_parse_move(text: Any, expected: Any) -> None:
     got = parse_move(text, ["0", "4", "bet"])
     assert type(got) is type(expected) and (isinstance(got, ParseFailure) or got == expected)
@@ -182,8 +183,9 @@ def test_random_games_end_with_a_zero_sum_outcome_and_seats_come_from_the_seed(g
         outcomes.append(reward)
     assert seats == {0, 1} and set(outcomes) <= {-1.0, 0.0, 1.0}
     assert {-1.0, 1.0} <= set(outcomes)  # both sides win some
-    assert [make(game=game).reset(seed=s)[1]["seat"] for s in range(8)] == \
-        [make(game=game).reset(seed=s)[1]["seat"] for s in range(8)]  # a group's copies play one seat
+    assert [make(game=game).reset(seed=s)[1]["seat"] for s in range(8)] == [
+        make(game=game).reset(seed=s)[1]["seat"] for s in range(8)
+    ]  # a group's copies play one seat
 
 
 def test_kuhn_deals_come_from_the_seed_and_the_global_rng_is_left_alone() -> None:
@@ -238,8 +240,10 @@ def test_self_play_alternates_the_seats_and_ends_with_both_outcomes() -> None:
     assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)  # the mover's outcome
     assert info["seat_rewards"] == [1.0, -1.0] and info["seat_observations"][0] == obs
     assert obs.endswith("You won.") and info["seat_observations"][1].endswith("You lost.")
-    assert info["seat_observations"][1].startswith("You are player 1.") and "Opponent (player 0): [8]" in \
-        info["seat_observations"][1]
+    assert (
+        info["seat_observations"][1].startswith("You are player 1.")
+        and "Opponent (player 0): [8]" in info["seat_observations"][1]
+    )
 
 
 def test_self_play_plays_a_random_legal_move_for_an_invalid_answer() -> None:
@@ -252,8 +256,10 @@ def test_self_play_plays_a_random_legal_move_for_an_invalid_answer() -> None:
     assert board.count("O") == 1 and board.count("X") == 0  # a move was made for seat 0; seat 1 is to move
     played = str(board.index("O"))
     obs, _, _, _, info = env.step(act(next(c for c in "012345678" if c != played)))  # seat 1
-    assert obs.startswith(f"You are player 0.\nYour answer was invalid (no <action>...</action> tag found); a random "
-                          f"legal move was played for you: {played}.")
+    assert obs.startswith(
+        f"You are player 0.\nYour answer was invalid (no <action>...</action> tag found); a random "
+        f"legal move was played for you: {played}."
+    )
     # The random move that ends the game: seat 0's only cell wins, after the penalty: -0.2 + 1.
     env.reset(seed=4)
     for move in TO_LAST_CELL:
@@ -322,6 +328,7 @@ def test_a_frozen_match_is_self_play_with_one_trained_seat_from_the_seed_or_seat
 
 # ---- whole games through the actor ------------------------------------------------------------------------------
 
+
 class ByteTokenizer:
     """Chat template: the messages' contents joined by '|'; token ids: that text's UTF-8 bytes."""
 
@@ -336,8 +343,9 @@ class BettingEngine:
 
     url = "http://e:1"
 
-    async def sample(self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None,
-                     images: Any = None) -> list[Generation]:
+    async def sample(
+        self, prompt_ids: list[int], sampling: Any, n: int, seed: int | None = None, images: Any = None
+    ) -> list[Generation]:
         legal = re.findall(r"Your legal moves: (.*)\.", bytes(prompt_ids).decode())[-1].split(", ")
         text = act("bet" if "bet" in legal else legal[0])
         ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)

@@ -14,8 +14,12 @@ from envs.textworld_express import parse_action  # noqa: E402
 
 GAMES = {
     "agentstream/TWX-TWC-v0": {"numLocations": 1, "numItemsToPutAway": 2, "includeDoors": 0},
-    "agentstream/TWX-CookingWorld-v0": {"numLocations": 1, "numIngredients": 2, "numDistractorItems": 2,
-                                        "includeDoors": 0},
+    "agentstream/TWX-CookingWorld-v0": {
+        "numLocations": 1,
+        "numIngredients": 2,
+        "numDistractorItems": 2,
+        "includeDoors": 0,
+    },
 }
 
 

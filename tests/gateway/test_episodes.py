@@ -1,6 +1,6 @@
 """The gateway's episode registry (gateway/episodes.py): open episodes, and a bounded memory of ended ones.
 
-    .venv/bin/python -m pytest tests/gateway/test_episodes.py -q -p no:cacheprovider      # < 1 s
+.venv/bin/python -m pytest tests/gateway/test_episodes.py -q -p no:cacheprovider      # < 1 s
 """
 
 from __future__ import annotations

@@ -36,10 +36,21 @@ from gateway.episode_client import GatewayError, open_episode
 from gateway.server import Gateway
 from gateway.spec import GatewaySpec
 
-TOOLS = [{"type": "function", "function": {
-    "name": "lookup", "description": "The country a city is in.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "rome"]}},
-                   "required": ["city"], "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "The country a city is in.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["paris", "rome"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 
 @dataclass
@@ -104,22 +115,42 @@ async def test_tool_calls_round_trip_and_the_broker_gets_the_engines_exact_ids(s
         assert ep.group_id == ep2.group_id and ep.seed == ep2.seed  # one task id: one group
         # Turn 1, the call forced (the random tiny model would never write one by itself): a real tool call back.
         msgs = [system, {"role": "user", "content": "Where is paris?"}]
-        r1 = chat(ep.base_url, ep.api_key, messages=msgs, tools=TOOLS, max_tokens=400, seed=1, logprobs=True,
-                  tool_choice={"type": "function", "function": {"name": "lookup"}})
+        r1 = chat(
+            ep.base_url,
+            ep.api_key,
+            messages=msgs,
+            tools=TOOLS,
+            max_tokens=400,
+            seed=1,
+            logprobs=True,
+            tool_choice={"type": "function", "function": {"name": "lookup"}},
+        )
         ep.reward(0.25)
         call = r1.choices[0].message.tool_calls[0]
         # Turn 2: the call and its result go back, as agent code does it.
-        msgs2 = msgs + [r1.choices[0].message.model_dump(exclude_none=True),
-                        {"role": "tool", "tool_call_id": call.id, "content": "France"}]
+        msgs2 = msgs + [
+            r1.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "France"},
+        ]
         r2 = chat(ep.base_url, ep.api_key, messages=msgs2, tools=TOOLS, max_tokens=16, seed=2, logprobs=True)
         out["return"] = ep.finish(reward=1.0)
         # The other episode of the group: plain chat, two turns, the second asked with the bearer key on /v1.
         msgs3 = [{"role": "user", "content": "Say something."}]
         r3 = chat(ep2.base_url, ep2.api_key, messages=msgs3, max_tokens=24, seed=3, logprobs=True)
-        msgs4 = msgs3 + [{"role": "assistant", "content": r3.choices[0].message.content},
-                         {"role": "user", "content": "More."}]
-        r4 = chat(stack.url + "/v1", ep2.api_key, messages=msgs4, max_tokens=8, seed=4, logprobs=True,
-                  temperature=0.7, stop=["!"])
+        msgs4 = msgs3 + [
+            {"role": "assistant", "content": r3.choices[0].message.content},
+            {"role": "user", "content": "More."},
+        ]
+        r4 = chat(
+            stack.url + "/v1",
+            ep2.api_key,
+            messages=msgs4,
+            max_tokens=8,
+            seed=4,
+            logprobs=True,
+            temperature=0.7,
+            stop=["!"],
+        )
         ep2.finish(reward=0.0)
         out.update(r1=r1, r2=r2, r3=r3, r4=r4, call=call, msgs4=msgs4)
         return out
@@ -137,11 +168,12 @@ async def test_tool_calls_round_trip_and_the_broker_gets_the_engines_exact_ids(s
     # then the tool result as a user turn, then the generation prompt.
     p1, a1 = r1.prompt_token_ids, r1.choices[0].token_ids
     assert a1[-1] == tok.eos_token_id
-    assert r2.prompt_token_ids[:len(p1) + len(a1)] == p1 + a1
-    assert tok.decode(r2.prompt_token_ids[len(p1) + len(a1):]) == (
-        "\n<|im_start|>user\n<tool_response>\nFrance\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert r2.prompt_token_ids[: len(p1) + len(a1)] == p1 + a1
+    assert tok.decode(r2.prompt_token_ids[len(p1) + len(a1) :]) == (
+        "\n<|im_start|>user\n<tool_response>\nFrance\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     p3, a3 = r3.prompt_token_ids, r3.choices[0].token_ids
-    assert r4.prompt_token_ids[:len(p3) + len(a3)] == p3 + a3
+    assert r4.prompt_token_ids[: len(p3) + len(a3)] == p3 + a3
     # ... and the answer's text would have tokenised differently: rendering the chat again gives other ids.
     rendered = stack.gateway.renderer.full(out["msgs4"], [])
     assert rendered != r4.prompt_token_ids
@@ -160,8 +192,12 @@ async def test_tool_calls_round_trip_and_the_broker_gets_the_engines_exact_ids(s
     for i in range(len(batch.traj_index)):
         n_p, n_r = int(batch.prompt_lens[i]), int(batch.response_lens[i])
         got[(int(batch.traj_index[i]), int(batch.step_index[i]))] = (
-            batch.prompt_ids[p:p + n_p].tolist(), batch.response_ids[r:r + n_r].tolist(),
-            batch.logprobs[r:r + n_r], float(batch.rewards[i]), bool(batch.dones[i]))
+            batch.prompt_ids[p : p + n_p].tolist(),
+            batch.response_ids[r : r + n_r].tolist(),
+            batch.logprobs[r : r + n_r],
+            float(batch.rewards[i]),
+            bool(batch.dones[i]),
+        )
         p, r = p + n_p, r + n_r
     assert len(got) == 4
     by_prompt = {tuple(v[0]): v for v in got.values()}
@@ -174,8 +210,13 @@ async def test_tool_calls_round_trip_and_the_broker_gets_the_engines_exact_ids(s
     gen = await stack.engine.generate(r3.prompt_token_ids, SamplingConfig(max_tokens=24), seed=3)
     assert gen.response_ids.tolist() == by_prompt[tuple(r3.prompt_token_ids)][1]
     c = stack.gateway.counters
-    assert (c["episodes_opened"], c["episodes_finished"], c["calls"], c["transitions_sent"], c["tool_calls"]) == \
-        (2, 2, 4, 4, 1)
+    assert (c["episodes_opened"], c["episodes_finished"], c["calls"], c["transitions_sent"], c["tool_calls"]) == (
+        2,
+        2,
+        4,
+        4,
+        1,
+    )
 
 
 async def post(url: str, data: bytes, headers: dict | None = None) -> tuple[int, dict, dict]:
@@ -225,8 +266,12 @@ async def test_every_bad_input_gets_its_4xx_and_count_and_admission_holds_or_ans
 
     seen = await asyncio.to_thread(agent)
     other = seen.pop("other")
-    assert seen == {404: ["unknown_episode", "unknown_episode"], 400: ["invalid_request"] * 3,
-                    413: ["body_too_large"], 409: ["episode_finished"]}
+    assert seen == {
+        404: ["unknown_episode", "unknown_episode"],
+        400: ["invalid_request"] * 3,
+        413: ["body_too_large"],
+        409: ["episode_finished"],
+    }
     status, body, _ = await post(url + "/episodes/x/v1/chat/completions", b"{}")
     assert status == 404  # the episode is looked up first
     status, body, _ = await post(f"{url}/episodes/{other}/v1/chat/completions", b"{not json")
@@ -251,9 +296,14 @@ async def test_every_bad_input_gets_its_4xx_and_count_and_admission_holds_or_ans
     assert ep.group_id == 1
     c = gw.counters
     assert {k: c[k] for k in c if k.startswith("rejected_")} == {
-        "rejected_unknown_episode": 3, "rejected_invalid_request": 4, "rejected_body_too_large": 1,
-        "rejected_no_step": 1, "rejected_episode_finished": 2, "rejected_invalid_json": 1,
-        "rejected_busy": c["rejected_busy"]}
+        "rejected_unknown_episode": 3,
+        "rejected_invalid_request": 4,
+        "rejected_body_too_large": 1,
+        "rejected_no_step": 1,
+        "rejected_episode_finished": 2,
+        "rejected_invalid_json": 1,
+        "rejected_busy": c["rejected_busy"],
+    }
     assert c["rejected_busy"] >= 2  # the first 429, and at least one while held
     # Closing says so to the broker (final stats), which settles the groups of the episodes left open (t0's other
     # episode, t1's) as a departed actor's: none stays open.
@@ -344,8 +394,10 @@ async def test_an_episode_whose_engine_is_gone_moves_to_another_and_its_chain_ho
     def agent() -> tuple:
         ep = open_episode(stack.url, "t0")
         first = chat(ep.base_url, ep.api_key, messages=user, max_tokens=4, seed=3)
-        again = user + [{"role": "assistant", "content": first.choices[0].message.content},
-                        {"role": "user", "content": "more"}]
+        again = user + [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "more"},
+        ]
         second = chat(ep.base_url, ep.api_key, messages=again, max_tokens=4, seed=4)
         ep.finish(reward=1.0)
         return first, second
@@ -353,7 +405,7 @@ async def test_an_episode_whose_engine_is_gone_moves_to_another_and_its_chain_ho
     first, second = await asyncio.to_thread(agent)
     assert gw.counters["engine_failovers"] == 1 and gw.counters["engine_errors"] == 1
     p1, r1 = first.prompt_token_ids, first.choices[0].token_ids
-    assert second.prompt_token_ids[:len(p1) + len(r1)] == p1 + r1
+    assert second.prompt_token_ids[: len(p1) + len(r1)] == p1 + r1
     assert gw.counters["prompts_extended"] == 1
     gw.engines[:] = [gone]  # no engine that answers: the agent hears so, in OpenAI's form
 

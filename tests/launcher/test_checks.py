@@ -28,31 +28,45 @@ def test_every_preset_composes_and_validates(path: Path) -> None:
 
 
 def test_launcher_overrides_reach_their_fields() -> None:
-    cfg = compose_cfg(overrides=[
-        "actors.count=3", "actors.episodes_per_actor=12", "env.name=agentstream/FrozenLake-v0", "env.group_size=6",
-        "engines.count=2", "learner.world_size=1", "trainer.total_steps=7", "broker.dashboard_port=0",
-    ])
+    cfg = compose_cfg(
+        overrides=[
+            "actors.count=3",
+            "actors.episodes_per_actor=12",
+            "env.name=agentstream/FrozenLake-v0",
+            "env.group_size=6",
+            "engines.count=2",
+            "learner.world_size=1",
+            "trainer.total_steps=7",
+            "broker.dashboard_port=0",
+        ]
+    )
     assert (cfg.actors.count, cfg.actors.episodes_per_actor, cfg.env.group_size) == (3, 12, 6)
     assert (cfg.engines.count, cfg.learner.world_size, cfg.trainer.total_steps) == (2, 1, 7)
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["env.group_size=16"], "actors.episodes_per_actor=8 must be a positive multiple of env.group_size=16"),
-    (["env.name=Nope-v0"], "is not registered; known: "),
-    (["model.path=/nonexistent/model"], "is not a Hugging Face model directory"),
-    (["trainer.groups_per_step=1"], "every rank needs at least one whole group"),
-    (["trainer.max_staleness=-1"], "must be >= 0"),
-    (["env.name=agentstream/Sokoban-v0", "+env.kwargs.map_size=5"], "env.kwargs has ['map_size'], which"),
-    (["engines.cpu_executor=ray"], "engines.cpu_executor='ray': use uni"),
-    (["learner.logprob_chunk_tokens=-1"], "learner.logprob_chunk_tokens=-1: must be >= 0"),
-    (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
-    (["learner.ppo_epochs=0"], "learner.ppo_epochs=0: must be at least 1"),
-    (["learner.betas=[0.9,1.0]"], "learner.betas=[0.9, 1.0]: give two numbers in [0, 1)"),
-    (["learner.eps=0"], "learner.eps=0.0: must be > 0"),
-    (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
-    (["learner.torch_threads=-1"], "learner.torch_threads=-1: must be >= 0"),
-    (["broker.logger=[jsonl,neptune]"], "broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["env.group_size=16"], "actors.episodes_per_actor=8 must be a positive multiple of env.group_size=16"),
+        (["env.name=Nope-v0"], "is not registered; known: "),
+        (["model.path=/nonexistent/model"], "is not a Hugging Face model directory"),
+        (["trainer.groups_per_step=1"], "every rank needs at least one whole group"),
+        (["trainer.max_staleness=-1"], "must be >= 0"),
+        (["env.name=agentstream/Sokoban-v0", "+env.kwargs.map_size=5"], "env.kwargs has ['map_size'], which"),
+        (["engines.cpu_executor=ray"], "engines.cpu_executor='ray': use uni"),
+        (["learner.logprob_chunk_tokens=-1"], "learner.logprob_chunk_tokens=-1: must be >= 0"),
+        (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
+        (["learner.ppo_epochs=0"], "learner.ppo_epochs=0: must be at least 1"),
+        (["learner.betas=[0.9,1.0]"], "learner.betas=[0.9, 1.0]: give two numbers in [0, 1)"),
+        (["learner.eps=0"], "learner.eps=0.0: must be > 0"),
+        (["engines.cpu_threads_bind=0"], "engines.cpu_threads_bind='0' needs engines.cpu_executor=mp"),
+        (["learner.torch_threads=-1"], "learner.torch_threads=-1: must be >= 0"),
+        (
+            ["broker.logger=[jsonl,neptune]"],
+            "broker.logger: 'neptune' is not a logger; the loggers are jsonl, tensorboard",
+        ),
+    ],
+)
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:
     with pytest.raises(C.ConfigError, match=re.escape(needle)):
         check_config(compose_cfg(overrides=overrides))
@@ -66,7 +80,15 @@ def test_learner_threads_are_every_core_only_when_training_is_synchronous(monkey
         (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=1"], 8),
         (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=2"], 4),
         (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=4", "learner.nnodes=2"], 4),
-        (["learner.torch_threads=0", "trainer.max_staleness=0", "learner.world_size=16", "trainer.groups_per_step=16"], 1),
+        (
+            [
+                "learner.torch_threads=0",
+                "trainer.max_staleness=0",
+                "learner.world_size=16",
+                "trainer.groups_per_step=16",
+            ],
+            1,
+        ),
     ]
     for overrides, threads in cases:
         assert C.learner_threads(compose_cfg(overrides=overrides)) == threads, overrides
@@ -108,14 +130,16 @@ def test_a_frozen_seat_needs_lora_and_its_sidecars_refresh_the_copy(tmp_path: Pa
     from launcher.wiring import wire
 
     frozen = ["env.name=agentstream/TextArena-v0", "+env.kwargs.game=KuhnPoker-v0", "+env.kwargs.opponent=frozen"]
-    with pytest.raises(C.ConfigError, match=re.escape("env.kwargs.opponent=frozen needs model.lora_rank > 0 (e.g. "
-                                                      "model.lora_rank=8)")):
+    with pytest.raises(
+        C.ConfigError, match=re.escape("env.kwargs.opponent=frozen needs model.lora_rank > 0 (e.g. model.lora_rank=8)")
+    ):
         check_config(compose_cfg(overrides=frozen))
     with pytest.raises(C.ConfigError, match=re.escape("engines.frozen_every=0: must be at least 1")):
         check_config(compose_cfg(overrides=[*frozen, "model.lora_rank=8", "engines.frozen_every=0"]))
     for opponent, every in (("frozen", "5"), ("self", "0")):
-        cfg = compose_cfg(overrides=[*frozen[:2], f"+env.kwargs.opponent={opponent}", "model.lora_rank=8",
-                                     "engines.frozen_every=5"])
+        cfg = compose_cfg(
+            overrides=[*frozen[:2], f"+env.kwargs.opponent={opponent}", "model.lora_rank=8", "engines.frozen_every=5"]
+        )
         check_config(cfg)
         argv = Launcher(cfg, tmp_path, wire(cfg)).commands.sidecar(0).argv
         assert argv[argv.index("--frozen-every") + 1] == every

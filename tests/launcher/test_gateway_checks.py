@@ -22,17 +22,20 @@ def test_the_defaults_pass_and_the_bundled_tools_template_is_found() -> None:
     assert GatewaySpec.from_config(Config()).chat_template() is None
 
 
-@pytest.mark.parametrize("values, needle", [
-    ({"host": "0.0.0.0"}, "gateway.host='0.0.0.0' is not a loopback address and gateway.key_file is empty"),
-    ({"key_file": "/nonexistent/gateway.key"}, "gateway.key_file='/nonexistent/gateway.key' cannot be read"),
-    ({"port": 70000}, "gateway.port=70000: must be a TCP port"),
-    ({"max_body_bytes": 10}, "gateway.max_body_bytes=10 (>= 1024)"),
-    ({"max_episodes": 0}, "gateway.max_episodes=0 (>= 1)"),
-    ({"admission_timeout_s": 0.0}, "gateway.admission_timeout_s=0.0 (> 0)"),
-    ({"retry_after_s": 0}, "gateway.retry_after_s=0 (>= 1)"),
-    ({"tool_parser": "mistral"}, "gateway.tool_parser='mistral' is unknown; use one of hermes, json, qwen."),
-    ({"chat_template": "no/such.jinja"}, "gateway.chat_template='no/such.jinja' is not a file"),
-])
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ({"host": "0.0.0.0"}, "gateway.host='0.0.0.0' is not a loopback address and gateway.key_file is empty"),
+        ({"key_file": "/nonexistent/gateway.key"}, "gateway.key_file='/nonexistent/gateway.key' cannot be read"),
+        ({"port": 70000}, "gateway.port=70000: must be a TCP port"),
+        ({"max_body_bytes": 10}, "gateway.max_body_bytes=10 (>= 1024)"),
+        ({"max_episodes": 0}, "gateway.max_episodes=0 (>= 1)"),
+        ({"admission_timeout_s": 0.0}, "gateway.admission_timeout_s=0.0 (> 0)"),
+        ({"retry_after_s": 0}, "gateway.retry_after_s=0 (>= 1)"),
+        ({"tool_parser": "mistral"}, "gateway.tool_parser='mistral' is unknown; use one of hermes, json, qwen."),
+        ({"chat_template": "no/such.jinja"}, "gateway.chat_template='no/such.jinja' is not a file"),
+    ],
+)
 def test_each_bad_value_is_named_with_what_to_change(values: dict, needle: str) -> None:
     cfg = Config()
     for key, value in values.items():
@@ -68,10 +71,22 @@ def test_the_gateway_is_wired_on_a_fixed_port_and_started_like_an_actor(tmp_path
     launcher = Launcher(cfg, tmp_path, w)
     child = launcher.commands.gateway(incarnation=2)
     assert (child.name, child.role, child.incarnation) == ("gateway-0", "gateway", 2)
-    argv = child.argv[child.argv.index("-m") + 1:]
-    assert argv == ["gateway", "--config", str(tmp_path / "config.yaml"), "--name", "gateway-0",
-                    "--incarnation", "2", "--broker", str(tmp_path / "broker.json"), "--port", str(w.gateway_port),
-                    "--engine", "http://127.0.0.1:9"]
+    argv = child.argv[child.argv.index("-m") + 1 :]
+    assert argv == [
+        "gateway",
+        "--config",
+        str(tmp_path / "config.yaml"),
+        "--name",
+        "gateway-0",
+        "--incarnation",
+        "2",
+        "--broker",
+        str(tmp_path / "broker.json"),
+        "--port",
+        str(w.gateway_port),
+        "--engine",
+        "http://127.0.0.1:9",
+    ]
 
 
 def test_a_gateway_off_loopback_needs_a_key_of_32_characters(tmp_path) -> None:

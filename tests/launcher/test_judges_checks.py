@@ -34,24 +34,29 @@ def test_the_defaults_pass_with_and_without_judges() -> None:
     assert judges_errors(off) == []
 
 
-@pytest.mark.parametrize("values, needle", [
-    ({"count": -1}, "judges.count=-1: must be >= 0"),
-    ({"score_pattern": "Score: ("}, "judges.score_pattern='Score: (' is not a regular expression"),
-    ({"score_pattern": r"\d+"}, "has no group: put the score in parentheses"),
-    ({"template": "{task} {answer}"},
-     "judges.template names {answer}, which is not a placeholder; the placeholders are {task}, {transcript}, "
-     "{final_observation}, {env_return}, {steps}, {success}"),
-    ({"template": "{"}, "judges.template does not parse"),
-    ({"combine": "max"}, "judges.combine='max' is unknown; use one of add, replace, multiply"),
-    ({"model": "/nonexistent/judge"}, "judges.model='/nonexistent/judge' is not a Hugging Face model directory"),
-    ({"default_score": float("nan")}, "both must be finite numbers"),
-    ({"weight": float("inf")}, "both must be finite numbers"),
-    ({"max_tokens": 0}, "judges.max_tokens=0: must be at least 1"),
-    ({"max_tokens": 1024}, "leave room for the prompt within engines.max_model_len=1024"),
-    ({"timeout_s": 0.0}, "judges.timeout_s=0.0 (> 0)"),
-    ({"temperature": -1.0}, "judges.temperature=-1.0 (>= 0; 0 = greedy)"),
-    ({"max_restarts": -1}, "judges.max_restarts=-1 (>= 0)"),
-])
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ({"count": -1}, "judges.count=-1: must be >= 0"),
+        ({"score_pattern": "Score: ("}, "judges.score_pattern='Score: (' is not a regular expression"),
+        ({"score_pattern": r"\d+"}, "has no group: put the score in parentheses"),
+        (
+            {"template": "{task} {answer}"},
+            "judges.template names {answer}, which is not a placeholder; the placeholders are {task}, {transcript}, "
+            "{final_observation}, {env_return}, {steps}, {success}",
+        ),
+        ({"template": "{"}, "judges.template does not parse"),
+        ({"combine": "max"}, "judges.combine='max' is unknown; use one of add, replace, multiply"),
+        ({"model": "/nonexistent/judge"}, "judges.model='/nonexistent/judge' is not a Hugging Face model directory"),
+        ({"default_score": float("nan")}, "both must be finite numbers"),
+        ({"weight": float("inf")}, "both must be finite numbers"),
+        ({"max_tokens": 0}, "judges.max_tokens=0: must be at least 1"),
+        ({"max_tokens": 1024}, "leave room for the prompt within engines.max_model_len=1024"),
+        ({"timeout_s": 0.0}, "judges.timeout_s=0.0 (> 0)"),
+        ({"temperature": -1.0}, "judges.temperature=-1.0 (>= 0; 0 = greedy)"),
+        ({"max_restarts": -1}, "judges.max_restarts=-1 (>= 0)"),
+    ],
+)
 def test_judge_values_that_cannot_work_say_what_to_change(values: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         check_config(judged(**values))
@@ -74,8 +79,10 @@ def test_judges_get_ports_of_their_own_after_the_engines_and_a_server_without_a_
     actor = launcher.commands.actor(0).argv
     assert [actor[i + 1] for i, a in enumerate(actor) if a == "--judge"] == w.judges
     assert not any(c.name.startswith("sidecar-judge") for c in launcher.commands.engines())
-    assert all(launcher.commands.sidecar(i).argv[launcher.commands.sidecar(i).argv.index("--url") + 1] in w.engines
-               for i in range(2))  # every weight sidecar serves an engine, none a judge
+    assert all(
+        launcher.commands.sidecar(i).argv[launcher.commands.sidecar(i).argv.index("--url") + 1] in w.engines
+        for i in range(2)
+    )  # every weight sidecar serves an engine, none a judge
 
 
 def test_a_joining_actors_launch_starts_judges_of_its_own_for_the_runs_judges(tmp_path: Path) -> None:
@@ -88,8 +95,9 @@ def test_a_joining_actors_launch_starts_judges_of_its_own_for_the_runs_judges(tm
     run.run.output_dir = "runs/main"
     local = Config()
     local.run.output_dir, local.run.role, local.broker.address = "runs/join", "actors", "tcp://10.0.0.5:5555"
-    welcome = Welcome(engines=["http://e:1"], weights="tcp://10.0.0.5:5556",
-                      config=OmegaConf.to_yaml(OmegaConf.structured(run)))
+    welcome = Welcome(
+        engines=["http://e:1"], weights="tcp://10.0.0.5:5556", config=OmegaConf.to_yaml(OmegaConf.structured(run))
+    )
     cfg = joined_config(local, welcome)
     assert (cfg.judges.count, cfg.judges.combine) == (1, "replace")  # the run's judging, so rewards stay comparable
     wiring = join_wiring(cfg, welcome)

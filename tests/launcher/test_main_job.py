@@ -11,21 +11,28 @@ from agentstream.config import EnvConfig, MemoryConfig
 from launcher.progress import format_progress, held_out_line, held_out_summary
 from launcher.warm_start import argv_for
 
-ROWS = [{"version": 0.0, "val_success_rate": 0.03125, "val_return": 0.0},
-        {"version": 12.0, "val_success_rate": 0.25, "val_return": 0.2},
-        {"version": 24.0, "val_success_rate": 0.421875, "val_return": 0.4}]
+ROWS = [
+    {"version": 0.0, "val_success_rate": 0.03125, "val_return": 0.0},
+    {"version": 12.0, "val_success_rate": 0.25, "val_return": 0.2},
+    {"version": 24.0, "val_success_rate": 0.421875, "val_return": 0.4},
+]
 
 
 def test_held_out_success_from_the_first_to_the_latest_validation() -> None:
     assert held_out_line(ROWS) == "held-out success 0.03 at v0 -> 0.42 at v24"
     assert held_out_line(ROWS[:1]) == "held-out success 0.03 at v0"
     assert held_out_line([]) == ""
-    assert held_out_summary(ROWS) == {"start": {"version": 0.0, "success_rate": 0.03125},
-                                      "end": {"version": 24.0, "success_rate": 0.421875}}
+    assert held_out_summary(ROWS) == {
+        "start": {"version": 0.0, "success_rate": 0.03125},
+        "end": {"version": 24.0, "success_rate": 0.421875},
+    }
     assert held_out_summary([]) == {}
-    state = {"learner": {"version": 24}, "engines": [{"version": 24}],
-             "rates": {"env_steps_per_s": 1.0, "tokens_per_s": 2.0, "transitions_per_s": 3.0},
-             "gauges": {"buffered_transitions": 4, "success_rate": 0.5, "actors_alive": 2}}
+    state = {
+        "learner": {"version": 24},
+        "engines": [{"version": 24}],
+        "rates": {"env_steps_per_s": 1.0, "tokens_per_s": 2.0, "transitions_per_s": 3.0},
+        "gauges": {"buffered_transitions": 4, "success_rate": 0.5, "actors_alive": 2},
+    }
     assert format_progress(state, 30, 10.0, ROWS).endswith("ETA 10s | held-out success 0.03 at v0 -> 0.42 at v24")
     assert format_progress(state, 30, 10.0).endswith("ETA 10s")  # no validation: the line as before
 
@@ -34,8 +41,16 @@ def test_the_warm_start_fits_the_runs_lake_and_memory() -> None:
     env = EnvConfig(name="agentstream/FrozenLake-v0", max_steps=12, kwargs={"map_size": 5, "frozen_prob": 0.9})
     argv = argv_for(env, MemoryConfig(kind="last_k", k=0), Path("/tmp/warm"))
     pairs = dict(zip(argv[::2], argv[1::2]))
-    assert pairs == {"--out": "/tmp/warm", "--env": "agentstream/FrozenLake-v0", "--map-size": "5",
-                     "--frozen-prob": "0.9", "--max-steps": "12", "--view": "grid", "--memory": "last_k", "--k": "0"}
+    assert pairs == {
+        "--out": "/tmp/warm",
+        "--env": "agentstream/FrozenLake-v0",
+        "--map-size": "5",
+        "--frozen-prob": "0.9",
+        "--max-steps": "12",
+        "--view": "grid",
+        "--memory": "last_k",
+        "--k": "0",
+    }
     # the env's own defaults (FrozenLake: 4x4, frozen_prob 0.8) when the run does not set them; its safe-moves line
     plain = argv_for(EnvConfig(kwargs={"show_safe_moves": True}), MemoryConfig(), Path("w"))
     assert plain[plain.index("--map-size") + 1] == "4" and plain[plain.index("--frozen-prob") + 1] == "0.8"

@@ -10,12 +10,18 @@ def test_default_budget_is_what_the_engine_accepts() -> None:
     check_config(C.Config())  # max_prompt_tokens=0: engines.max_model_len - sampling.max_tokens
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("max_prompt_tokens", 1001,
-     "memory.max_prompt_tokens=1001 + sampling.max_tokens=24 must fit engines.max_model_len=1024"),
-    ("k", -1, "must all be >= 0"),
-    ("max_events", -2, "must all be >= 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        (
+            "max_prompt_tokens",
+            1001,
+            "memory.max_prompt_tokens=1001 + sampling.max_tokens=24 must fit engines.max_model_len=1024",
+        ),
+        ("k", -1, "must all be >= 0"),
+        ("max_events", -2, "must all be >= 0"),
+    ],
+)
 def test_memory_values_that_cannot_work(field: str, value: int, needle: str) -> None:
     cfg = C.Config()
     setattr(cfg.memory, field, value)
@@ -23,8 +29,6 @@ def test_memory_values_that_cannot_work(field: str, value: int, needle: str) -> 
         check_config(cfg)
     setattr(cfg.memory, field, 1000 if field == "max_prompt_tokens" else 0)
     check_config(cfg)  # 1000 + 24 = 1024 fits exactly
-
-
 
 
 def _refusal(cfg: C.Config) -> str:

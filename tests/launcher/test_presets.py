@@ -54,16 +54,28 @@ def test_presets_set_what_their_comments_promise() -> None:
     tiny = compose_cfg([])  # the default is cpu_tiny
     assert (tiny.learner.world_size, tiny.engines.count, tiny.actors.count, tiny.trainer.total_steps) == (2, 1, 2, 3)
     gpu = compose_cfg(["preset=gpu_one"])
-    assert (gpu.learner.backend, gpu.learner.world_size, gpu.model.dtype, gpu.engines.count) == ("nccl", 1, "bfloat16", 1)
+    assert (gpu.learner.backend, gpu.learner.world_size, gpu.model.dtype, gpu.engines.count) == (
+        "nccl",
+        1,
+        "bfloat16",
+        1,
+    )
     multi = compose_cfg(["preset=multi_node"])
     assert (multi.broker.host, multi.learner.weight_host, multi.engines.count) == ("0.0.0.0", "0.0.0.0", 0)
     assert multi.broker.port == 5555 and multi.learner.weight_port == 5556  # fixed: other hosts are told them
     vl = compose_cfg(["preset=cpu_tiny_vl"])
-    assert (vl.model.path, vl.env.kwargs["observation"], vl.memory.images) == (".cache/tiny-vl-model", "image",
-                                                                                "current")
+    assert (vl.model.path, vl.env.kwargs["observation"], vl.memory.images) == (
+        ".cache/tiny-vl-model",
+        "image",
+        "current",
+    )
     gpu_vl = compose_cfg(["preset=gpu_vl"])
     assert (gpu_vl.learner.backend, gpu_vl.model.dtype, gpu_vl.memory.images, gpu_vl.model.train_vision) == (
-        "nccl", "bfloat16", "current", False)
+        "nccl",
+        "bfloat16",
+        "current",
+        False,
+    )
     # The command line wins over a preset.
     assert compose_cfg(["preset=gpu_one", "learner.world_size=2"]).learner.world_size == 2
 
@@ -85,28 +97,41 @@ def test_attribute_docs_reads_the_string_under_each_field() -> None:
     assert attribute_docs(C.RunConfig)["seed"] == "Base seed for env seeds and sampling."
 
 
-@pytest.mark.parametrize("role, extra, needle", [
-    ("actors", [], "set broker.address=tcp://HOST:PORT"),
-    ("workers", [], "run.role='workers' is unknown; use one of all, actors, engines, learner"),
-    ("all", ["broker.address=tcp://h:1"], "is only for role=actors, engines, learner or gateway"),
-    ("engines", ["broker.address=tcp://h:1", "engines.count=0"], "engines.count=0: must be at least 1"),
-    ("all", ["learner.world_size=3", "learner.nnodes=2"], "world_size must be a multiple of nnodes"),
-    ("all", ["learner.nnodes=2", "learner.node_rank=1"], "the main launch runs node 0"),
-    ("learner", ["broker.address=tcp://h:1"], "set learner.node_rank to 1..nnodes-1"),
-    ("learner", ["broker.address=tcp://h:1", "learner.nnodes=2", "learner.node_rank=2"], "learner.node_rank=2 of"),
-])
+@pytest.mark.parametrize(
+    "role, extra, needle",
+    [
+        ("actors", [], "set broker.address=tcp://HOST:PORT"),
+        ("workers", [], "run.role='workers' is unknown; use one of all, actors, engines, learner"),
+        ("all", ["broker.address=tcp://h:1"], "is only for role=actors, engines, learner or gateway"),
+        ("engines", ["broker.address=tcp://h:1", "engines.count=0"], "engines.count=0: must be at least 1"),
+        ("all", ["learner.world_size=3", "learner.nnodes=2"], "world_size must be a multiple of nnodes"),
+        ("all", ["learner.nnodes=2", "learner.node_rank=1"], "the main launch runs node 0"),
+        ("learner", ["broker.address=tcp://h:1"], "set learner.node_rank to 1..nnodes-1"),
+        ("learner", ["broker.address=tcp://h:1", "learner.nnodes=2", "learner.node_rank=2"], "learner.node_rank=2 of"),
+    ],
+)
 def test_role_mistakes_say_what_to_change(role: str, extra: list[str], needle: str) -> None:
     with pytest.raises(C.ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
         check_config(compose_cfg([f"run.role={role}", *extra]))
 
 
 def test_launch_script_prints_fields_and_composed_config() -> None:
-    out = subprocess.run([sys.executable, "scripts/launch.py", "--fields", "trainer"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "scripts/launch.py", "--fields", "trainer"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "trainer.max_staleness = 2  (int)\n    Maximum policy lag" in out.stdout
     assert "actors.count" not in out.stdout  # only the prefix asked for
-    job = subprocess.run([sys.executable, "scripts/launch.py", "--cfg", "job", "preset=gpu_one"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    job = subprocess.run(
+        [sys.executable, "scripts/launch.py", "--cfg", "job", "preset=gpu_one"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert job.returncode == 0, job.stderr
     assert "backend: nccl" in job.stdout and "max_model_len: 4096" in job.stdout

@@ -39,8 +39,10 @@ def test_the_chat_template_is_smollm2s_chatml_with_its_default_system_prompt(mad
 
     tok = AutoTokenizer.from_pretrained(made)
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
-    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-                    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tok.convert_ids_to_tokens(tok.eos_token_id) == "<|im_end|>"
 
 
@@ -49,8 +51,12 @@ def test_the_made_directory_gives_the_gguf_loads_logits(made: Path) -> None:
 
     reference, tok = load_gguf(gguf_file())
     ours = AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     with torch.no_grad():
         want, got = reference(ids).logits, ours(ids).logits  # [1, L, V]
     assert want.shape == got.shape == (1, ids.shape[1], 49152)

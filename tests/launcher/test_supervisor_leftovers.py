@@ -62,8 +62,9 @@ async def tree_pids(path: Path) -> tuple[list[int], str]:
 
 
 def tree_command(launcher: Launcher, name: str, role: str, out: Path, prev: Path, incarnation: int = 0) -> Command:
-    return launcher.commands.command(name, role, [sys.executable, "-c", TREE, str(out), str(prev)],
-                                     incarnation=incarnation)
+    return launcher.commands.command(
+        name, role, [sys.executable, "-c", TREE, str(out), str(prev)], incarnation=incarnation
+    )
 
 
 @pytest.fixture
@@ -74,8 +75,14 @@ def launcher(tmp_path: Path):
     launcher = Launcher(cfg, tmp_path)
 
     def actor_command(i: int, incarnation: int = 0) -> Command:  # the tree instead of a real actor
-        return tree_command(launcher, f"actor-{i}", "actor", tmp_path / f"actor-{incarnation}.pids",
-                            tmp_path / f"actor-{incarnation - 1}.pids", incarnation)
+        return tree_command(
+            launcher,
+            f"actor-{i}",
+            "actor",
+            tmp_path / f"actor-{incarnation}.pids",
+            tmp_path / f"actor-{incarnation - 1}.pids",
+            incarnation,
+        )
 
     launcher.commands.actor = actor_command  # type: ignore[method-assign]
     yield launcher
@@ -84,7 +91,8 @@ def launcher(tmp_path: Path):
 
 
 async def test_a_restart_ends_the_dead_incarnations_tree_and_the_end_of_run_check_finds_what_was_missed(
-        launcher: Launcher, tmp_path: Path) -> None:
+    launcher: Launcher, tmp_path: Path
+) -> None:
     await launcher.spawn(launcher.commands.actor(0))
     supervise = asyncio.create_task(launcher.supervise())
     try:
@@ -109,8 +117,11 @@ async def test_a_restart_ends_the_dead_incarnations_tree_and_the_end_of_run_chec
 
     left = await launcher.stop_all()
     # The orderly stops ended the live actor's tree (not a leftover); the check found the engine's two strays.
-    assert sorted(left) == sorted([f"{stray.marker}: pid {core} ({sys.executable} -c import time; time.sleep(300)): "
-                                   "ended at the end", f"{stray.marker}: pid {rank} ({sys.executable} -c import "
-                                   "time; time.sleep(300)): ended at the end"]), left
+    assert sorted(left) == sorted(
+        [
+            f"{stray.marker}: pid {core} ({sys.executable} -c import time; time.sleep(300)): ended at the end",
+            f"{stray.marker}: pid {rank} ({sys.executable} -c import time; time.sleep(300)): ended at the end",
+        ]
+    ), left
     assert not any(running(p) for p in [*second, core, rank])
     assert marked(RUN_ENV, str(tmp_path.resolve())) == {}

@@ -42,8 +42,9 @@ def test_processor_expands_one_image_into_image_tokens(vl_dir: Path) -> None:
     assert image_tokens(vl_dir) == 16
     image = np.full((40, 90, 3), 200, dtype=np.uint8)  # any size: resized to the one 64x64 tile
     ids = processor(text=IMAGE_TOKEN, images=[image], add_special_tokens=False)["input_ids"][0]
-    around, glob, img = (tok.convert_tokens_to_ids(t)
-                         for t in ("<fake_token_around_image>", "<global-img>", IMAGE_TOKEN))
+    around, glob, img = (
+        tok.convert_tokens_to_ids(t) for t in ("<fake_token_around_image>", "<global-img>", IMAGE_TOKEN)
+    )
     # Unsplit image: <fake_token_around_image> <global-img> <image> x 16 <fake_token_around_image>.
     assert ids == [around, glob] + [img] * 16 + [around]
     assert len(set(ids) | {tok.eos_token_id, tok.pad_token_id}) == 5  # each is a token of its own, none is eos/pad
@@ -55,11 +56,14 @@ def test_chat_template_renders_an_image_part_as_one_placeholder(vl_dir: Path) ->
     tok = AutoProcessor.from_pretrained(vl_dir).tokenizer
     messages = [
         {"role": "system", "content": "play"},
-        {"role": "user",
-         "content": [{"type": "text", "text": "board:"}, {"type": "image"}, {"type": "text", "text": "go"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "board:"}, {"type": "image"}, {"type": "text", "text": "go"}],
+        },
     ]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nplay<|im_end|>\n<|im_start|>user\nboard:<image>go<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nplay<|im_end|>\n<|im_start|>user\nboard:<image>go<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids.count(tok.convert_tokens_to_ids(IMAGE_TOKEN)) == 1

@@ -62,7 +62,7 @@ def _norm_reference(xs: list[float], norm_by_std: bool, eps: float, group_of_one
 
 
 def grpo_reference(
-    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero",
+    inp: AdvantageInput, *, norm_by_std: bool = True, eps: float = 1e-6, group_of_one: str = "zero"
 ) -> Tensor:
     """Slow, obvious GRPO: dictionaries and loops. Returns advantages [N]."""
     returns: dict[int, float] = {}
@@ -81,7 +81,12 @@ def grpo_reference(
 
 
 def gigpo_reference(
-    inp: AdvantageInput, *, gamma: float = 0.95, step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6,
+    inp: AdvantageInput,
+    *,
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
     group_of_one: str = "zero",
 ) -> Tensor:
     """Slow, obvious GiGPO: dictionaries and loops. Returns advantages [N]."""
@@ -117,8 +122,7 @@ def rloo_reference(inp: AdvantageInput, *, group_of_one: str = "zero") -> Tensor
 
 
 def reinforce_pp_reference(
-    inp: AdvantageInput, *, gamma: float = 1.0, baseline: bool = False, group_of_one: str = "zero",
-    whiten: bool = True,
+    inp: AdvantageInput, *, gamma: float = 1.0, baseline: bool = False, group_of_one: str = "zero", whiten: bool = True
 ) -> Tensor:
     """Slow, obvious REINFORCE++ (baseline=True: REINFORCE++-baseline). Returns advantages [N]."""
     g = _discounted_reference(inp, gamma)
@@ -164,8 +168,15 @@ def rewards_to_go_reference(adv: list[float], token_rewards: list[float], lens: 
 
 
 # --------------------------------------------------------------------------------------- learner.preference
-def online_dpo_reference(rewards: list[float], traj: list[int], groups: list[int], logp: list[float],
-                         ref_logp: list[float], *, beta: float = 0.1) -> tuple[list[float], float]:
+def online_dpo_reference(
+    rewards: list[float],
+    traj: list[int],
+    groups: list[int],
+    logp: list[float],
+    ref_logp: list[float],
+    *,
+    beta: float = 0.1,
+) -> tuple[list[float], float]:
     """Slow, obvious online DPO from per-step lists [N]: dictionaries and loops. Returns (advantages [N], the mean
     DPO loss)."""
     ret: dict[int, float] = {}
@@ -196,7 +207,7 @@ def online_dpo_reference(rewards: list[float], traj: list[int], groups: list[int
 
 # --------------------------------------------------------------------------------------- learner.offpolicy
 def off_policy_reference(
-    name: str, prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float,
+    name: str, prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, *, level: str, cap: float
 ) -> tuple[list[list[float]], list[list[bool]]]:
     """Slow, obvious weights and keep-flags, python floats per token."""
     weights, keeps = [], []
@@ -227,11 +238,28 @@ def off_policy_reference(
 # --------------------------------------------------------------------------------------- learner.losses
 def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -> float:
     """Slow, obvious `policy_objective`: python floats, a loop per sequence and token. Returns the loss."""
-    o = dict(loss="ppo_clip", clip_low=0.2, clip_high=0.28, dual_clip=0.0, off_policy="tis", is_level="token",
-             is_cap=2.0, agg="token-mean", norm_length=1, entropy_coef=0.0, kl_coef=0.0, kl_estimator="k3",
-             token_denom=None, seq_denom=None) | kw
-    weights, keeps = off_policy_reference(str(o["off_policy"]), inp.prox_logp, inp.behav_logp, inp.mask,
-                                          level=str(o["is_level"]), cap=float(o["is_cap"]))  # type: ignore[arg-type]
+    o = (
+        dict(
+            loss="ppo_clip",
+            clip_low=0.2,
+            clip_high=0.28,
+            dual_clip=0.0,
+            off_policy="tis",
+            is_level="token",
+            is_cap=2.0,
+            agg="token-mean",
+            norm_length=1,
+            entropy_coef=0.0,
+            kl_coef=0.0,
+            kl_estimator="k3",
+            token_denom=None,
+            seq_denom=None,
+        )
+        | kw
+    )
+    weights, keeps = off_policy_reference(
+        str(o["off_policy"]), inp.prox_logp, inp.behav_logp, inp.mask, level=str(o["is_level"]), cap=float(o["is_cap"])
+    )  # type: ignore[arg-type]
     adv = inp.token_advantages()
     seq_values, all_terms, n_seqs = [], [], 0
     for b in range(inp.mask.shape[0]):
@@ -244,8 +272,11 @@ def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -
         for t in toks:
             a = float(adv[b, t])
             log_r = float(inp.logp[b, t]) - float(inp.prox_logp[b, t])
-            r = math.exp(min(mean_log, GSPO_LOG_RATIO_MAX) if o["loss"] == "gspo"
-                         else min(max(log_r, -PPO_LOG_RATIO_CLAMP), PPO_LOG_RATIO_CLAMP))
+            r = math.exp(
+                min(mean_log, GSPO_LOG_RATIO_MAX)
+                if o["loss"] == "gspo"
+                else min(max(log_r, -PPO_LOG_RATIO_CLAMP), PPO_LOG_RATIO_CLAMP)
+            )
             l_t = max(-a * r, -a * min(max(r, 1 - o["clip_low"]), 1 + o["clip_high"]))  # type: ignore[operator]
             if o["dual_clip"] and a < 0:
                 l_t = min(l_t, -a * o["dual_clip"])  # type: ignore[operator]
@@ -258,9 +289,15 @@ def policy_objective_reference(inp: PolicyLossInput, **kw: float | str | None) -
                 l_t += o["kl_coef"] * k  # type: ignore[operator]
             terms.append(l_t if keeps[b][t] else 0.0)
         all_terms += terms
-        seq_values.append({"seq-mean-token-sum": sum(terms), "seq-mean-token-mean": sum(terms) / len(terms),
-                           "seq-mean-token-sum-norm": sum(terms) / o["norm_length"],  # type: ignore[operator]
-                           "token-mean": 0.0, "token-sum": 0.0}[str(o["agg"])])
+        seq_values.append(
+            {
+                "seq-mean-token-sum": sum(terms),
+                "seq-mean-token-mean": sum(terms) / len(terms),
+                "seq-mean-token-sum-norm": sum(terms) / o["norm_length"],  # type: ignore[operator]
+                "token-mean": 0.0,
+                "token-sum": 0.0,
+            }[str(o["agg"])]
+        )
     if o["agg"] == "token-mean":
         return sum(all_terms) / float(o["token_denom"] or max(len(all_terms), 1))  # type: ignore[arg-type]
     if o["agg"] == "token-sum":
@@ -278,16 +315,23 @@ def _kl_value_reference(name: str, log_r: float) -> float:
 
 
 # --------------------------------------------------------------------------------------- learner.critic
-def clipped_value_loss_reference(values: list[float], old: list[float], returns: list[float], value_clip: float,
-                                 tokens: list[int] | None = None, agg: str = "token-mean") -> float:
+def clipped_value_loss_reference(
+    values: list[float],
+    old: list[float],
+    returns: list[float],
+    value_clip: float,
+    tokens: list[int] | None = None,
+    agg: str = "token-mean",
+) -> float:
     """Slow, obvious clipped value loss: every entry counts, step i as tokens[i] tokens (None: one each)."""
     tokens = [1] * len(values) if tokens is None else tokens
     total = count = 0.0
     for v, o, r, n in zip(values, old, returns, tokens):
         vc = min(max(v, o - value_clip), o + value_clip)
         loss = 0.5 * max((v - r) ** 2, (vc - r) ** 2)
-        weight, part = {"token-mean": (n, n), "seq-mean-token-sum": (n, n > 0),
-                        "seq-mean-token-mean": (n > 0, n > 0)}[agg]
+        weight, part = {"token-mean": (n, n), "seq-mean-token-sum": (n, n > 0), "seq-mean-token-mean": (n > 0, n > 0)}[
+            agg
+        ]
         total += weight * loss
         count += part
     return total / max(count, 1)

@@ -30,13 +30,31 @@ from learner.step import StepOptions, advantage_input, checked_sequences
 
 
 def make_batch(
-    step: int, rank: int, rng: np.random.Generator, n_groups: int = 2, group_size: int = 2,
-    vocab: int = 256, max_steps: int = 2, learner_version: int = 0,
+    step: int,
+    rank: int,
+    rng: np.random.Generator,
+    n_groups: int = 2,
+    group_size: int = 2,
+    vocab: int = 256,
+    max_steps: int = 2,
+    learner_version: int = 0,
 ) -> Batch:
     """Random whole groups: each trajectory 1..max_steps transitions, prompts 4-20 tokens, responses 1-12.
     Odd trajectories end with reward 1, even ones with 0: with G=2, every group has a learning signal."""
-    cols: dict[str, list] = {k: [] for k in ("group_index", "traj_index", "step_index", "prompt_lens",
-                                             "response_lens", "rewards", "dones", "valid", "version_lo")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "group_index",
+            "traj_index",
+            "step_index",
+            "prompt_lens",
+            "response_lens",
+            "rewards",
+            "dones",
+            "valid",
+            "version_lo",
+        )
+    }
     prompts, responses, logprobs = [], [], []
     traj = 0
     for g in range(n_groups):
@@ -47,22 +65,39 @@ def make_batch(
                 prompts.append(rng.integers(3, vocab, p))
                 responses.append(rng.integers(3, vocab, r))
                 logprobs.append(-rng.uniform(4.0, 7.0, r))  # near log(1/vocab): a fresh tiny model's range
-                for key, value in [("group_index", g), ("traj_index", traj), ("step_index", s),
-                                   ("prompt_lens", p), ("response_lens", r),
-                                   ("rewards", float(s == n_steps - 1 and traj % 2)), ("dones", s == n_steps - 1),
-                                   ("valid", bool(rng.integers(0, 2))),
-                                   ("version_lo", max(0, learner_version - int(rng.integers(0, 2))))]:
+                for key, value in [
+                    ("group_index", g),
+                    ("traj_index", traj),
+                    ("step_index", s),
+                    ("prompt_lens", p),
+                    ("response_lens", r),
+                    ("rewards", float(s == n_steps - 1 and traj % 2)),
+                    ("dones", s == n_steps - 1),
+                    ("valid", bool(rng.integers(0, 2))),
+                    ("version_lo", max(0, learner_version - int(rng.integers(0, 2)))),
+                ]:
                     cols[key].append(value)
             traj += 1
     i32 = lambda k: np.asarray(cols[k], dtype=np.int32)  # noqa: E731
     return Batch(
-        step=step, rank=rank, learner_version=learner_version, group_size=group_size,
-        group_index=i32("group_index"), traj_index=i32("traj_index"), step_index=i32("step_index"),
-        prompt_lens=i32("prompt_lens"), response_lens=i32("response_lens"),
-        rewards=np.asarray(cols["rewards"], dtype=np.float32), dones=np.asarray(cols["dones"], dtype=bool),
-        valid=np.asarray(cols["valid"], dtype=bool), version_lo=i32("version_lo"), version_hi=i32("version_lo"),
-        prompt_ids=np.concatenate(prompts).astype(np.int32), response_ids=np.concatenate(responses).astype(np.int32),
-        logprobs=np.concatenate(logprobs).astype(np.float32), anchors=[""] * len(cols["rewards"]),
+        step=step,
+        rank=rank,
+        learner_version=learner_version,
+        group_size=group_size,
+        group_index=i32("group_index"),
+        traj_index=i32("traj_index"),
+        step_index=i32("step_index"),
+        prompt_lens=i32("prompt_lens"),
+        response_lens=i32("response_lens"),
+        rewards=np.asarray(cols["rewards"], dtype=np.float32),
+        dones=np.asarray(cols["dones"], dtype=bool),
+        valid=np.asarray(cols["valid"], dtype=bool),
+        version_lo=i32("version_lo"),
+        version_hi=i32("version_lo"),
+        prompt_ids=np.concatenate(prompts).astype(np.int32),
+        response_ids=np.concatenate(responses).astype(np.int32),
+        logprobs=np.concatenate(logprobs).astype(np.float32),
+        anchors=[""] * len(cols["rewards"]),
     )
 
 
@@ -136,8 +171,9 @@ class FilePublisher:
 
 def run_ranks(world: int, argv: list[str], timeout_s: float = 90.0) -> None:
     """Run the learner's main() on `world` spawned ranks (see spawn_rank); fail the test past `timeout_s`."""
-    ctx = mp.start_processes(spawn_rank, args=(world, free_port(), argv), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        spawn_rank, args=(world, free_port(), argv), nprocs=world, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -153,8 +189,14 @@ def spawn_rank(rank: int, world: int, master_port: int, argv: list[str]) -> None
 
     from learner.train import main
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+    )
     rc = main(argv, publisher_factory=FilePublisher)
     if rc:
         sys.exit(rc)
@@ -163,20 +205,37 @@ def spawn_rank(rank: int, world: int, master_port: int, argv: list[str]) -> None
 # The first learner's default objective under its own signature: the tests hold policy_objective's
 # defaults (PPO-clip + token-level TIS, token mean) against it and against hand-worked values.
 def ppo_clip_tis(
-    logp: Tensor, old_logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    clip_low: float, clip_high: float, tis_cap: float, denom: Tensor | float | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    tis_cap: float,
+    denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clip + token-level TIS, token mean: `policy_objective` with its defaults (the learner's
     default objective), under the signature the first learner had. Stats as before (`tis_clip_frac`)."""
     inp = PolicyLossInput(logp=logp, prox_logp=old_logp, behav_logp=behav_logp, advantages=advantages, mask=mask)
     loss, stats = policy_objective(inp, clip_low=clip_low, clip_high=clip_high, is_cap=tis_cap, token_denom=denom)
-    return loss, {k: stats[k] for k in ("tokens", "is_ratio_mean", "is_ratio_max", "ppo_ratio_mean", "ppo_clip_frac")} | {
-        "tis_clip_frac": stats["is_clip_frac"]}
+    return loss, {
+        k: stats[k] for k in ("tokens", "is_ratio_mean", "is_ratio_max", "ppo_ratio_mean", "ppo_clip_frac")
+    } | {"tis_clip_frac": stats["is_clip_frac"]}
 
 
 def ppo_clip_tis_reference(
-    logp: Tensor, old_logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    clip_low: float, clip_high: float, tis_cap: float, denom: float | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    tis_cap: float,
+    denom: float | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Slow, obvious `ppo_clip_tis`: a loop over tokens with python floats. Returns (loss, stats)."""
     total, n, ratios, ppo_clipped, tis_clipped = 0.0, 0, [], 0, 0
@@ -204,11 +263,13 @@ def ppo_clip_tis_reference(
     return loss, stats
 
 
-def prepare(batch: Batch, opts: StepOptions, vocab: int, rewards: Tensor | None = None,
-            values: Tensor | None = None) -> tuple[list[MicroBatch], dict[str, float]]:
+def prepare(
+    batch: Batch, opts: StepOptions, vocab: int, rewards: Tensor | None = None, values: Tensor | None = None
+) -> tuple[list[MicroBatch], dict[str, float]]:
     """Advantages and micro-batches of this rank's share, and its advantage stats (what train_step computes
     first, without its reference/critic parts)."""
     seqs = checked_sequences(batch, vocab)
-    adv, adv_stats = compute_advantages(opts.algo.advantage, advantage_input(batch, rewards, values),
-                                        **opts.advantage_options())
+    adv, adv_stats = compute_advantages(
+        opts.algo.advantage, advantage_input(batch, rewards, values), **opts.advantage_options()
+    )
     return make_micro_batches(seqs, adv, opts.micro_batch_tokens, packing=opts.packing), adv_stats

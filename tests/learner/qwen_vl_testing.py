@@ -47,24 +47,47 @@ def make_tiny_qwen_vl(out: Path, texts: list[str], seed: int = 0) -> tuple[Path,
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VL_TOKENS]})
     tokenizer.chat_template = CHAT_TEMPLATE
     # pictures between 2x2 and 8x8 patches of 14 pixels (28x28 .. 112x112 pixels after resizing)
-    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
-                                      temporal_patch_size=2)
+    images = Qwen2VLImageProcessorPil(
+        min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
     with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", lambda *_: None):
-        processor = Qwen2_5_VLProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None,
-                                        chat_template=CHAT_TEMPLATE)
+        processor = Qwen2_5_VLProcessor(
+            image_processor=images, tokenizer=tokenizer, video_processor=None, chat_template=CHAT_TEMPLATE
+        )
     ids = tokenizer.convert_tokens_to_ids
     config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=(len(tokenizer) + 63) // 64 * 64, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]}, tie_word_embeddings=False,
-                         bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id),
-        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=128, window_size=56,
-                           fullatt_block_indexes=[1]),
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False, torch_dtype="float32")
+        text_config=dict(
+            vocab_size=(len(tokenizer) + 63) // 64 * 64,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]},
+            tie_word_embeddings=False,
+            bos_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=128,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
     out.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,12 @@ def inp_of(rewards, traj, group, steps, anchors=None, values=None, tokens=None) 
     n = len(rewards)
     last = {t: max(s for s, u in zip(steps, traj) if u == t) for t in set(traj)}
     return AdvantageInput(
-        rewards=torch.tensor(rewards, dtype=torch.float32), traj_index=torch.tensor(traj),
-        group_index=torch.tensor(group), step_index=torch.tensor(steps),
-        dones=torch.tensor([steps[i] == last[traj[i]] for i in range(n)]), anchors=anchors,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        traj_index=torch.tensor(traj),
+        group_index=torch.tensor(group),
+        step_index=torch.tensor(steps),
+        dones=torch.tensor([steps[i] == last[traj[i]] for i in range(n)]),
+        anchors=anchors,
         values=None if values is None else torch.tensor(values, dtype=torch.float32),
         tokens=None if tokens is None else torch.tensor(tokens),
     )
@@ -58,8 +61,14 @@ def gigpo_case() -> AdvantageInput:
     #   other episode group: must not join group 0's step group S).
     # Rows are shuffled on purpose.
     rows = [  # (traj, group, step, reward, anchor)
-        (1, 0, 2, 0.0, "M"), (0, 0, 0, 0.0, "S"), (2, 1, 0, 3.0, "S"), (0, 0, 2, 1.0, "G1"),
-        (1, 0, 0, 0.0, "S"), (3, 1, 0, 3.0, "S"), (0, 0, 1, 0.0, "M"), (1, 0, 1, 0.0, "X"),
+        (1, 0, 2, 0.0, "M"),
+        (0, 0, 0, 0.0, "S"),
+        (2, 1, 0, 3.0, "S"),
+        (0, 0, 2, 1.0, "G1"),
+        (1, 0, 0, 0.0, "S"),
+        (3, 1, 0, 3.0, "S"),
+        (0, 0, 1, 0.0, "M"),
+        (1, 0, 1, 0.0, "X"),
     ]
     traj, group, steps, rewards, anchors = (list(c) for c in zip(*rows))
     return inp_of(rewards, traj, group, steps, anchors=anchors)
@@ -73,8 +82,16 @@ def test_gigpo_shared_anchor_mean_norm_by_hand():
     #              G1 = {A2}, X = {B1}: groups of one -> 0;  S(g1) = {C0: 3, D0: 3} -> equal -> 0
     # A = A_E + 1.0 * A_S:  A0 0.625, A1 0.75, A2 0.5;  B0 -0.625, B1 -0.5, B2 -0.75;  C0 = D0 = 0.
     adv, stats = gigpo(gigpo_case(), gamma=0.5, step_weight=1.0, norm_by_std=False)
-    expected = {(0, 0): 0.625, (0, 1): 0.75, (0, 2): 0.5, (1, 0): -0.625, (1, 1): -0.5, (1, 2): -0.75,
-                (2, 0): 0.0, (3, 0): 0.0}
+    expected = {
+        (0, 0): 0.625,
+        (0, 1): 0.75,
+        (0, 2): 0.5,
+        (1, 0): -0.625,
+        (1, 1): -0.5,
+        (1, 2): -0.75,
+        (2, 0): 0.0,
+        (3, 0): 0.0,
+    }
     inp = gigpo_case()
     got = {(int(t), int(s)): float(a) for t, s, a in zip(inp.traj_index, inp.step_index, adv)}
     assert got == pytest.approx(expected, abs=1e-6)
@@ -91,8 +108,19 @@ def test_gigpo_mean_std_norm_by_hand():
     adv, _ = gigpo(gigpo_case(), gamma=0.5, step_weight=0.5, norm_by_std=True, eps=0.0)
     inp = gigpo_case()
     got = {(int(t), int(s)): float(a) for t, s, a in zip(inp.traj_index, inp.step_index, adv)}
-    assert got == pytest.approx({(0, 0): 1.5 * h, (0, 1): 1.5 * h, (0, 2): h, (1, 0): -1.5 * h, (1, 1): -h,
-                                 (1, 2): -1.5 * h, (2, 0): 0.0, (3, 0): 0.0}, abs=1e-5)
+    assert got == pytest.approx(
+        {
+            (0, 0): 1.5 * h,
+            (0, 1): 1.5 * h,
+            (0, 2): h,
+            (1, 0): -1.5 * h,
+            (1, 1): -h,
+            (1, 2): -1.5 * h,
+            (2, 0): 0.0,
+            (3, 0): 0.0,
+        },
+        abs=1e-5,
+    )
 
 
 def test_gigpo_without_anchors_is_refused_and_empty_anchor_is_alone():
@@ -108,8 +136,9 @@ def test_rloo_by_hand():
     # group 0 returns [1, 0, 0, 1] (traj 0 has two steps 0.5 + 0.5): A_j = R_j - mean(others):
     #   traj 0: 1 - (0 + 0 + 1)/3 = 2/3; traj 1: 0 - 2/3 = -2/3. Group 1 is one trajectory: 0, or its return 7
     #   with group_of_one="score" (verl's rloo).
-    inp = inp_of([0.5, 0.5, 0.0, 0.0, 1.0, 7.0], traj=[0, 0, 1, 2, 3, 4], group=[0, 0, 0, 0, 0, 1],
-                 steps=[0, 1, 0, 0, 0, 0])
+    inp = inp_of(
+        [0.5, 0.5, 0.0, 0.0, 1.0, 7.0], traj=[0, 0, 1, 2, 3, 4], group=[0, 0, 0, 0, 0, 1], steps=[0, 1, 0, 0, 0, 0]
+    )
     assert rloo(inp)[0].tolist() == pytest.approx([2 / 3, 2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0])
     assert rloo(inp, group_of_one="score")[0].tolist() == pytest.approx([2 / 3, 2 / 3, -2 / 3, -2 / 3, 2 / 3, 7.0])
 
@@ -164,9 +193,15 @@ def random_input(g: torch.Generator, with_values: bool = True) -> AdvantageInput
     group = group_of_traj[traj] * 7
     rewards = torch.where(torch.rand(traj.numel(), generator=g) < 0.5, 0.0, torch.randn(traj.numel(), generator=g))
     anchors = [["a", "b", "c", ""][int(i)] for i in torch.randint(0, 4, (traj.numel(),), generator=g)]
-    return AdvantageInput(rewards=rewards, traj_index=traj * 3 + 1, group_index=group, step_index=steps,
-                          dones=torch.zeros_like(traj, dtype=torch.bool), anchors=anchors,
-                          values=torch.randn(traj.numel(), generator=g) if with_values else None)
+    return AdvantageInput(
+        rewards=rewards,
+        traj_index=traj * 3 + 1,
+        group_index=group,
+        step_index=steps,
+        dones=torch.zeros_like(traj, dtype=torch.bool),
+        anchors=anchors,
+        values=torch.randn(traj.numel(), generator=g) if with_values else None,
+    )
 
 
 def test_estimators_match_references_on_random_inputs():
@@ -179,18 +214,27 @@ def test_estimators_match_references_on_random_inputs():
             for norm in (True, False):
                 kw = dict(gamma=0.9, step_weight=0.7, norm_by_std=norm, group_of_one=one)
                 torch.testing.assert_close(gigpo(inp, **kw)[0], gigpo_reference(inp, **kw), rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(rloo(inp, group_of_one=one)[0], rloo_reference(inp, group_of_one=one),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                rloo(inp, group_of_one=one)[0], rloo_reference(inp, group_of_one=one), rtol=1e-5, atol=1e-5
+            )
             for white in (True, False):
                 kw = dict(gamma=0.8, whiten=white)
-                torch.testing.assert_close(reinforce_pp_baseline(inp, **kw, group_of_one=one)[0],
-                                           reinforce_pp_reference(inp, **kw, baseline=True, group_of_one=one),
-                                           rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(
+                    reinforce_pp_baseline(inp, **kw, group_of_one=one)[0],
+                    reinforce_pp_reference(inp, **kw, baseline=True, group_of_one=one),
+                    rtol=1e-4,
+                    atol=1e-4,
+                )
         for white in (True, False):
-            torch.testing.assert_close(reinforce_pp(inp, gamma=0.8, whiten=white)[0],
-                                       reinforce_pp_reference(inp, gamma=0.8, whiten=white), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(gae(inp, gamma=0.9, lam=0.7)[0], gae_reference(inp, gamma=0.9, lam=0.7),
-                                   rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                reinforce_pp(inp, gamma=0.8, whiten=white)[0],
+                reinforce_pp_reference(inp, gamma=0.8, whiten=white),
+                rtol=1e-4,
+                atol=1e-4,
+            )
+        torch.testing.assert_close(
+            gae(inp, gamma=0.9, lam=0.7)[0], gae_reference(inp, gamma=0.9, lam=0.7), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_every_estimator_runs_through_the_registry():
@@ -198,8 +242,13 @@ def test_every_estimator_runs_through_the_registry():
     # the trainer passes all of them; each estimator gets only its own (gae declares neither group_of_one nor whiten)
     opts = dict(norm_by_std=True, gamma=0.9, lam=0.9, step_weight=1.0, group_of_one="score", whiten=False)
     # online DPO also reads each step's log-probs under the policy and the reference
-    inp = AdvantageInput(**{**inp.__dict__, "logp": -torch.rand(inp.rewards.numel()) * 9,
-                            "ref_logp": -torch.rand(inp.rewards.numel()) * 9})
+    inp = AdvantageInput(
+        **{
+            **inp.__dict__,
+            "logp": -torch.rand(inp.rewards.numel()) * 9,
+            "ref_logp": -torch.rand(inp.rewards.numel()) * 9,
+        }
+    )
     for name in ADVANTAGES:
         adv, stats = compute_advantages(name, inp, **opts, beta=0.1)
         assert adv.shape == inp.rewards.shape and torch.isfinite(adv).all(), name
@@ -219,8 +268,9 @@ def test_whitening_by_hand():
     assert whitening_sums(adv, tokens) == (4.0, 10.0, 28.0)
     assert whitening_sums(adv, tokens, centre=2.0) == (4.0, 2.0, 4.0)  # around 2: -1, +1, +1, +1
     torch.testing.assert_close(whiten(adv, *whitening_sums(adv, tokens), eps=0.0), torch.tensor([-1.5, 0.5]))
-    torch.testing.assert_close(whiten(adv, *whitening_sums(adv, tokens, 2.0), eps=0.0, centre=2.0),
-                               torch.tensor([-1.5, 0.5]))
+    torch.testing.assert_close(
+        whiten(adv, *whitening_sums(adv, tokens, 2.0), eps=0.0, centre=2.0), torch.tensor([-1.5, 0.5])
+    )
     torch.testing.assert_close(whiten_batch(adv, tokens), torch.tensor([-1.5, 0.5]))
     one = torch.tensor([0.7])
     assert torch.equal(whiten(one, *whitening_sums(one, torch.tensor([1]))), one)  # a single token: unchanged
@@ -234,7 +284,9 @@ def test_whitening_matches_reference_and_sums_add_up_across_ranks():
         tokens = torch.randint(0, 9, (n,), generator=g)
         tokens[0] = max(int(tokens[0]), 2)
         got = whiten(adv, *whitening_sums(adv, tokens))
-        torch.testing.assert_close(got, torch.tensor(whiten_reference(adv.tolist(), tokens.tolist()), dtype=torch.float64))
+        torch.testing.assert_close(
+            got, torch.tensor(whiten_reference(adv.tolist(), tokens.tolist()), dtype=torch.float64)
+        )
         w = tokens.double()
         assert abs(float((w * got).sum())) < 1e-7 * n  # zero mean over tokens (but for verl's 1e-8 beside the count)
         # two ranks holding halves of the batch: their sums (around any shared centre) add up to the whole batch's
@@ -322,8 +374,13 @@ def verl_reinforce_pp_baseline(token_level_rewards: torch.Tensor, mask: torch.Te
     members = defaultdict(list)
     for s, i in zip(scores.tolist(), index):
         members[i].append(s)
-    centred = torch.tensor([s - (0.0 if len(members[i]) == 1 else sum(members[i]) / len(members[i]))
-                            for s, i in zip(scores.tolist(), index)], dtype=torch.float64)
+    centred = torch.tensor(
+        [
+            s - (0.0 if len(members[i]) == 1 else sum(members[i]) / len(members[i]))
+            for s, i in zip(scores.tolist(), index)
+        ],
+        dtype=torch.float64,
+    )
     return verl_masked_whiten(centred[:, None].expand_as(mask) * mask, mask) * mask
 
 
@@ -345,10 +402,12 @@ def verl_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
 
 def test_verl_references_by_hand():
     # the worked examples in the docstrings above
-    assert verl_masked_whiten(torch.tensor([1.0, 3.0, 3.0, 3.0], dtype=torch.float64),
-                              torch.ones(4)).tolist() == pytest.approx([-1.5, 0.5, 0.5, 0.5], abs=1e-7)
+    assert verl_masked_whiten(
+        torch.tensor([1.0, 3.0, 3.0, 3.0], dtype=torch.float64), torch.ones(4)
+    ).tolist() == pytest.approx([-1.5, 0.5, 0.5, 0.5], abs=1e-7)
     assert verl_grpo([1.0, 0.0, 0.0, 1.0, 3.0], [0, 0, 0, 0, 1]) == pytest.approx(
-        [0.866024, -0.866024, -0.866024, 0.866024, 3 / (1 + 1e-6)], abs=1e-6)
+        [0.866024, -0.866024, -0.866024, 0.866024, 3 / (1 + 1e-6)], abs=1e-6
+    )
     assert verl_grpo_vectorized([0.0, 1e-4], [0, 0]) == pytest.approx([-0.04995005, 0.04995005], abs=1e-7)
     assert verl_grpo([0.0, 1e-4], [0, 0]) == pytest.approx([-0.697246, 0.697246], abs=1e-6)
     assert verl_rloo([1.0, 0.0, 0.0, 1.0, 7.0], [0, 0, 0, 0, 1]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 7])
@@ -356,8 +415,13 @@ def test_verl_references_by_hand():
     one = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)
     _, returns = verl_reinforce_pp(one, torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64), gamma=1.0)
     assert returns[0].tolist() == [0.0, 1.0, 1.0]
-    _, ret = verl_gae(torch.tensor([[0.0, 9.0, 1.0]], dtype=torch.float64), torch.tensor([[0.5, 9.0, 0.8]],
-                      dtype=torch.float64), torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64), 0.9, 0.5)
+    _, ret = verl_gae(
+        torch.tensor([[0.0, 9.0, 1.0]], dtype=torch.float64),
+        torch.tensor([[0.5, 9.0, 0.8]], dtype=torch.float64),
+        torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64),
+        0.9,
+        0.5,
+    )
     assert [ret[0, 0] - 0.5, ret[0, 2] - 0.8] == pytest.approx([0.31, 0.2])
 
 
@@ -369,9 +433,13 @@ def verl_rows(g: torch.Generator, length: int = 7, holes: bool = True, extreme: 
     while len(scores) < 3 or torch.rand(1, generator=g) < 0.8:
         size = int(torch.randint(1, 6, (1,), generator=g))
         kind = int(torch.randint(0, 4, (1,), generator=g))
-        base = [float(torch.randint(0, 2, (1,), generator=g)) for _ in range(size)] if kind == 0 else \
-            [float(torch.randint(-3, 4, (1,), generator=g))] * size if kind == 1 else \
-            torch.randn(size, generator=g, dtype=torch.float64).tolist()
+        base = (
+            [float(torch.randint(0, 2, (1,), generator=g)) for _ in range(size)]
+            if kind == 0
+            else [float(torch.randint(-3, 4, (1,), generator=g))] * size
+            if kind == 1
+            else torch.randn(size, generator=g, dtype=torch.float64).tolist()
+        )
         if extreme and kind == 3:  # a large offset with a small spread, or a huge spread
             base = [1e6 + 1e-2 * x for x in base] if len(scores) % 2 else [1e8 * x for x in base]
         scores += base
@@ -391,9 +459,14 @@ def verl_rows(g: torch.Generator, length: int = 7, holes: bool = True, extreme: 
 
 def one_step_input(scores, index, mask) -> AdvantageInput:
     b = len(scores)
-    return AdvantageInput(rewards=torch.tensor(scores, dtype=torch.float64), traj_index=torch.arange(b) * 2 + 5,
-                          group_index=torch.tensor(index), step_index=torch.zeros(b, dtype=torch.long),
-                          dones=torch.ones(b, dtype=torch.bool), tokens=mask.sum(-1).long())
+    return AdvantageInput(
+        rewards=torch.tensor(scores, dtype=torch.float64),
+        traj_index=torch.arange(b) * 2 + 5,
+        group_index=torch.tensor(index),
+        step_index=torch.zeros(b, dtype=torch.long),
+        dones=torch.ones(b, dtype=torch.bool),
+        tokens=mask.sum(-1).long(),
+    )
 
 
 @pytest.mark.parametrize("extreme", [False, True])
@@ -408,15 +481,25 @@ def test_grpo_and_rloo_are_verls(extreme):
             ours = grpo(inp, norm_by_std=norm, group_of_one="score")[0]
             torch.testing.assert_close(ours, verl, atol=1e-6, rtol=0)
             # zero (the default): the same but a group of one gets 0
-            torch.testing.assert_close(grpo(inp, norm_by_std=norm)[0],
-                                       torch.where(torch.tensor(alone), 0.0, verl), atol=1e-6, rtol=0)
-            torch.testing.assert_close(grpo_reference(inp, norm_by_std=norm, group_of_one="score"), verl,
-                                       atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                grpo(inp, norm_by_std=norm)[0], torch.where(torch.tensor(alone), 0.0, verl), atol=1e-6, rtol=0
+            )
+            torch.testing.assert_close(
+                grpo_reference(inp, norm_by_std=norm, group_of_one="score"), verl, atol=1e-6, rtol=0
+            )
         # RLOO: score is verl's rloo, zero its rloo_vectorized
-        torch.testing.assert_close(rloo(inp, group_of_one="score")[0],
-                                   torch.tensor(verl_rloo(scores, index), dtype=torch.float64), atol=1e-6, rtol=0)
-        torch.testing.assert_close(rloo(inp)[0], torch.tensor(verl_rloo(scores, index, vectorized=True),
-                                                              dtype=torch.float64), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            rloo(inp, group_of_one="score")[0],
+            torch.tensor(verl_rloo(scores, index), dtype=torch.float64),
+            atol=1e-6,
+            rtol=0,
+        )
+        torch.testing.assert_close(
+            rloo(inp)[0],
+            torch.tensor(verl_rloo(scores, index, vectorized=True), dtype=torch.float64),
+            atol=1e-6,
+            rtol=0,
+        )
 
 
 def test_grpo_is_verls_loop_not_its_vectorized_form_below_a_std_of_1e3():
@@ -430,9 +513,12 @@ def test_grpo_is_verls_loop_not_its_vectorized_form_below_a_std_of_1e3():
         scores, index, mask, _ = verl_rows(g)
         spread = {i: torch.tensor([s for s, j in zip(scores, index) if j == i], dtype=torch.float64) for i in index}
         if all(len(v) < 2 or float(v.var()) >= 1e-6 or float(v.var()) == 0 for v in spread.values()):
-            torch.testing.assert_close(grpo(one_step_input(scores, index, mask), group_of_one="score")[0],
-                                       torch.tensor(verl_grpo_vectorized(scores, index), dtype=torch.float64),
-                                       atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                grpo(one_step_input(scores, index, mask), group_of_one="score")[0],
+                torch.tensor(verl_grpo_vectorized(scores, index), dtype=torch.float64),
+                atol=1e-6,
+                rtol=0,
+            )
 
 
 def test_gigpo_episode_level_group_of_one():
@@ -461,8 +547,12 @@ def test_reinforce_pp_is_verls(extreme):
         k = len(scores) // 2
         first = [sum(x) for x in zip(whitening_sums(raw[:k], inp.tokens[:k]), whitening_sums(raw[k:], inp.tokens[k:]))]
         centre = first[1] / first[0]
-        sums = [sum(x) for x in zip(whitening_sums(raw[:k], inp.tokens[:k], centre),
-                                    whitening_sums(raw[k:], inp.tokens[k:], centre))]
+        sums = [
+            sum(x)
+            for x in zip(
+                whitening_sums(raw[:k], inp.tokens[:k], centre), whitening_sums(raw[k:], inp.tokens[k:], centre)
+            )
+        ]
         assert torch.allclose(whiten(raw, *sums, centre=centre)[:, None] * mask, verl, atol=1e-6, rtol=0)
 
 
@@ -506,8 +596,14 @@ def test_gae_is_verls_with_holes_in_the_mask():
         mask[0, 0] = mask[0, -1] = 1.0  # at least two positions
         whitened, returns = verl_gae(rewards, values, mask, gamma=0.9, lam=0.8)
         rows, cols = mask.nonzero(as_tuple=True)
-        inp = AdvantageInput(rewards=rewards[rows, cols], traj_index=rows, group_index=torch.zeros_like(rows),
-                             step_index=cols, dones=torch.zeros_like(rows, dtype=torch.bool), values=values[rows, cols])
+        inp = AdvantageInput(
+            rewards=rewards[rows, cols],
+            traj_index=rows,
+            group_index=torch.zeros_like(rows),
+            step_index=cols,
+            dones=torch.zeros_like(rows, dtype=torch.bool),
+            values=values[rows, cols],
+        )
         adv, _ = gae(inp, gamma=0.9, lam=0.8)
         torch.testing.assert_close(returns_of("gae", inp, adv), returns[rows, cols], atol=1e-6, rtol=0)
         torch.testing.assert_close(whiten_batch(adv), whitened[rows, cols], atol=1e-6, rtol=0)
@@ -537,8 +633,10 @@ def test_rewards_to_go_by_hand_and_against_the_reference():
     for _ in range(50):
         n = int(torch.randint(1, 9, (1,), generator=g))
         lens = torch.randint(0, 6, (n,), generator=g)
-        adv, tr = torch.randn(n, generator=g, dtype=torch.float64), torch.randn(int(lens.sum()), generator=g,
-                                                                              dtype=torch.float64)
+        adv, tr = (
+            torch.randn(n, generator=g, dtype=torch.float64),
+            torch.randn(int(lens.sum()), generator=g, dtype=torch.float64),
+        )
         ref = rewards_to_go_reference(adv.tolist(), tr.tolist(), lens.tolist())
         assert rewards_to_go(adv, tr, lens).tolist() == pytest.approx(ref, abs=1e-12)
 

@@ -18,8 +18,11 @@ def adv_input(rewards, traj, group, steps=None) -> AdvantageInput:
     steps = steps if steps is not None else [0] * n
     dones = [i == n - 1 or traj[i + 1] != traj[i] for i in range(n)]
     return AdvantageInput(
-        rewards=torch.tensor(rewards, dtype=torch.float32), traj_index=torch.tensor(traj),
-        group_index=torch.tensor(group), step_index=torch.tensor(steps), dones=torch.tensor(dones),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        traj_index=torch.tensor(traj),
+        group_index=torch.tensor(group),
+        step_index=torch.tensor(steps),
+        dones=torch.tensor(dones),
     )
 
 
@@ -64,8 +67,13 @@ def test_grpo_matches_reference_on_random_inputs():
         traj = traj[perm] * 3 + 5  # shuffled, non-contiguous ids
         group = group_of_traj[(traj - 5) // 3] * 11
         rewards = torch.randn(traj.numel(), generator=g)
-        inp = AdvantageInput(rewards=rewards, traj_index=traj, group_index=group,
-                             step_index=torch.zeros_like(traj), dones=torch.zeros_like(traj, dtype=torch.bool))
+        inp = AdvantageInput(
+            rewards=rewards,
+            traj_index=traj,
+            group_index=group,
+            step_index=torch.zeros_like(traj),
+            dones=torch.zeros_like(traj, dtype=torch.bool),
+        )
         for norm in (True, False):
             fast, _ = grpo(inp, norm_by_std=norm)
             torch.testing.assert_close(fast, grpo_reference(inp, norm_by_std=norm), rtol=1e-5, atol=1e-5)

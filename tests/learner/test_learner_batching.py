@@ -67,10 +67,14 @@ def test_padded_logprobs_equal_a_plain_forward(tiny_model_dir):
         expected = []
         p_off = r_off = 0
         for p, r in zip(batch.prompt_lens.tolist(), batch.response_lens.tolist()):
-            ids = torch.cat([torch.from_numpy(batch.prompt_ids[p_off:p_off + p]),
-                             torch.from_numpy(batch.response_ids[r_off:r_off + r])]).long()
+            ids = torch.cat(
+                [
+                    torch.from_numpy(batch.prompt_ids[p_off : p_off + p]),
+                    torch.from_numpy(batch.response_ids[r_off : r_off + r]),
+                ]
+            ).long()
             logits = model(ids[None]).logits[0].float()  # [P+T, V], one sequence alone
-            logp = torch.log_softmax(logits[p - 1:p + r - 1], -1)  # [T, V]
+            logp = torch.log_softmax(logits[p - 1 : p + r - 1], -1)  # [T, V]
             expected.append(logp.gather(-1, ids[p:, None])[:, 0])
             p_off, r_off = p_off + p, r_off + r
     torch.testing.assert_close(padded, torch.cat(expected), rtol=1e-5, atol=1e-5)

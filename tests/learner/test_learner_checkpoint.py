@@ -25,12 +25,22 @@ VOCAB = 300  # the session tiny model's ~260 tokens fit
 
 
 def share(step: int, rank: int):
-    return make_batch(step, rank, np.random.default_rng(1000 * step + rank), n_groups=1 + rank, vocab=VOCAB,
-                      learner_version=step)
+    return make_batch(
+        step, rank, np.random.default_rng(1000 * step + rank), n_groups=1 + rank, vocab=VOCAB, learner_version=step
+    )
 
 
-def write_config(path: Path, model_dir: Path, world: int, total_steps: int, ckpt_dir: Path, every: int,
-                 resume: str = "", lora: int = 0, critic: bool = False) -> Path:
+def write_config(
+    path: Path,
+    model_dir: Path,
+    world: int,
+    total_steps: int,
+    ckpt_dir: Path,
+    every: int,
+    resume: str = "",
+    lora: int = 0,
+    critic: bool = False,
+) -> Path:
     cfg = Config()
     cfg.run.output_dir = str(path.parent)
     cfg.model.path = str(model_dir)
@@ -60,13 +70,15 @@ def run(world: int, config: Path, weights: Path | None) -> FakeBroker:
             from learner.train import main
 
             with pytest.MonkeyPatch.context() as mpatch:
-                for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                                 MASTER_PORT=str(free_port())).items():
+                for k, v in dict(
+                    RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+                ).items():
                     mpatch.setenv(k, v)
                 assert main(argv, publisher_factory=FilePublisher) == 0
         else:
-            ctx = mp.start_processes(spawn_rank, args=(world, free_port(), argv), nprocs=world, join=False,
-                                     start_method="spawn")
+            ctx = mp.start_processes(
+                spawn_rank, args=(world, free_port(), argv), nprocs=world, join=False, start_method="spawn"
+            )
             deadline = time.monotonic() + 90
             while not ctx.join(timeout=1.0):
                 if time.monotonic() > deadline:
@@ -79,8 +91,11 @@ def run(world: int, config: Path, weights: Path | None) -> FakeBroker:
 
 def losses(broker: FakeBroker) -> dict[int, tuple[float, float]]:
     # Step updates only: a resumed learner also announces its checkpoint's version (resumed=True, no metrics).
-    return {m.version: (m.metrics["loss"], m.metrics["grad_norm"]) for _, m in broker.of_kind("version_update")
-            if not m.resumed}
+    return {
+        m.version: (m.metrics["loss"], m.metrics["grad_norm"])
+        for _, m in broker.of_kind("version_update")
+        if not m.resumed
+    }
 
 
 @pytest.mark.parametrize("kind", ["full", "lora", "critic"])
@@ -89,14 +104,28 @@ def test_resume_reproduces_an_uninterrupted_run(kind: str, tiny_model_dir: Path,
     world, lora, critic = {"full": (2, 0, False), "lora": (1, 8, False), "critic": (1, 0, True)}[kind]
     publish = kind == "full"  # FilePublisher stores full state dicts only
     ckpt = tmp_path / "ckpt"
-    straight = run(world, write_config(tmp_path / "a.yaml", tiny_model_dir, world, 4, ckpt, every=2, lora=lora,
-                                  critic=critic),
-                   tmp_path / "wa" if publish else None)
+    straight = run(
+        world,
+        write_config(tmp_path / "a.yaml", tiny_model_dir, world, 4, ckpt, every=2, lora=lora, critic=critic),
+        tmp_path / "wa" if publish else None,
+    )
     assert [p.name for p in complete_checkpoints(ckpt)] == ["step_00000002", "step_00000004"]
     assert resolve_resume("latest", ckpt) == ckpt / "step_00000004"
-    resumed = run(world, write_config(tmp_path / "b.yaml", tiny_model_dir, world, 4, tmp_path / "unused", every=0,
-                                      resume=str(ckpt / "step_00000002"), lora=lora, critic=critic),
-                  tmp_path / "wb" if publish else None)
+    resumed = run(
+        world,
+        write_config(
+            tmp_path / "b.yaml",
+            tiny_model_dir,
+            world,
+            4,
+            tmp_path / "unused",
+            every=0,
+            resume=str(ckpt / "step_00000002"),
+            lora=lora,
+            critic=critic,
+        ),
+        tmp_path / "wb" if publish else None,
+    )
 
     # the resumed run asked for batches 2 and 3 only, on every rank, and reported versions 3 and 4
     for rank in range(world):

@@ -35,13 +35,15 @@ def test_clipped_value_loss_by_hand():
     # = 0.49; seq-mean-token-mean 0.5 (1.69 + 0.09) / 2 = 0.445 (as without tokens)
     tokens = torch.tensor([1, 3])
     for agg, want in [("token-mean", 0.245), ("seq-mean-token-sum", 0.49), ("seq-mean-token-mean", 0.445)]:
-        loss, _ = clipped_value_loss(v, old, ret, torch.ones(2, dtype=torch.bool), value_clip=0.2, tokens=tokens,
-                                     agg=agg)
+        loss, _ = clipped_value_loss(
+            v, old, ret, torch.ones(2, dtype=torch.bool), value_clip=0.2, tokens=tokens, agg=agg
+        )
         assert float(loss) == pytest.approx(want)
     # a step with no response token counts nowhere: tokens [1, 0] -> step 0 alone: 0.845 in every mode
     for agg in VALUE_LOSS_AGGREGATIONS:
-        loss, stats = clipped_value_loss(v, old, ret, torch.ones(2, dtype=torch.bool), value_clip=0.2,
-                                         tokens=torch.tensor([1, 0]), agg=agg)
+        loss, stats = clipped_value_loss(
+            v, old, ret, torch.ones(2, dtype=torch.bool), value_clip=0.2, tokens=torch.tensor([1, 0]), agg=agg
+        )
         assert float(loss) == pytest.approx(0.845) and stats["value_tokens"] == 1.0
     with pytest.raises(KeyError, match="known: token-mean, seq-mean-token-sum, seq-mean-token-mean"):
         clipped_value_loss(v, old, ret, torch.ones(2, dtype=torch.bool), value_clip=0.2, agg="token-sum")
@@ -51,8 +53,9 @@ def test_clipped_value_loss_by_hand():
         n = torch.randint(0, 5, (6,), generator=g)
         agg = list(VALUE_LOSS_AGGREGATIONS)[i % 3]
         loss, _ = clipped_value_loss(v, old, ret, torch.ones(6, dtype=torch.bool), value_clip=0.3, tokens=n, agg=agg)
-        assert float(loss) == pytest.approx(clipped_value_loss_reference(v.tolist(), old.tolist(), ret.tolist(), 0.3,
-                                                                         n.tolist(), agg), rel=1e-5)
+        assert float(loss) == pytest.approx(
+            clipped_value_loss_reference(v.tolist(), old.tolist(), ret.tolist(), 0.3, n.tolist(), agg), rel=1e-5
+        )
 
 
 def test_a_value_inside_the_clip_range_is_never_counted_as_clipped():
@@ -103,17 +106,28 @@ def test_clipped_value_loss_is_verls_with_one_value_per_step(agg):
         mask[0, 0] = 1.0
         tile = lambda x: x[:, None].expand(b, length)  # noqa: E731
         want, want_frac = verl_compute_value_loss(tile(v), tile(ret), tile(old), mask, 0.3, agg)
-        loss, stats = clipped_value_loss(v, old, ret, torch.ones(b, dtype=torch.bool), value_clip=0.3,
-                                         tokens=mask.sum(-1).long(), agg=agg)
+        loss, stats = clipped_value_loss(
+            v, old, ret, torch.ones(b, dtype=torch.bool), value_clip=0.3, tokens=mask.sum(-1).long(), agg=agg
+        )
         assert float(loss) == pytest.approx(float(want), rel=1e-6, abs=1e-6)
         assert stats["value_clip_frac"] == pytest.approx(float(want_frac), abs=1e-6)
         # split over W = 2 ranks with the critic's global denominator (sum of the denominator parts / W):
         # the ranks' losses average to the whole batch's
         _, part = value_loss_weights(agg, mask.sum(-1))
         denom = max(float(part.sum()), 1.0) / 2
-        halves = [clipped_value_loss(v[r], old[r], ret[r], torch.ones(len(r), dtype=torch.bool), value_clip=0.3,
-                                     tokens=mask.sum(-1).long()[r], agg=agg, denom=denom)[0]
-                  for r in (torch.arange(0, b, 2), torch.arange(1, b, 2))]
+        halves = [
+            clipped_value_loss(
+                v[r],
+                old[r],
+                ret[r],
+                torch.ones(len(r), dtype=torch.bool),
+                value_clip=0.3,
+                tokens=mask.sum(-1).long()[r],
+                agg=agg,
+                denom=denom,
+            )[0]
+            for r in (torch.arange(0, b, 2), torch.arange(1, b, 2))
+        ]
         assert float(sum(halves)) / 2 == pytest.approx(float(want), rel=1e-6, abs=1e-6)
 
 
@@ -147,8 +161,13 @@ def test_two_ranks_ppo_with_critic_finish_with_finite_losses(tiny_model_dir: Pat
     a.off_policy, a.is_level, a.loss_agg = "mis", "sequence", "seq-mean-token-mean"
     save(cfg, tmp_path / "config.yaml")
     vocab = 320
-    shares = {(s, r): make_batch(s, r, np.random.default_rng(10 * s + r), n_groups=1 + r, vocab=vocab, max_steps=3,
-                                 learner_version=s) for s in range(STEPS) for r in (0, 1)}
+    shares = {
+        (s, r): make_batch(
+            s, r, np.random.default_rng(10 * s + r), n_groups=1 + r, vocab=vocab, max_steps=3, learner_version=s
+        )
+        for s in range(STEPS)
+        for r in (0, 1)
+    }
     argv = ["--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "run"), "--engines", "0"]
     with FakeBroker(lambda step, rank: shares[step, rank]) as broker:
         run_ranks(2, argv + ["--broker", broker.address], timeout_s=120)
@@ -162,4 +181,5 @@ def test_two_ranks_ppo_with_critic_finish_with_finite_losses(tiny_model_dir: Pat
         assert 0.0 <= m["valid_action_ratio"] <= 1.0
         assert sum(v for k, v in m.items() if k.startswith("staleness_frac_")) == pytest.approx(1.0)
         assert m["is_masked_seqs"] <= m["sequences"] and m["sequences"] == sum(
-            int((shares[u.version - 1, r].response_lens > 0).sum()) for r in (0, 1))
+            int((shares[u.version - 1, r].response_lens > 0).sum()) for r in (0, 1)
+        )

@@ -30,9 +30,13 @@ LN = math.log
 def one_row(logp, prox, adv, behav=None, mask=None) -> PolicyLossInput:
     logp = torch.tensor([logp], dtype=torch.float32, requires_grad=True)
     prox = torch.tensor([prox])
-    return PolicyLossInput(logp=logp, prox_logp=prox, behav_logp=prox if behav is None else torch.tensor([behav]),
-                           advantages=torch.tensor([adv]), mask=torch.ones_like(prox, dtype=torch.bool)
-                           if mask is None else torch.tensor([mask]))
+    return PolicyLossInput(
+        logp=logp,
+        prox_logp=prox,
+        behav_logp=prox if behav is None else torch.tensor([behav]),
+        advantages=torch.tensor([adv]),
+        mask=torch.ones_like(prox, dtype=torch.bool) if mask is None else torch.tensor([mask]),
+    )
 
 
 def test_ppo_clip_higher_and_dual_clip_by_hand():
@@ -60,7 +64,9 @@ def test_gspo_sequence_ratio_by_hand():
     inp = one_row([LN(2), 0.0], [0.0, 0.0], [1.0])
     terms, _ = gspo(inp, clip_low=0.2, clip_high=0.28, dual_clip=0.0)
     assert terms[0].tolist() == pytest.approx([-1.28, -1.28], abs=1e-6)
-    loss, _ = policy_objective(inp, loss="gspo", clip_low=0.2, clip_high=0.5, agg="seq-mean-token-mean", off_policy="none")
+    loss, _ = policy_objective(
+        inp, loss="gspo", clip_low=0.2, clip_high=0.5, agg="seq-mean-token-mean", off_policy="none"
+    )
     assert float(loss.detach()) == pytest.approx(-math.sqrt(2), abs=1e-6)
     loss.backward()
     assert inp.logp.grad[0].tolist() == pytest.approx([-math.sqrt(2) / 2] * 2, abs=1e-6)
@@ -167,17 +173,20 @@ def test_masked_is_counts_tokens_and_sequences():
     assert stats["is_masked_tokens"] == 2 and stats["is_mask_frac"] == 0.5 and stats["is_masked_seqs"] == 1
     # sequence level: seq 0 ratios [1.5, 1.5] -> product 2.25 > 2: dropped whole; seq 1 [3, 1/2] -> 1.5 kept
     behav = -torch.tensor([[LN(1.5), LN(1.5)], [LN(3), -LN(2)]])
-    (w, keep), stats = OFF_POLICY.get("mis")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
-                                             level="sequence", cap=2.0)
+    (w, keep), stats = OFF_POLICY.get("mis")(
+        torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool), level="sequence", cap=2.0
+    )
     assert keep.tolist() == [[False, False], [True, True]] and w[1].tolist() == pytest.approx([1.5, 1.5])
     assert stats["is_masked_seqs"] == 1 and stats["is_masked_tokens"] == 2
     # TIS caps the same sequences at 2 (seq 0: 2.25 -> 2); decoupled keeps 2.25; none weights 1
-    (w, _), stats = OFF_POLICY.get("tis")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
-                                          level="sequence", cap=2.0)
+    (w, _), stats = OFF_POLICY.get("tis")(
+        torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool), level="sequence", cap=2.0
+    )
     assert w.flatten().tolist() == pytest.approx([2.0, 2.0, 1.5, 1.5]) and stats["is_clip_frac"] == 0.5
     assert stats["is_ratio_max"] == pytest.approx(2.25)
-    (w, _), _ = OFF_POLICY.get("decoupled")(torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool),
-                                            level="sequence", cap=2.0)
+    (w, _), _ = OFF_POLICY.get("decoupled")(
+        torch.zeros(2, 2), behav, torch.ones(2, 2, dtype=torch.bool), level="sequence", cap=2.0
+    )
     assert w.flatten().tolist() == pytest.approx([2.25, 2.25, 1.5, 1.5])
     with pytest.raises(KeyError, match="known: decoupled, mis, none, tis"):
         OFF_POLICY.get("vtrace")
@@ -186,42 +195,65 @@ def test_masked_is_counts_tokens_and_sequences():
 def test_objective_entropy_and_kl_terms_by_hand():
     # one token, r = 1, A = 1, w = 1: pg = -1; entropy 0.7 with coef 0.1 -> -0.07;
     # KL k1 with logp = ln 0.5, ref = ln 0.25: 0.693147 * coef 0.5 = 0.346574. loss = -1 - 0.07 + 0.346574
-    inp = PolicyLossInput(logp=torch.tensor([[LN(0.5)]]), prox_logp=torch.tensor([[LN(0.5)]]),
-                          behav_logp=torch.tensor([[LN(0.5)]]), advantages=torch.tensor([1.0]),
-                          mask=torch.tensor([[True]]), ref_logp=torch.tensor([[LN(0.25)]]), entropy=torch.tensor([[0.7]]))
+    inp = PolicyLossInput(
+        logp=torch.tensor([[LN(0.5)]]),
+        prox_logp=torch.tensor([[LN(0.5)]]),
+        behav_logp=torch.tensor([[LN(0.5)]]),
+        advantages=torch.tensor([1.0]),
+        mask=torch.tensor([[True]]),
+        ref_logp=torch.tensor([[LN(0.25)]]),
+        entropy=torch.tensor([[0.7]]),
+    )
     loss, stats = policy_objective(inp, entropy_coef=0.1, kl_coef=0.5, kl_estimator="k1")
     assert float(loss) == pytest.approx(-1.07 + 0.346574, abs=1e-6)
     assert stats["kl_mean"] == pytest.approx(0.693147, abs=1e-6) and stats["entropy_mean"] == pytest.approx(0.7)
     with pytest.raises(ValueError, match="ref_logp"):
-        policy_objective(PolicyLossInput(inp.logp, inp.prox_logp, inp.behav_logp, inp.advantages, inp.mask), kl_coef=0.1)
+        policy_objective(
+            PolicyLossInput(inp.logp, inp.prox_logp, inp.behav_logp, inp.advantages, inp.mask), kl_coef=0.1
+        )
 
 
 def test_objective_matches_reference_on_random_inputs():
     g = torch.Generator().manual_seed(7)
-    combos = itertools.product(["ppo_clip", "gspo"], ["tis", "mis", "decoupled", "none"], ["token", "sequence"],
-                               list(LOSS_AGGREGATIONS))
+    combos = itertools.product(
+        ["ppo_clip", "gspo"], ["tis", "mis", "decoupled", "none"], ["token", "sequence"], list(LOSS_AGGREGATIONS)
+    )
     for loss_name, off, level, agg in combos:
         b, t = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 7, (1,), generator=g))
         prox = -torch.rand(b, t, generator=g) * 4
         shift = torch.randn(b, t, generator=g) * 0.3
         shift[0, 0] = [25.0, -25.0, 12.0, 0.0][b % 4]  # past the clamps (ppo_clip: +-20, gspo: 10)
         inp = PolicyLossInput(
-            logp=prox + shift, prox_logp=prox,
+            logp=prox + shift,
+            prox_logp=prox,
             behav_logp=prox + torch.randn(b, t, generator=g) * 0.5,
             advantages=torch.randn(b, generator=g) if t % 2 else torch.randn(b, t, generator=g),
-            mask=torch.rand(b, t, generator=g) > 0.25, ref_logp=prox + torch.randn(b, t, generator=g) * 0.3,
+            mask=torch.rand(b, t, generator=g) > 0.25,
+            ref_logp=prox + torch.randn(b, t, generator=g) * 0.3,
             entropy=torch.rand(b, t, generator=g),
         )
-        kw = dict(loss=loss_name, off_policy=off, is_level=level, agg=agg, clip_low=0.2, clip_high=0.28,
-                  dual_clip=3.0, is_cap=1.8, norm_length=8, entropy_coef=0.01, kl_coef=0.1,
-                  kl_estimator=["k1", "k2", "k3"][b % 3])
+        kw = dict(
+            loss=loss_name,
+            off_policy=off,
+            is_level=level,
+            agg=agg,
+            clip_low=0.2,
+            clip_high=0.28,
+            dual_clip=3.0,
+            is_cap=1.8,
+            norm_length=8,
+            entropy_coef=0.01,
+            kl_coef=0.1,
+            kl_estimator=["k1", "k2", "k3"][b % 3],
+        )
         fast, _ = policy_objective(inp, **kw)
         assert float(fast) == pytest.approx(policy_objective_reference(inp, **kw), rel=1e-4, abs=1e-5), kw
 
 
 # --------------------------------------------------------------------------------------- verl, written out
-def verl_agg_loss(loss_mat, mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
-                  loss_scale_factor=None):
+def verl_agg_loss(
+    loss_mat, mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None
+):
     """agg_loss, with token-sum as verl PR #7197 adds it (the masked local sum times dp_size). E.g. terms
     [[1, 2, 3], [4, x, x]]: token-mean 10/4, token-sum 10, seq-mean-token-sum (6 + 4)/2, seq-mean-token-mean
     (2 + 4)/2, seq-mean-token-sum-norm (6 + 4) / loss_scale_factor (no division by the sequences)."""
@@ -279,17 +311,27 @@ def verl_entropy_from_logits(logits):
 def test_verl_references_by_hand():
     terms = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), 9.0]], dtype=torch.float64)
     mask = torch.tensor([[True, True, True], [True, False, False]])
-    assert [float(verl_agg_loss(terms, mask, m)) for m in ("token-mean", "token-sum", "seq-mean-token-sum")] == \
-        pytest.approx([2.5, 10.0, 5.0])
+    assert [
+        float(verl_agg_loss(terms, mask, m)) for m in ("token-mean", "token-sum", "seq-mean-token-sum")
+    ] == pytest.approx([2.5, 10.0, 5.0])
     assert float(verl_agg_loss(terms, mask, "seq-mean-token-mean")) == pytest.approx(3.0)
     assert float(verl_agg_loss(terms, mask, "seq-mean-token-sum-norm", loss_scale_factor=4)) == pytest.approx(2.5)
     one = torch.tensor([[0.0]], dtype=torch.float64)
-    loss, _, lower = verl_vanilla(one, one + LN(5), -torch.ones(1, 1, dtype=torch.float64), torch.ones(1, 1),
-                                  0.2, 0.2, 3.0, "token-mean")
+    loss, _, lower = verl_vanilla(
+        one, one + LN(5), -torch.ones(1, 1, dtype=torch.float64), torch.ones(1, 1), 0.2, 0.2, 3.0, "token-mean"
+    )
     assert (float(loss), float(lower)) == pytest.approx((3.0, 1.0))
     two = torch.tensor([[LN(2), 0.0]], dtype=torch.float64)
-    assert float(verl_gspo(torch.zeros(1, 2, dtype=torch.float64), two, torch.ones(1, 2, dtype=torch.float64),
-                           torch.ones(1, 2), 0.2, 0.28)) == pytest.approx(-1.28)
+    assert float(
+        verl_gspo(
+            torch.zeros(1, 2, dtype=torch.float64),
+            two,
+            torch.ones(1, 2, dtype=torch.float64),
+            torch.ones(1, 2),
+            0.2,
+            0.28,
+        )
+    ) == pytest.approx(-1.28)
     assert float(verl_entropy_from_logits(torch.zeros(2, dtype=torch.float64))) == pytest.approx(LN(2))
 
 
@@ -329,19 +371,42 @@ def test_ppo_clip_dual_clip_entropy_and_kl_are_verls_on_every_rank(mode):
         for rows in RANKS:
             x_ours, x_verl = logp[rows].clone().requires_grad_(), logp[rows].clone().requires_grad_()
             for clip_high, c in [(0.2, 3.0), (0.28, 10.0)]:  # vanilla PPO, and clip-higher with a loose dual-clip
-                inp = PolicyLossInput(logp=x_ours, prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows],
-                                      mask=mask[rows], ref_logp=ref[rows], entropy=ent[rows])
-                ours, stats = policy_objective(inp, loss="ppo_clip", clip_low=0.2, clip_high=clip_high, dual_clip=c,
-                                               off_policy="none", agg=mode, entropy_coef=0.01, kl_coef=0.1,
-                                               kl_estimator="low_var_kl", token_denom=token_denom, seq_denom=seq_denom)
-                pg, clipfrac, lower = verl_vanilla(old[rows], x_verl, adv[rows], mask[rows], 0.2, clip_high, c, mode,
-                                                   **agg)
-                verl = (pg - 0.01 * verl_agg_loss(ent[rows], mask[rows], mode, **agg)
-                        + 0.1 * verl_agg_loss(verl_kl("low_var_kl", x_verl, ref[rows]), mask[rows], mode, **agg))
+                inp = PolicyLossInput(
+                    logp=x_ours,
+                    prox_logp=old[rows],
+                    behav_logp=old[rows],
+                    advantages=adv[rows],
+                    mask=mask[rows],
+                    ref_logp=ref[rows],
+                    entropy=ent[rows],
+                )
+                ours, stats = policy_objective(
+                    inp,
+                    loss="ppo_clip",
+                    clip_low=0.2,
+                    clip_high=clip_high,
+                    dual_clip=c,
+                    off_policy="none",
+                    agg=mode,
+                    entropy_coef=0.01,
+                    kl_coef=0.1,
+                    kl_estimator="low_var_kl",
+                    token_denom=token_denom,
+                    seq_denom=seq_denom,
+                )
+                pg, clipfrac, lower = verl_vanilla(
+                    old[rows], x_verl, adv[rows], mask[rows], 0.2, clip_high, c, mode, **agg
+                )
+                verl = (
+                    pg
+                    - 0.01 * verl_agg_loss(ent[rows], mask[rows], mode, **agg)
+                    + 0.1 * verl_agg_loss(verl_kl("low_var_kl", x_verl, ref[rows]), mask[rows], mode, **agg)
+                )
                 assert float(ours.detach()) == pytest.approx(float(verl.detach()), rel=1e-6, abs=1e-6)
                 if mask[rows].any():
                     assert (stats["ppo_clip_frac"], stats["dual_clip_frac"]) == pytest.approx(
-                        (float(clipfrac), float(lower)), abs=1e-6)
+                        (float(clipfrac), float(lower)), abs=1e-6
+                    )
                 ours.backward()
                 verl.backward()
                 assert torch.allclose(x_ours.grad, x_verl.grad, rtol=1e-6, atol=1e-6)
@@ -360,10 +425,19 @@ def test_gspo_is_verls_on_every_rank():
         _, seq_denom = loss_denominators("seq-mean-token-mean", tokens, seqs, 3)
         for rows in RANKS:
             x_ours, x_verl = logp[rows].clone().requires_grad_(), logp[rows].clone().requires_grad_()
-            inp = PolicyLossInput(logp=x_ours, prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows],
-                                  mask=mask[rows])
-            ours, _ = policy_objective(inp, loss="gspo", clip_low=3e-4, clip_high=4e-4, dual_clip=0.0,
-                                       off_policy="none", agg="seq-mean-token-mean", seq_denom=seq_denom)
+            inp = PolicyLossInput(
+                logp=x_ours, prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows], mask=mask[rows]
+            )
+            ours, _ = policy_objective(
+                inp,
+                loss="gspo",
+                clip_low=3e-4,
+                clip_high=4e-4,
+                dual_clip=0.0,
+                off_policy="none",
+                agg="seq-mean-token-mean",
+                seq_denom=seq_denom,
+            )
             verl = verl_gspo(old[rows], x_verl, adv[rows], mask[rows], 3e-4, 4e-4, **agg)
             assert float(ours.detach()) == pytest.approx(float(verl.detach()), rel=1e-6, abs=1e-6)
             ours.backward()
@@ -379,12 +453,23 @@ def test_seq_mean_token_sum_norm_is_verls_times_the_sequences():
     seqs = float((mask.sum(-1) > 0).sum())
     _, seq_denom = loss_denominators("seq-mean-token-sum-norm", float(mask.sum()), seqs, 3)
     for rows in RANKS:
-        inp = PolicyLossInput(logp=logp[rows], prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows],
-                              mask=mask[rows])
-        ours, _ = policy_objective(inp, off_policy="none", agg="seq-mean-token-sum-norm", norm_length=16,
-                                   dual_clip=3.0, seq_denom=seq_denom)
-        verl, _, _ = verl_vanilla(old[rows], logp[rows], adv[rows], mask[rows], 0.2, 0.28, 3.0,
-                                  "seq-mean-token-sum-norm", loss_scale_factor=16)
+        inp = PolicyLossInput(
+            logp=logp[rows], prox_logp=old[rows], behav_logp=old[rows], advantages=adv[rows], mask=mask[rows]
+        )
+        ours, _ = policy_objective(
+            inp, off_policy="none", agg="seq-mean-token-sum-norm", norm_length=16, dual_clip=3.0, seq_denom=seq_denom
+        )
+        verl, _, _ = verl_vanilla(
+            old[rows],
+            logp[rows],
+            adv[rows],
+            mask[rows],
+            0.2,
+            0.28,
+            3.0,
+            "seq-mean-token-sum-norm",
+            loss_scale_factor=16,
+        )
         assert float(ours) * seq_denom == pytest.approx(float(verl), rel=1e-9, abs=1e-9)
 
 
@@ -393,13 +478,23 @@ def test_token_sum_averages_to_the_global_sum():
     g = torch.Generator().manual_seed(29)
     old, logp, adv, mask, _, _ = random_policy_batch(g)
     token_denom, _ = loss_denominators("token-sum", float(mask.sum()), 0.0, 3)
-    losses = [float(policy_objective(PolicyLossInput(logp[r], old[r], old[r], adv[r], mask[r]), off_policy="none",
-                                     agg="token-sum", token_denom=token_denom)[0]) for r in RANKS]
+    losses = [
+        float(
+            policy_objective(
+                PolicyLossInput(logp[r], old[r], old[r], adv[r], mask[r]),
+                off_policy="none",
+                agg="token-sum",
+                token_denom=token_denom,
+            )[0]
+        )
+        for r in RANKS
+    ]
     terms, _ = ppo_clip(PolicyLossInput(logp, old, old, adv, mask), clip_low=0.2, clip_high=0.28, dual_clip=0.0)
     assert sum(losses) / 3 == pytest.approx(float(terms[mask].sum()), rel=1e-9)
     inp = PolicyLossInput(logp, old, old, adv, mask)
     assert float(policy_objective(inp, off_policy="none", agg="token-sum")[0]) == pytest.approx(
-        policy_objective_reference(inp, off_policy="none", agg="token-sum"), rel=1e-9)
+        policy_objective_reference(inp, off_policy="none", agg="token-sum"), rel=1e-9
+    )
 
 
 def test_entropy_is_verls_entropy_from_logits():
@@ -430,4 +525,9 @@ def test_logprob_mismatch_by_hand():
     assert got["max:mismatch_abs_max"] == pytest.approx(0.2, abs=1e-6)
     assert got["mismatch_kl_sum"] == pytest.approx(0.0239017, abs=1e-6)
     none = logprob_mismatch(learner, behav, torch.zeros(4, dtype=torch.bool))
-    assert none == {"mismatch_tokens": 0.0, "mismatch_abs_sum": 0.0, "mismatch_kl_sum": 0.0, "max:mismatch_abs_max": 0.0}
+    assert none == {
+        "mismatch_tokens": 0.0,
+        "mismatch_abs_sum": 0.0,
+        "mismatch_kl_sum": 0.0,
+        "max:mismatch_abs_max": 0.0,
+    }

@@ -30,16 +30,18 @@ def own_logprobs(model: torch.nn.Module, batch) -> np.ndarray:
 
 
 @pytest.mark.parametrize("ppo_epochs", [1, 2])
-def test_mismatch_is_zero_on_the_same_weights_and_the_gap_otherwise(one_rank, tiny_model_dir: Path,
-                                                                    ppo_epochs: int) -> None:
+def test_mismatch_is_zero_on_the_same_weights_and_the_gap_otherwise(
+    one_rank, tiny_model_dir: Path, ppo_epochs: int
+) -> None:
     cfg = Config()
     cfg.model.path = str(tiny_model_dir)
     cfg.learner.ppo_epochs = ppo_epochs
     opts = StepOptions.from_config(cfg.learner, cfg.algorithm)
     device = torch.device("cpu")
     # learner version 1: each transition was sampled at version 0 or 1 (make_batch: version_hi = version_lo)
-    batch = make_batch(0, 0, np.random.default_rng(11), n_groups=3, group_size=2, max_steps=2, learner_version=1,
-                       vocab=300)
+    batch = make_batch(
+        0, 0, np.random.default_rng(11), n_groups=3, group_size=2, max_steps=2, learner_version=1, vocab=300
+    )
     at_one = np.repeat(batch.version_lo == 1, batch.response_lens)  # [R]
     assert 0 < at_one.sum() < at_one.size  # both kinds are there: the count below can fail
 
@@ -47,8 +49,15 @@ def test_mismatch_is_zero_on_the_same_weights_and_the_gap_otherwise(one_rank, ti
         torch.manual_seed(0)
         model = load_policy(cfg.model.path, "float32", device, 1)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        return train_step(model, optimizer, dataclasses.replace(batch, logprobs=behav), opts, version=version,
-                          world_size=1, device=device)
+        return train_step(
+            model,
+            optimizer,
+            dataclasses.replace(batch, logprobs=behav),
+            opts,
+            version=version,
+            world_size=1,
+            device=device,
+        )
 
     torch.manual_seed(0)
     own = own_logprobs(load_policy(cfg.model.path, "float32", device, 1), batch)

@@ -21,17 +21,25 @@ from learner.losses import PolicyLossInput, policy_objective
 from learner.model import load_policy
 from learner.preference import preference_pairs
 from learner.step import (
-    StepOptions, advantage_input, make_step_models, refresh_reference, sequence_logprobs, train_step,
+    StepOptions,
+    advantage_input,
+    make_step_models,
+    refresh_reference,
+    sequence_logprobs,
+    train_step,
 )
 
 
 def inp_of(rewards, traj, group, logp, ref_logp, steps=None) -> AdvantageInput:
     steps = steps if steps is not None else [0] * len(rewards)
     return AdvantageInput(
-        rewards=torch.tensor(rewards, dtype=torch.float64), traj_index=torch.tensor(traj),
-        group_index=torch.tensor(group), step_index=torch.tensor(steps),
+        rewards=torch.tensor(rewards, dtype=torch.float64),
+        traj_index=torch.tensor(traj),
+        group_index=torch.tensor(group),
+        step_index=torch.tensor(steps),
         dones=torch.ones(len(rewards), dtype=torch.bool),
-        logp=torch.tensor(logp, dtype=torch.float64), ref_logp=torch.tensor(ref_logp, dtype=torch.float64),
+        logp=torch.tensor(logp, dtype=torch.float64),
+        ref_logp=torch.tensor(ref_logp, dtype=torch.float64),
     )
 
 
@@ -54,9 +62,14 @@ def test_multi_turn_sums_steps_and_ties_and_lone_groups_are_skipped_and_counted(
     #          ref -2): chosen 0 (return 1), rejected 2 (return 0); 1 is in neither.
     #          z = 1 * ((-2 + 3) - (-4 + 2)) = 1 + 2 = 3;  A = sigmoid(-3) = 0.0474259 on both of 0's steps.
     # group 1: trajectories 3 and 4 both return 2: a tie.   group 2: trajectory 5 alone.
-    inp = inp_of(rewards=[0.0, 1.0, 0.5, 0.0, 2.0, 2.0, 7.0], traj=[0, 0, 1, 2, 3, 4, 5], group=[0, 0, 0, 0, 1, 1, 2],
-                 logp=[-1.0, -1.0, -1.0, -4.0, -1.0, -1.0, -1.0], ref_logp=[-1.5, -1.5, -1.0, -2.0, -1.0, -1.0, -1.0],
-                 steps=[0, 1, 0, 0, 0, 0, 0])
+    inp = inp_of(
+        rewards=[0.0, 1.0, 0.5, 0.0, 2.0, 2.0, 7.0],
+        traj=[0, 0, 1, 2, 3, 4, 5],
+        group=[0, 0, 0, 0, 1, 1, 2],
+        logp=[-1.0, -1.0, -1.0, -4.0, -1.0, -1.0, -1.0],
+        ref_logp=[-1.5, -1.5, -1.0, -2.0, -1.0, -1.0, -1.0],
+        steps=[0, 1, 0, 0, 0, 0, 0],
+    )
     adv, stats = online_dpo(inp, beta=1.0)
     a = 1 / (1 + math.exp(3))
     assert adv.tolist() == pytest.approx([a, a, 0.0, -a, 0.0, 0.0, 0.0], abs=1e-9)
@@ -90,8 +103,14 @@ def test_fast_equals_reference_and_advantages_are_minus_the_dpo_gradient(seed):
     inp = random_case(rng)
     beta = rng.choice([0.01, 0.1, 1.0])
     adv, stats = compute_advantages("online_dpo", inp, beta=beta)
-    ref_adv, ref_loss = online_dpo_reference(inp.rewards.tolist(), inp.traj_index.tolist(), inp.group_index.tolist(),
-                                             inp.logp.tolist(), inp.ref_logp.tolist(), beta=beta)
+    ref_adv, ref_loss = online_dpo_reference(
+        inp.rewards.tolist(),
+        inp.traj_index.tolist(),
+        inp.group_index.tolist(),
+        inp.logp.tolist(),
+        inp.ref_logp.tolist(),
+        beta=beta,
+    )
     assert adv.tolist() == pytest.approx(ref_adv, abs=1e-9)
     assert stats["dpo_loss"] == pytest.approx(ref_loss, abs=1e-9)
     # The DPO loss written out, differentiated by autograd w.r.t. each step's log-prob: the surrogate
@@ -142,8 +161,11 @@ def test_policy_objective_with_token_sum_has_the_dpo_gradient():
     seq = lambda x: torch.where(mask, x, 0.0).sum(-1)  # noqa: E731  [B]
     inp = inp_of(rewards, traj, group, seq(logp.detach()).tolist(), seq(ref_tok).tolist(), steps)
     adv, _ = online_dpo(inp, beta=beta)
-    loss, _ = policy_objective(PolicyLossInput(logp=logp, prox_logp=logp.detach(), behav_logp=logp.detach(),
-                                               advantages=adv, mask=mask), off_policy="none", agg="token-sum")
+    loss, _ = policy_objective(
+        PolicyLossInput(logp=logp, prox_logp=logp.detach(), behav_logp=logp.detach(), advantages=adv, mask=mask),
+        off_policy="none",
+        agg="token-sum",
+    )
     (got,) = torch.autograd.grad(loss, logits, retain_graph=True)
     # DPO by hand: group 0 chosen 0 (return 1) vs rejected 1 (0); group 1 chosen 3 (2) vs rejected 2 (0).
     s = seq(logp)
@@ -154,8 +176,9 @@ def test_policy_objective_with_token_sum_has_the_dpo_gradient():
     assert torch.allclose(got, want, atol=1e-9)
 
 
-def test_an_online_dpo_step_lowers_the_dpo_loss_and_a_refresh_makes_the_reference_the_policy(one_rank,
-                                                                                           tiny_model_dir: Path):
+def test_an_online_dpo_step_lowers_the_dpo_loss_and_a_refresh_makes_the_reference_the_policy(
+    one_rank, tiny_model_dir: Path
+):
     # One learner step through train_step on one gloo rank: 3 groups of 2 (make_batch: odd trajectories return 1,
     # even 0, so every group is one pair). The reference is the initial policy, so at the start every z is 0 and
     # the DPO loss is -log sigmoid(0) = log 2 exactly; one AdamW step along DPO's gradient lowers it; refreshing
@@ -203,8 +226,11 @@ def test_two_ranks_spin_pair_every_group_and_keep_the_reference_on_the_policy(ti
     a.advantage, a.reference, a.loss_agg, a.off_policy = "online_dpo", "frozen_copy", "token-sum", "none"
     a.ref_update_every = 1
     save(cfg, tmp_path / "config.yaml")
-    shares = {(s, r): make_batch(s, r, np.random.default_rng(10 * s + r), n_groups=1 + r, max_steps=2,
-                                 learner_version=s) for s in range(3) for r in (0, 1)}
+    shares = {
+        (s, r): make_batch(s, r, np.random.default_rng(10 * s + r), n_groups=1 + r, max_steps=2, learner_version=s)
+        for s in range(3)
+        for r in (0, 1)
+    }
     for s in range(3):
         shares[s, 1] = dataclasses.replace(shares[s, 1], rewards=np.zeros_like(shares[s, 1].rewards))
     argv = ["--config", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "run"), "--engines", "0"]

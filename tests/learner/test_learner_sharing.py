@@ -16,7 +16,9 @@ def sequences(prompts: list[list[int]], responses: list[list[int]]) -> Sequences
         prompt_ids=torch.tensor(sum(prompts, []), dtype=torch.long),
         response_ids=torch.tensor(sum(responses, []), dtype=torch.long),
         behav_logp=torch.zeros(sum(len(r) for r in responses)),
-        prompt_lens=torch.tensor([len(p) for p in prompts]), response_lens=torch.tensor([len(r) for r in responses]))
+        prompt_lens=torch.tensor([len(p) for p in prompts]),
+        response_lens=torch.tensor([len(r) for r in responses]),
+    )
 
 
 def test_one_prompt_two_answers_by_hand() -> None:

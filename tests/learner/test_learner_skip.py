@@ -16,7 +16,7 @@ from learner_testing import make_batch
 from agentstream.config import Config
 from learner.batching import Sequences
 from learner.model import load_policy
-from learner.step import StepOptions, Skipped, train_step, zero_gradient_samples
+from learner.step import Skipped, StepOptions, train_step, zero_gradient_samples
 
 
 def mixed_batch():
@@ -37,10 +37,18 @@ def step(model_dir: Path, batch, skip: bool, **algo: float) -> tuple[dict[str, f
     # SGD: the update is the gradient itself (AdamW's first step divides each gradient by its own size, which would
     # blow a rounding difference in a gradient of ~1e-9 up to a whole step)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    metrics = train_step(model, optimizer, batch, StepOptions.from_config(cfg.learner, cfg.algorithm), version=0,
-                         world_size=1, device=torch.device("cpu"))
-    weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-               for n, p in model.named_parameters()}
+    metrics = train_step(
+        model,
+        optimizer,
+        batch,
+        StepOptions.from_config(cfg.learner, cfg.algorithm),
+        version=0,
+        world_size=1,
+        device=torch.device("cpu"),
+    )
+    weights = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()
+    }
     return metrics, weights
 
 
@@ -75,8 +83,9 @@ def test_a_term_that_reads_every_token_turns_the_skip_off(algo: dict[str, float]
         setattr(cfg.algorithm, k, v)
     seqs = Sequences.from_batch(mixed_batch())
     zeros = torch.zeros(seqs.num_transitions)
-    assert zero_gradient_samples(seqs, zeros, False, StepOptions.from_config(cfg.learner, cfg.algorithm)) == \
-        Skipped(None)
+    assert zero_gradient_samples(seqs, zeros, False, StepOptions.from_config(cfg.learner, cfg.algorithm)) == Skipped(
+        None
+    )
 
 
 def test_per_token_advantages_skip_a_sample_only_when_all_its_tokens_are_zero() -> None:
@@ -87,4 +96,3 @@ def test_per_token_advantages_skip_a_sample_only_when_all_its_tokens_are_zero() 
     got = zero_gradient_samples(seqs, adv, True, StepOptions.from_config(Config().learner, Config().algorithm))
     assert got.trained.tolist() == [False, False, False, True, False, False, False, False]
     assert got.samples == 7 and got.tokens == sum(lens) - lens[3]
-

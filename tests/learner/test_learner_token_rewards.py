@@ -31,16 +31,19 @@ def test_per_token_advantages_reach_their_own_tokens(packing: bool) -> None:
     # [N] per transition is the same as its value repeated over the transition's tokens
     step_adv = torch.arange(seqs.num_transitions, dtype=torch.float32)
     tiled = step_adv.repeat_interleave(seqs.response_lens)
-    for a, b in zip(make_micro_batches(seqs, step_adv, 64, packing=packing),
-                    make_micro_batches(seqs, tiled, 64, packing=packing, per_token=True)):
+    for a, b in zip(
+        make_micro_batches(seqs, step_adv, 64, packing=packing),
+        make_micro_batches(seqs, tiled, 64, packing=packing, per_token=True),
+    ):
         assert torch.equal(a.advantages, b.advantages)
     with pytest.raises(ValueError, match="one per response token"):
         make_micro_batches(seqs, step_adv, 64, packing=packing, per_token=True)
 
 
 @pytest.mark.parametrize("advantage, moves", [("reinforce_pp", True), ("grpo", False)])
-def test_token_rewards_that_sum_to_zero_move_only_a_returns_estimator(one_rank, tiny_model_dir: Path,
-                                                                     advantage: str, moves: bool) -> None:
+def test_token_rewards_that_sum_to_zero_move_only_a_returns_estimator(
+    one_rank, tiny_model_dir: Path, advantage: str, moves: bool
+) -> None:
     # +1 on each response's first token and -1 on its last: every step's whole reward is unchanged. GRPO compares
     # the sums, so its step is bit for bit the step without token rewards; REINFORCE++ gives the first token +1
     # more than the others (its reward to go), so the same step moves the weights elsewhere.
@@ -60,8 +63,16 @@ def test_token_rewards_that_sum_to_zero_move_only_a_returns_estimator(one_rank, 
         torch.manual_seed(0)
         model = load_policy(cfg.model.path, "float32", device, 1)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        metrics = train_step(model, optimizer, b, opts, version=0, world_size=1, device=device,
-                             models=make_step_models(cfg.model, cfg.algorithm, cfg.learner, device, 1))
+        metrics = train_step(
+            model,
+            optimizer,
+            b,
+            opts,
+            version=0,
+            world_size=1,
+            device=device,
+            models=make_step_models(cfg.model, cfg.algorithm, cfg.learner, device, 1),
+        )
         assert np.isfinite(metrics["loss"])
         return [p.detach().full_tensor().clone() for p in model.parameters()]
 

@@ -67,8 +67,17 @@ def reference_first_step(cfg: Config, model_dir: Path, shares: list[Batch]) -> t
     loss_sum = 0.0
     for mb in mbs:
         logp = response_logprobs(model, mb, chunk_tokens=0)[None]
-        loss, _ = ppo_clip_tis(logp, logp.detach(), mb.behav_logp[None], mb.advantages[None], mb.mask[None],
-                               clip_low=a.clip_low, clip_high=a.clip_high, tis_cap=a.is_cap, denom=total)
+        loss, _ = ppo_clip_tis(
+            logp,
+            logp.detach(),
+            mb.behav_logp[None],
+            mb.advantages[None],
+            mb.mask[None],
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            tis_cap=a.is_cap,
+            denom=total,
+        )
         loss.backward()
         loss_sum += float(loss.detach())
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm))
@@ -98,8 +107,17 @@ def reference_updates(cfg: Config, model_dir: Path, shares: list[Batch]) -> dict
             for r, i in members:
                 mb = per_rank[r][i]
                 logp = response_logprobs(model, mb, chunk_tokens=0)[None]
-                loss, _ = ppo_clip_tis(logp, prox[r][i][None], mb.behav_logp[None], mb.advantages[None], mb.mask[None],
-                                       clip_low=a.clip_low, clip_high=a.clip_high, tis_cap=a.is_cap, denom=total)
+                loss, _ = ppo_clip_tis(
+                    logp,
+                    prox[r][i][None],
+                    mb.behav_logp[None],
+                    mb.advantages[None],
+                    mb.mask[None],
+                    clip_low=a.clip_low,
+                    clip_high=a.clip_high,
+                    tis_cap=a.is_cap,
+                    denom=total,
+                )
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
             optimizer.step()
@@ -146,8 +164,9 @@ def test_two_ranks_train_publish_and_report(tiny_model_dir: Path, tmp_path: Path
     # Streamed (the default), a tied weight goes once: the head is the embedding (the engines re-tie it).
     assert set(ref_weights) - set(published[1]) == {"lm_head.weight"}
     for name, w in ref_weights.items():
-        torch.testing.assert_close(published[1].get(name, published[1]["model.embed_tokens.weight"]), w,
-                                   atol=2e-5, rtol=0, msg=name)
+        torch.testing.assert_close(
+            published[1].get(name, published[1]["model.embed_tokens.weight"]), w, atol=2e-5, rtol=0, msg=name
+        )
     initial = load_file(tiny_model_dir / "model.safetensors")
     for v in range(1, STEPS + 1):
         before = initial if v == 1 else published[v - 1]
@@ -178,11 +197,14 @@ def test_a_bad_batch_fails_the_rank_with_a_clear_message(tiny_model_dir: Path, t
     write_config(tmp_path, tiny_model_dir, world_size=1)
     bad = make_batch(0, 0, np.random.default_rng(0), vocab=10_000)
     with FakeBroker(lambda step, rank: bad) as broker, pytest.MonkeyPatch.context() as mpatch:
-        for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(free_port())).items():
+        for k, v in dict(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        ).items():
             mpatch.setenv(k, v)
-        rc = main(["--config", str(tmp_path / "config.yaml"), "--broker", broker.address, "--engines", "0"],
-                  publisher_factory=FilePublisher)
+        rc = main(
+            ["--config", str(tmp_path / "config.yaml"), "--broker", broker.address, "--engines", "0"],
+            publisher_factory=FilePublisher,
+        )
     assert rc == 1
     assert "outside the model's vocabulary" in capfd.readouterr().err
 
@@ -208,5 +230,6 @@ def test_two_ranks_with_epochs_and_mini_batches_match_a_plain_loop(tiny_model_di
     expected = reference_updates(cfg, tiny_model_dir, [shares[0, 0], shares[0, 1]])
     published = torch.load(weights_dir / "v1.pt")
     for name, w in expected.items():  # a tied head is streamed as the embedding
-        torch.testing.assert_close(published.get(name, published["model.embed_tokens.weight"]), w, atol=5e-5, rtol=0,
-                                   msg=name)
+        torch.testing.assert_close(
+            published.get(name, published["model.embed_tokens.weight"]), w, atol=5e-5, rtol=0, msg=name
+        )

@@ -12,14 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
+from qwen_vl_testing import make_tiny_qwen_vl
 from torch.distributed.fsdp import FSDPModule
 
 from agentstream.wire.messages import Batch, Transition, image_columns
 from learner.batching import Sequences, make_micro_batches
 from learner.model import load_policy, token_logprobs, trainable_parameters, vocab_size
 from learner.vision import expand_images, vl_response_logprobs
-from qwen_vl_testing import make_tiny_qwen_vl
 
 TEXTS = [f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n<action>left</action>" for i in range(30)]
 
@@ -48,8 +47,9 @@ def family(request: pytest.FixtureRequest) -> tuple[Path, object]:
 
 
 @pytest.mark.parametrize("train_vision", [False, True])
-def test_the_vision_side_is_frozen_unless_asked_and_only_language_layers_are_sharded(vl_dir, one_rank,
-                                                                                     train_vision) -> None:
+def test_the_vision_side_is_frozen_unless_asked_and_only_language_layers_are_sharded(
+    vl_dir, one_rank, train_vision
+) -> None:
     model = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1, train_vision=train_vision)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     vision = {n for n, _ in model.named_parameters() if n.startswith(("model.vision_model.", "model.connector."))}
@@ -66,21 +66,48 @@ Case = tuple[list[int], np.ndarray, list[int]]  # prompt ids, its pictures [n, H
 
 def batch_of(cases: list[Case]) -> Batch:
     """A broker batch of one transition per case, its pictures on the wire's image columns."""
-    ts = [Transition(traj_id="t", group_id=0, actor="a", step=0, prompt_ids=np.array(p, np.int32),
-                     response_ids=np.array(r, np.int32), logprobs=np.zeros(len(r), np.float32), version_lo=0,
-                     version_hi=0, reward=0.0, done=True, truncated=False, valid=True, images=im)
-          for p, im, r in cases]
+    ts = [
+        Transition(
+            traj_id="t",
+            group_id=0,
+            actor="a",
+            step=0,
+            prompt_ids=np.array(p, np.int32),
+            response_ids=np.array(r, np.int32),
+            logprobs=np.zeros(len(r), np.float32),
+            version_lo=0,
+            version_hi=0,
+            reward=0.0,
+            done=True,
+            truncated=False,
+            valid=True,
+            images=im,
+        )
+        for p, im, r in cases
+    ]
     shapes, data = image_columns(ts)
     n = len(ts)
-    return Batch(step=0, rank=0, learner_version=0, group_size=n, group_index=np.zeros(n, np.int32),
-                 traj_index=np.arange(n, dtype=np.int32), step_index=np.zeros(n, np.int32),
-                 prompt_lens=np.array([len(p) for p, _, _ in cases], np.int32),
-                 response_lens=np.array([len(r) for _, _, r in cases], np.int32), rewards=np.zeros(n, np.float32),
-                 dones=np.ones(n, bool), valid=np.ones(n, bool), version_lo=np.zeros(n, np.int32),
-                 version_hi=np.zeros(n, np.int32), prompt_ids=np.concatenate([p for p, _, _ in cases]).astype(np.int32),
-                 response_ids=np.concatenate([r for _, _, r in cases]).astype(np.int32),
-                 logprobs=np.zeros(sum(len(r) for _, _, r in cases), np.float32), image_shapes=shapes,
-                 image_data=data)
+    return Batch(
+        step=0,
+        rank=0,
+        learner_version=0,
+        group_size=n,
+        group_index=np.zeros(n, np.int32),
+        traj_index=np.arange(n, dtype=np.int32),
+        step_index=np.zeros(n, np.int32),
+        prompt_lens=np.array([len(p) for p, _, _ in cases], np.int32),
+        response_lens=np.array([len(r) for _, _, r in cases], np.int32),
+        rewards=np.zeros(n, np.float32),
+        dones=np.ones(n, bool),
+        valid=np.ones(n, bool),
+        version_lo=np.zeros(n, np.int32),
+        version_hi=np.zeros(n, np.int32),
+        prompt_ids=np.concatenate([p for p, _, _ in cases]).astype(np.int32),
+        response_ids=np.concatenate([r for _, _, r in cases]).astype(np.int32),
+        logprobs=np.zeros(sum(len(r) for _, _, r in cases), np.float32),
+        image_shapes=shapes,
+        image_data=data,
+    )
 
 
 def learner_logprobs(policy, processor, cases: list[Case], packing: bool) -> torch.Tensor:
@@ -104,8 +131,9 @@ def reference(plain, processor, cases: list[Case]) -> torch.Tensor:
 
 def prompt_of(tok, n_images: int, text: str) -> list[int]:
     content = [{"type": "image"}] * n_images + [{"type": "text", "text": text}]
-    return tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                   tokenize=True, return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def test_sharded_log_probs_with_two_images_are_the_hf_models(vl_dir, one_rank) -> None:
@@ -116,10 +144,20 @@ def test_sharded_log_probs_with_two_images_are_the_hf_models(vl_dir, one_rank) -
     policy = load_policy(str(vl_dir), "float32", torch.device("cpu"), 1)
     rng = np.random.default_rng(0)
     images = np.stack([rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(2)])
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "then "},
-                                             {"type": "image"}, {"type": "text", "text": "go?"}]}]
-    prompt = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False)
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "text", "text": "then "},
+                {"type": "image"},
+                {"type": "text", "text": "go?"},
+            ],
+        }
+    ]
+    prompt = processor.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     response = processor.tokenizer("<action>left</action>", add_special_tokens=False)["input_ids"]
     want = reference(plain, processor, [(prompt, images, response)])
     got = learner_logprobs(policy, processor, [(prompt, images, response)], packing=False)
@@ -140,13 +178,16 @@ def test_a_batch_with_images_gives_each_response_its_own_images_log_probs(family
     tok = processor.tokenizer
     rng = np.random.default_rng(1)
     responses = [tok(r, add_special_tokens=False)["input_ids"] for r in ("<action>left</action>", "go", "right")]
-    cases = [(prompt_of(tok, 2, "left?"), rng.integers(0, 256, (2, 32, 48, 3), dtype=np.uint8), responses[0]),
-             (prompt_of(tok, 0, "no picture here"), np.zeros((0, 0, 0, 0), np.uint8), responses[1]),
-             (prompt_of(tok, 1, "right?"), rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8), responses[2])]
+    cases = [
+        (prompt_of(tok, 2, "left?"), rng.integers(0, 256, (2, 32, 48, 3), dtype=np.uint8), responses[0]),
+        (prompt_of(tok, 0, "no picture here"), np.zeros((0, 0, 0, 0), np.uint8), responses[1]),
+        (prompt_of(tok, 1, "right?"), rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8), responses[2]),
+    ]
     with pytest.raises(ValueError, match="holds images but the policy is not a vision-language model"):
         Sequences.from_batch(batch_of(cases))
-    torch.testing.assert_close(learner_logprobs(policy, processor, cases, packing), reference(plain, processor, cases),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        learner_logprobs(policy, processor, cases, packing), reference(plain, processor, cases), atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("packing", [False, True])
@@ -162,9 +203,14 @@ def test_an_image_token_in_a_response_stays_a_token(family, one_rank, packing) -
     tok, image_id = processor.tokenizer, processor.image_token_id
     rng = np.random.default_rng(2)
     action = tok("<action>up</action>", add_special_tokens=False)["input_ids"]
-    cases = [(prompt_of(tok, 1, "where?"), rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8),
-              [image_id] + action + [image_id, image_id]),
-             (prompt_of(tok, 2, "and now?"), rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8), action)]
+    cases = [
+        (
+            prompt_of(tok, 1, "where?"),
+            rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8),
+            [image_id] + action + [image_id, image_id],
+        ),
+        (prompt_of(tok, 2, "and now?"), rng.integers(0, 256, (2, 40, 40, 3), dtype=np.uint8), action),
+    ]
     inputs = expand_images(processor, cases[0][0], list(cases[0][1]))
     ids = torch.cat([inputs.pop("input_ids"), torch.tensor([cases[0][2]])], dim=1)
     mm_types = torch.cat([inputs.pop("image_slots"), torch.zeros(1, len(cases[0][2]), dtype=torch.bool)], 1).int()
@@ -195,7 +241,7 @@ def test_the_reference_is_the_hf_models_own_forward(family) -> None:
     mm_types = torch.cat([inputs.pop("image_slots"), torch.zeros(1, len(response), dtype=torch.bool)], 1).int()
     extra = {"mm_token_type_ids": mm_types} if "image_grid_thw" in inputs else {}
     with torch.no_grad():
-        logits = plain(input_ids=ids, **inputs, **extra, use_cache=False).logits[0, -len(response) - 1:-1]  # [T, V]
+        logits = plain(input_ids=ids, **inputs, **extra, use_cache=False).logits[0, -len(response) - 1 : -1]  # [T, V]
         want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
         got = vl_response_logprobs(plain, processor, prompt, response, images)
         swapped = vl_response_logprobs(plain, processor, prompt, response, images[::-1])
@@ -218,8 +264,13 @@ def test_lora_adapts_the_language_model_only(family, one_rank) -> None:
     assert all(".language_model." in n or ".text_model." in n for n in trainable), trainable
     rng = np.random.default_rng(4)
     tok = processor.tokenizer
-    cases = [(prompt_of(tok, 1, "where?"), rng.integers(0, 256, (1, 56, 56, 3), dtype=np.uint8),
-              tok("<action>up</action>", add_special_tokens=False)["input_ids"])]
+    cases = [
+        (
+            prompt_of(tok, 1, "where?"),
+            rng.integers(0, 256, (1, 56, 56, 3), dtype=np.uint8),
+            tok("<action>up</action>", add_special_tokens=False)["input_ids"],
+        )
+    ]
     before = learner_logprobs(policy, processor, cases, packing=False)
     tower = {n: p.detach().clone() for n, p in policy.named_parameters() if "visual" in n or "vision_model" in n}
     opt = torch.optim.AdamW(trainable_parameters(policy), lr=1e-2)

@@ -51,10 +51,10 @@ def test_fitting_one_answer_to_many_prompts(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)
     answer = tok.encode("<action>left</action>", add_special_tokens=False) + [tok.eos_token_id]
-    demos = [Pair(tok.encode(f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n"), answer)
-             for i in range(40)]
-    history = train_sft(model, demos, SftOptions(steps=40, batch_size=8, lr=2e-3, warmup=5), tok.pad_token_id,
-                        log_every=0)
+    demos = [Pair(tok.encode(f"<|im_start|>user\nstep {i}: go left or right?<|im_end|>\n"), answer) for i in range(40)]
+    history = train_sft(
+        model, demos, SftOptions(steps=40, batch_size=8, lr=2e-3, warmup=5), tok.pad_token_id, log_every=0
+    )
     # The random start spreads its mass over the 300-token vocabulary: ~ln 300 = 5.7 per answer token. The
     # answer never changes with the prompt, so a fitted model predicts it almost surely: loss near 0.
     assert history[0]["loss"] > 4.0 and history[-1]["loss"] < 0.5

@@ -21,8 +21,10 @@ def frozenlake_texts() -> list[str]:
         for size in (4, 8):
             env.map_size = size
             obs, _ = env.reset(seed=seed)
-            texts.append(f"<|im_start|>user\nNow (step {seed + 1}):\n{obs}<|im_end|>\n"
-                         f"<|im_start|>assistant\n<action>{list(MOVES)[seed % 4]}</action><|im_end|>")
+            texts.append(
+                f"<|im_start|>user\nNow (step {seed + 1}):\n{obs}<|im_end|>\n"
+                f"<|im_start|>assistant\n<action>{list(MOVES)[seed % 4]}</action><|im_end|>"
+            )
     return texts
 
 
@@ -40,8 +42,9 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def count(tokenizer) -> Callable[[list[dict[str, str]]], int]:
     """Prompt tokens, counted as the actor counts them (not through the memory's own code)."""
-    return lambda msgs: len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=False))
+    return lambda msgs: len(
+        tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
 
 
 def scripted_answer(obs: str, rng: random.Random) -> str:
@@ -51,8 +54,11 @@ def scripted_answer(obs: str, rng: random.Random) -> str:
     grid = [line.split() for line in obs.splitlines()[:-1]]
     row, col = next((r, c) for r, line in enumerate(grid) for c, ch in enumerate(line) if ch == "P")
     size = len(grid)
-    safe = [name for name, (dr, dc) in MOVES.items()
-            if grid[min(max(row + dr, 0), size - 1)][min(max(col + dc, 0), size - 1)] in "FP"]
+    safe = [
+        name
+        for name, (dr, dc) in MOVES.items()
+        if grid[min(max(row + dr, 0), size - 1)][min(max(col + dc, 0), size - 1)] in "FP"
+    ]
     return f"<action>{rng.choice(safe)}</action>"
 
 
@@ -79,4 +85,3 @@ def play() -> Callable[..., list[tuple[list[dict[str, str]], str]]]:
                 return seen
 
     return run
-

@@ -12,8 +12,12 @@ EPISODE = [
     (f"{GRID}\nYou are at row 0, column 1.", "I think up", 0.0, {"valid": False, "parse_error": BAD}),
     (f"{GRID}\nYou are at row 0, column 1.", "<action> down </action>", 0.0, {"valid": True}),
     (f"{GRID}\nYou are at row 1, column 1.", "<action>right</action>", 0.5, {"valid": True}),
-    (f"{GRID}\nYou are at row 1, column 2.", "<action>right</action>", 0.0,
-     {"valid": True, "key_event": "found the key"}),
+    (
+        f"{GRID}\nYou are at row 1, column 2.",
+        "<action>right</action>",
+        0.0,
+        {"valid": True, "key_event": "found the key"},
+    ),
     (f"{GRID}\nYou are at row 1, column 3.", "<action>down</action>", 0.0, {"valid": True}),
 ]
 NOW = f"{GRID}\nYou are at row 2, column 3."

@@ -73,8 +73,14 @@ def test_current_shows_the_current_picture_before_the_current_step() -> None:
     msgs = mem.messages("o4", image=now)
     assert msgs == [
         {"role": "system", "content": [text("RULES")]},
-        {"role": "user", "content": [text("Recent steps:\nStep 2:\no2\nYou answered: a2\nStep 3:\no3\n"
-                                          "You answered: a3\n\n"), IMAGE, text("Now (step 4):\no4")]},
+        {
+            "role": "user",
+            "content": [
+                text("Recent steps:\nStep 2:\no2\nYou answered: a2\nStep 3:\no3\nYou answered: a3\n\n"),
+                IMAGE,
+                text("Now (step 4):\no4"),
+            ],
+        },
     ]
     assert len(mem.prompt_images) == 1 and mem.prompt_images[0] is now
     # no picture this step: no image part, and none from the history
@@ -85,8 +91,15 @@ def test_last_k_shows_each_shown_steps_picture_before_its_text() -> None:
     mem = memory.make("last_k", k=2, images="last_k")
     three_steps(mem)
     msgs = mem.messages("o4", image=picture(4))
-    assert msgs[1]["content"] == [text("Recent steps:\n"), IMAGE, text("Step 2:\no2\nYou answered: a2\n"), IMAGE,
-                                  text("Step 3:\no3\nYou answered: a3\n\n"), IMAGE, text("Now (step 4):\no4")]
+    assert msgs[1]["content"] == [
+        text("Recent steps:\n"),
+        IMAGE,
+        text("Step 2:\no2\nYou answered: a2\n"),
+        IMAGE,
+        text("Step 3:\no3\nYou answered: a3\n\n"),
+        IMAGE,
+        text("Now (step 4):\no4"),
+    ]
     assert [int(p[0, 0, 0]) for p in mem.prompt_images] == [2, 3, 4]
     # the text parts joined are exactly the text-only prompt
     plain = memory.make("last_k", k=2)
@@ -103,8 +116,13 @@ def test_a_step_without_a_picture_of_its_own_takes_the_one_the_step_before_broug
     mem.record("o2", "a2", info={"image": picture(3)})  # no messages() for o2: its picture came with step 1
     msgs = mem.messages("o3")  # no current picture: none shown for the current step
     assert [int(p[0, 0, 0]) for p in mem.prompt_images] == [1, 2]
-    assert msgs[1]["content"] == [text("Steps so far:\n"), IMAGE, text("Step 1:\no1\nYou answered: a1\n"), IMAGE,
-                                  text("Step 2:\no2\nYou answered: a2\n\nNow (step 3):\no3")]
+    assert msgs[1]["content"] == [
+        text("Steps so far:\n"),
+        IMAGE,
+        text("Step 1:\no1\nYou answered: a1\n"),
+        IMAGE,
+        text("Step 2:\no2\nYou answered: a2\n\nNow (step 3):\no3"),
+    ]
 
 
 def random_observation(rng: random.Random) -> str:
@@ -133,21 +151,49 @@ def test_none_is_the_text_only_memory_whatever_pictures_come(kind, tokenizer) ->
 
 
 def test_the_budget_drops_the_oldest_pictures_first_and_counts_them(vl) -> None:
-    mem = memory.make("last_k", k=3, tokenizer=vl, max_prompt_tokens=10_000, images="last_k",
-                      image_tokens=IMAGE_TOKENS)
+    mem = memory.make("last_k", k=3, tokenizer=vl, max_prompt_tokens=10_000, images="last_k", image_tokens=IMAGE_TOKENS)
     three_steps(mem)
-    history = ("Step 1:\no1\nYou answered: a1\n", "Step 2:\no2\nYou answered: a2\n",
-               "Step 3:\no3\nYou answered: a3\n\n")
+    history = (
+        "Step 1:\no1\nYou answered: a1\n",
+        "Step 2:\no2\nYou answered: a2\n",
+        "Step 3:\no3\nYou answered: a3\n\n",
+    )
     system = {"role": "system", "content": [text("RULES")]}
     # the prompts with the newest 3, 1 and 0 history pictures (all text kept), worked out by hand
-    all_pictures = [system, {"role": "user", "content": [
-        text("Recent steps:\n"), IMAGE, text(history[0]), IMAGE, text(history[1]), IMAGE, text(history[2]), IMAGE,
-        text("Now (step 4):\no4")]}]
-    newest_one = [system, {"role": "user", "content": [
-        text("Recent steps:\n" + history[0] + history[1]), IMAGE, text(history[2]), IMAGE,
-        text("Now (step 4):\no4")]}]
-    none_old = [system, {"role": "user", "content": [text("Recent steps:\n" + "".join(history)), IMAGE,
-                                                    text("Now (step 4):\no4")]}]
+    all_pictures = [
+        system,
+        {
+            "role": "user",
+            "content": [
+                text("Recent steps:\n"),
+                IMAGE,
+                text(history[0]),
+                IMAGE,
+                text(history[1]),
+                IMAGE,
+                text(history[2]),
+                IMAGE,
+                text("Now (step 4):\no4"),
+            ],
+        },
+    ]
+    newest_one = [
+        system,
+        {
+            "role": "user",
+            "content": [
+                text("Recent steps:\n" + history[0] + history[1]),
+                IMAGE,
+                text(history[2]),
+                IMAGE,
+                text("Now (step 4):\no4"),
+            ],
+        },
+    ]
+    none_old = [
+        system,
+        {"role": "user", "content": [text("Recent steps:\n" + "".join(history)), IMAGE, text("Now (step 4):\no4")]},
+    ]
     assert mem.messages("o4", image=picture(4)) == all_pictures and mem.dropped_images == 0
     # a budget that holds one history picture and not two: the two oldest go
     mem.fitter.max_prompt_tokens = tokens(vl, newest_one)
@@ -181,13 +227,27 @@ STEP_OF_TEXT = re.compile(r"(?:Step|Now \(step) (\d+)")
 @pytest.mark.parametrize("images", ["none", "current", "last_k"])
 def test_random_episodes_keep_one_picture_per_image_part_within_the_budget(kind, images, vl) -> None:
     rng = random.Random(f"{kind}-{images}")
-    floor = max(tokens(vl, [{"role": "system", "content": [text("RULES")]},
-                            {"role": "user", "content": [IMAGE, text(f"Now (step {n}):\n{CUT_MARK}")]}])
-                for n in range(1, 21))
+    floor = max(
+        tokens(
+            vl,
+            [
+                {"role": "system", "content": [text("RULES")]},
+                {"role": "user", "content": [IMAGE, text(f"Now (step {n}):\n{CUT_MARK}")]},
+            ],
+        )
+        for n in range(1, 21)
+    )
     for episode in range(4):
         budget = floor + rng.randint(0, 300)
-        mem = memory.make(kind, k=rng.randint(0, 4), max_events=rng.randint(0, 3), tokenizer=vl,
-                          max_prompt_tokens=budget, images=images, image_tokens=IMAGE_TOKENS)
+        mem = memory.make(
+            kind,
+            k=rng.randint(0, 4),
+            max_events=rng.randint(0, 3),
+            tokenizer=vl,
+            max_prompt_tokens=budget,
+            images=images,
+            image_tokens=IMAGE_TOKENS,
+        )
         mem.reset("RULES")
         dropped = 0
         for n in range(1, rng.randint(2, 20)):
@@ -210,22 +270,25 @@ def test_random_episodes_keep_one_picture_per_image_part_within_the_budget(kind,
             assert mem.dropped_images >= dropped
             dropped = mem.dropped_images
             info = {"valid": rng.random() < 0.8, "image": picture(n + 1) if rng.random() < 0.8 else None}
-            mem.record(obs, f"<action>{rng.choice(['left', 'up'])}</action>", reward=rng.choice([0.0, -0.1, 1.0]),
-                       info=info)
+            mem.record(
+                obs, f"<action>{rng.choice(['left', 'up'])}</action>", reward=rng.choice([0.0, -0.1, 1.0]), info=info
+            )
 
 
 @pytest.fixture(scope="module")
 def vl_processor(tmp_path_factory):
     """The real tiny VL model's processor (its tokenizer knows "<image>" as the image token)."""
-    from launcher.tiny_vl_model import make_tiny_vl_model
     from transformers import AutoProcessor
+
+    from launcher.tiny_vl_model import make_tiny_vl_model
 
     return AutoProcessor.from_pretrained(make_tiny_vl_model(tmp_path_factory.mktemp("vl") / "vl", texts=["go up"]))
 
 
 @pytest.mark.parametrize("kind", memory.MEMORIES.names())
-def test_an_image_placeholder_written_in_the_text_is_quoted_so_each_one_left_has_its_picture(kind,
-                                                                                             vl_processor) -> None:
+def test_an_image_placeholder_written_in_the_text_is_quoted_so_each_one_left_has_its_picture(
+    kind, vl_processor
+) -> None:
     """An observation or an action that spells the model's image token out ("<image>") would become, through the
     chat template, a placeholder with no picture (the engine refuses such a prompt, the learner cannot pair it).
     With images shown, the memory writes it "[image]": the real tiny VL tokenizer then finds exactly one image

@@ -1,8 +1,8 @@
 """Key-events memory, and what makes a step key, checked on the hand-made episode in memory_testing."""
 
-from memory.history import action_name, key_event_reason
-
 from memory_testing import EPISODE, NOW, played
+
+from memory.history import action_name, key_event_reason
 
 
 def test_key_events_of_a_hand_made_episode() -> None:

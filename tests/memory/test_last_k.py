@@ -14,8 +14,9 @@ def test_last_k_keeps_the_last_k_steps() -> None:
     assert msgs[0] == {"role": "system", "content": "RULES"}
     user = msgs[1]["content"]
     # steps 1..5 recorded obs0..obs4; the last two are steps 4 and 5 (obs3, obs4); step 6 is asked for
-    assert user == ("Recent steps:\nStep 4:\nobs3\nYou answered: act3\nStep 5:\nobs4\nYou answered: act4\n\n"
-                    "Now (step 6):\nobs5")
+    assert user == (
+        "Recent steps:\nStep 4:\nobs3\nYou answered: act3\nStep 5:\nobs4\nYou answered: act4\n\nNow (step 6):\nobs5"
+    )
 
 
 def test_k_zero_shows_only_the_current_observation() -> None:

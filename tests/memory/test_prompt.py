@@ -10,7 +10,6 @@ import memory
 from envs.frozenlake import INSTRUCTIONS
 from memory.prompt import CUT_MARK, PromptFitter, largest_fitting
 
-
 BUDGET = 450  # the 8x8 instructions + observation take about 175 tokens: room for two or three steps
 
 
@@ -36,8 +35,9 @@ def test_every_kind_stays_under_the_budget_over_50_steps(kind, play, count, toke
 @pytest.mark.parametrize("kind", memory.MEMORIES.names())
 def test_an_observation_over_the_budget_is_cut_from_the_front(kind, count, tokenizer) -> None:
     obs = "\n".join(f"line {i} of a long observation" for i in range(60)) + "\nYou are at row 3, column 4."
-    floor = count([{"role": "system", "content": INSTRUCTIONS},
-                   {"role": "user", "content": f"Now (step 2):\n{CUT_MARK}"}])
+    floor = count(
+        [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": f"Now (step 2):\n{CUT_MARK}"}]
+    )
     budget = floor + 40  # room for the end of the observation only
     mem = memory.make(kind, k=2, tokenizer=tokenizer, max_prompt_tokens=budget)
     mem.reset(INSTRUCTIONS)
@@ -46,10 +46,10 @@ def test_an_observation_over_the_budget_is_cut_from_the_front(kind, count, token
     user = msgs[1]["content"]
     assert msgs[0]["content"] == INSTRUCTIONS and count(msgs) <= budget
     assert user.startswith(f"Now (step 2):\n{CUT_MARK}") and "previous" not in user
-    kept = user[len(f"Now (step 2):\n{CUT_MARK}"):]
+    kept = user[len(f"Now (step 2):\n{CUT_MARK}") :]
     assert obs.endswith(kept) and kept.endswith("You are at row 3, column 4.") and len(kept) < len(obs)
     # the cut keeps as much as fits: one more character does not
-    longer = [msgs[0], {"role": "user", "content": f"Now (step 2):\n{CUT_MARK}" + obs[-len(kept) - 1:]}]
+    longer = [msgs[0], {"role": "user", "content": f"Now (step 2):\n{CUT_MARK}" + obs[-len(kept) - 1 :]}]
     assert count(longer) > budget
     assert (mem.truncated_steps, mem.dropped_steps) == (1, 1)
 

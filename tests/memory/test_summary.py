@@ -2,10 +2,11 @@
 
 import re
 
+from memory_testing import EPISODE, NOW, played
+
 import memory
 from memory.history import History
 from memory.summary import summarize
-from memory_testing import EPISODE, NOW, played
 
 
 def test_summary_of_a_hand_made_episode() -> None:
@@ -36,7 +37,8 @@ def test_summary_before_k_steps_is_last_k() -> None:
     mem.reset("RULES")
     mem.record("obs1", "<action>up</action>")
     assert mem.messages("obs2")[1]["content"] == (
-        "Recent steps:\nStep 1:\nobs1\nYou answered: <action>up</action>\n\nNow (step 2):\nobs2")
+        "Recent steps:\nStep 1:\nobs1\nYou answered: <action>up</action>\n\nNow (step 2):\nobs2"
+    )
 
 
 def test_over_the_budget_recent_steps_fold_into_the_summary_first(count, tokenizer) -> None:

@@ -18,10 +18,22 @@ from agentstream.wire.reconnect import take_over_reconnects
 
 
 def tr(i: int) -> Transition:
-    return Transition(traj_id=f"t{i}", group_id=7, actor="actor-0", step=i, prompt_ids=np.arange(2 + i, dtype=np.int32),
-                      response_ids=np.arange(i % 3, dtype=np.int32), logprobs=np.full(i % 3, -0.25, np.float32),
-                      version_lo=0, version_hi=0, reward=float(i), done=False, truncated=False, valid=True,
-                      info={"i": i})
+    return Transition(
+        traj_id=f"t{i}",
+        group_id=7,
+        actor="actor-0",
+        step=i,
+        prompt_ids=np.arange(2 + i, dtype=np.int32),
+        response_ids=np.arange(i % 3, dtype=np.int32),
+        logprobs=np.full(i % 3, -0.25, np.float32),
+        version_lo=0,
+        version_hi=0,
+        reward=float(i),
+        done=False,
+        truncated=False,
+        valid=True,
+        info={"i": i},
+    )
 
 
 async def received(router: zmq.asyncio.Socket, n: int) -> tuple[bytes, list[int], list[Transition]]:
@@ -87,8 +99,9 @@ def test_bundles_keep_the_order_and_stay_within_the_count_and_the_bytes() -> Non
     rng = random.Random(0)
     for _ in range(200):
         limit = rng.choice([1, 500, 3000, 20_000])
-        ts = [pictured(i, rng.choice([0, 4, 20, 40])) if rng.random() < 0.7 else tr(i)
-              for i in range(rng.randint(0, 60))]
+        ts = [
+            pictured(i, rng.choice([0, 4, 20, 40])) if rng.random() < 0.7 else tr(i) for i in range(rng.randint(0, 60))
+        ]
         runs = list(bundles(ts, limit))
         assert [t for run in runs for t in run] == ts and all(runs)
         for run in runs:
@@ -138,14 +151,16 @@ def test_clients_given_the_brokers_record_follow_it_to_a_new_address(tmp_path) -
     """A broker started again elsewhere rewrites its record: the asyncio client resends its unacknowledged
     transitions there, the blocking client its unanswered request; a client given a plain address stays put."""
     from agentstream.wire.addresses import BROKER_RECORD, write_record
-    from agentstream.wire.client import RecordLink, BrokerUnavailable, SyncClient
+    from agentstream.wire.client import BrokerUnavailable, RecordLink, SyncClient
     from agentstream.wire.messages import BatchRequest, VersionUpdate
 
     async def main() -> None:
         ctx = zmq.asyncio.Context.instance()
         first, second = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
         old = first.bind_to_random_port("tcp://127.0.0.1")
-        record = write_record(tmp_path / BROKER_RECORD, address=f"tcp://127.0.0.1:{old}", dashboard="http://127.0.0.1:1")
+        record = write_record(
+            tmp_path / BROKER_RECORD, address=f"tcp://127.0.0.1:{old}", dashboard="http://127.0.0.1:1"
+        )
         client = AsyncClient(str(record), "actor-0")
         assert client.link.address == f"tcp://127.0.0.1:{old}"
         await client.start(incarnation=1, max_unacked=64, ack_timeout_s=0.4)

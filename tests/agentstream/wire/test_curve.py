@@ -20,13 +20,7 @@ from agentstream.config import Config, ConfigError
 from agentstream.wire import messages as P
 from agentstream.wire.addresses import free_port
 from agentstream.wire.client import SyncClient
-from agentstream.wire.curve import (
-    is_loopback,
-    keygen,
-    load_client_keys,
-    load_server_keys,
-    secure_client,
-)
+from agentstream.wire.curve import is_loopback, keygen, load_client_keys, load_server_keys, secure_client
 from broker.server import Broker
 from broker.spec import broker_spec
 from launcher.checks import check_config
@@ -35,8 +29,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def keygen_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentstream.wire.curve", "keygen", *args], cwd=REPO, check=False,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "agentstream.wire.curve", "keygen", *args],
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_keygen_command_writes_usable_keys(tmp_path) -> None:
@@ -72,6 +72,7 @@ def broker_config(keys: Path) -> Config:
 async def ask_group(client: SyncClient, timeout_s: float) -> P.Message:
     """EngineStatus, then GroupRequest: the broker's answer. In a thread: the broker's ZAP handler runs on
     this event loop, and a blocking send waits for the handshake it decides."""
+
     def ask() -> P.Message:
         client.send(P.EngineStatus(engine="e", url="u", version=0))
         return client.request(P.GroupRequest(actor=client.name), timeout_s)
@@ -160,10 +161,19 @@ def test_weight_publisher_accepts_allowed_agents_only(tmp_path) -> None:
             sock.close()
 
 
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("gpu-node-3", False),
-])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("gpu-node-3", False),
+    ],
+)
 def test_loopback_addresses(host, loopback) -> None:
     assert is_loopback(host) is loopback
 
@@ -190,7 +200,11 @@ def test_config_refuses_to_leave_loopback_without_keys(tmp_path) -> None:
         check_config(cfg)
     # vLLM's HTTP has no authentication: CURVE keys do not cover it, only the explicit opt-in does.
     keygen(tmp_path / "keys2")
-    cfg.learner.weight_host, cfg.broker.curve_keys_dir, cfg.engines.host = "127.0.0.1", str(tmp_path / "keys2"), "0.0.0.0"
+    cfg.learner.weight_host, cfg.broker.curve_keys_dir, cfg.engines.host = (
+        "127.0.0.1",
+        str(tmp_path / "keys2"),
+        "0.0.0.0",
+    )
     with pytest.raises(ConfigError, match="engines.host"):
         check_config(cfg)
     cfg.broker.allow_insecure_bind = True

@@ -25,9 +25,22 @@ def random_images(rng: random.Random, n_max: int = 3) -> np.ndarray:
 
 
 def transition(seq: int = -1, images: np.ndarray | None = None, **kw) -> P.Transition:
-    base = {"traj_id": "a.0.g1", "group_id": 1, "actor": "actor-0", "step": 0, "prompt_ids": np.array([1, 2], np.int32),
-            "response_ids": np.array([3], np.int32), "logprobs": np.array([-0.5], np.float32), "version_lo": 0,
-            "version_hi": 0, "reward": 1.0, "done": True, "truncated": False, "valid": True, "seq": seq}
+    base = {
+        "traj_id": "a.0.g1",
+        "group_id": 1,
+        "actor": "actor-0",
+        "step": 0,
+        "prompt_ids": np.array([1, 2], np.int32),
+        "response_ids": np.array([3], np.int32),
+        "logprobs": np.array([-0.5], np.float32),
+        "version_lo": 0,
+        "version_hi": 0,
+        "reward": 1.0,
+        "done": True,
+        "truncated": False,
+        "valid": True,
+        "seq": seq,
+    }
     if images is not None:
         base["images"] = images
     return P.Transition(**{**base, **kw})
@@ -65,13 +78,27 @@ def test_random_image_sets_round_trip_through_a_batch() -> None:
         shapes = np.array([s.shape for s in sent], np.int32).reshape(len(sent), 4)
         data = np.array([b for s in sent for b in s.tobytes()], np.uint8)
         n = len(sent)
-        batch = P.Batch(step=0, rank=0, learner_version=0, group_size=1, group_index=np.zeros(n, np.int32),
-                        traj_index=np.arange(n, dtype=np.int32), step_index=np.zeros(n, np.int32),
-                        prompt_lens=np.zeros(n, np.int32), response_lens=np.zeros(n, np.int32),
-                        rewards=np.zeros(n, np.float32), dones=np.ones(n, bool), valid=np.ones(n, bool),
-                        version_lo=np.zeros(n, np.int32), version_hi=np.zeros(n, np.int32),
-                        prompt_ids=np.zeros(0, np.int32), response_ids=np.zeros(0, np.int32),
-                        logprobs=np.zeros(0, np.float32), image_shapes=shapes, image_data=data)
+        batch = P.Batch(
+            step=0,
+            rank=0,
+            learner_version=0,
+            group_size=1,
+            group_index=np.zeros(n, np.int32),
+            traj_index=np.arange(n, dtype=np.int32),
+            step_index=np.zeros(n, np.int32),
+            prompt_lens=np.zeros(n, np.int32),
+            response_lens=np.zeros(n, np.int32),
+            rewards=np.zeros(n, np.float32),
+            dones=np.ones(n, bool),
+            valid=np.ones(n, bool),
+            version_lo=np.zeros(n, np.int32),
+            version_hi=np.zeros(n, np.int32),
+            prompt_ids=np.zeros(0, np.int32),
+            response_ids=np.zeros(0, np.int32),
+            logprobs=np.zeros(0, np.float32),
+            image_shapes=shapes,
+            image_data=data,
+        )
         got = through(batch)
         for i, want in enumerate(sent):
             assert_images(got.images_of(i), want)
@@ -79,9 +106,13 @@ def test_random_image_sets_round_trip_through_a_batch() -> None:
 
 def test_text_only_messages_carry_no_image_frame() -> None:
     """A transition without images encodes exactly as before images existed: 4 arrays, none of them an image."""
-    for msg, arrays in ((transition(), ["prompt_ids", "response_ids", "logprobs", "token_rewards"]),
-                        (P.Transitions.of([transition(seq=0), transition(seq=1, step=1)]),
-                         ["prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs", "token_rewards"])):
+    for msg, arrays in (
+        (transition(), ["prompt_ids", "response_ids", "logprobs", "token_rewards"]),
+        (
+            P.Transitions.of([transition(seq=0), transition(seq=1, step=1)]),
+            ["prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs", "token_rewards"],
+        ),
+    ):
         frames = wire(msg)
         assert [a[0] for a in msgpack.unpackb(frames[0])["_arrays"]] == arrays and len(frames) == len(arrays) + 1
     got = through(P.Transitions.of([transition(seq=0), transition(seq=1, step=1)])).split()
@@ -95,8 +126,11 @@ def test_text_only_messages_carry_no_image_frame() -> None:
 def test_a_bundle_gives_each_transition_its_own_images_whatever_their_sizes() -> None:
     grey = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4, 1)
     rgba = np.full((1, 5, 2, 4), 7, np.uint8)
-    bundle = through(P.Transitions.of([transition(seq=0, images=grey), transition(seq=1, step=1),
-                                       transition(seq=2, step=2, images=rgba)]))
+    bundle = through(
+        P.Transitions.of(
+            [transition(seq=0, images=grey), transition(seq=1, step=1), transition(seq=2, step=2, images=rgba)]
+        )
+    )
     # Rows (n, H, W, C); bytes 2*3*4*1 = 24 of grey then 1*5*2*4 = 40 of rgba.
     assert bundle.image_shapes.tolist() == [[2, 3, 4, 1], [0, 0, 0, 0], [1, 5, 2, 4]]
     assert bundle.image_data.size == 64 and bundle.image_data[:24].tolist() == list(range(24))
@@ -128,28 +162,59 @@ RGB = np.ones((1, 2, 2, 3), np.uint8)  # 12 bytes
 BUNDLE = P.Transitions.of([transition(seq=0, images=RGB), transition(seq=1, step=1, images=RGB)])
 
 
-@pytest.mark.parametrize("frames, code, needle", [
-    (wire(transition(images=RGB.astype(np.float32))), "bad_dtype", "transition.images: must be uint8"),
-    (wire(transition(images=RGB[0])), "bad_array", "transition.images: bad shape [2, 2, 3] (must be 4-D)"),
-    (edited(transition(images=RGB), "images", frame=bytes(11)), "bad_array", "transition.images: 11 bytes do not hold"),
-    (edited(transition(images=RGB), "images", ["images", "uint8", [1, 2, 3, 2]]), "out_of_range", "C in (1, 3, 4)"),
-    (edited(transition(images=RGB), "images", ["images", "uint8", [3, 0, 2, 2]], b""), "out_of_range", "H, W >= 1"),
-    # 1,200 bytes pass (LIMITS.max_image_bytes); 1,203 do not.
-    (wire(transition(images=np.zeros((1, 1, 401, 3), np.uint8))), "too_long", "1203 image bytes"),
-    (edited(BUNDLE, "image_shapes", ["image_shapes", "int32", [8]]), "bad_array",
-     "transitions.image_shapes: bad shape"),
-    (edited(BUNDLE, "image_data", ["image_data", "int32", [6]]), "bad_dtype", "transitions.image_data: must be uint8"),
-    (edited(BUNDLE, "image_shapes", ["image_shapes", "int32", [1, 4]], np.array([1, 2, 2, 3], np.int32).tobytes()),
-     "inconsistent", "image_shapes is [1, 4]; it must be [2, 4]"),
-    # Rows say 2 + 1 images of 12 bytes = 36 bytes; 24 came.
-    (edited(BUNDLE, "image_shapes", frame=np.array([2, 2, 2, 3, 1, 2, 2, 3], np.int32).tobytes()),
-     "inconsistent", "describe 36 image bytes but 24 came"),
-    (edited(BUNDLE, "image_shapes", frame=np.array([-1, 2, 2, 3, 1, 2, 2, 3], np.int32).tobytes()),
-     "out_of_range", "image_shapes hold -1"),
-    (wire(P.Transitions.of([transition(seq=0, images=RGB),
-                            transition(seq=1, images=np.zeros((2, 1, 201, 3), np.uint8))])), "too_long",
-     "1206 image bytes in one transition exceed broker.max_image_bytes=1200"),
-])
+@pytest.mark.parametrize(
+    "frames, code, needle",
+    [
+        (wire(transition(images=RGB.astype(np.float32))), "bad_dtype", "transition.images: must be uint8"),
+        (wire(transition(images=RGB[0])), "bad_array", "transition.images: bad shape [2, 2, 3] (must be 4-D)"),
+        (
+            edited(transition(images=RGB), "images", frame=bytes(11)),
+            "bad_array",
+            "transition.images: 11 bytes do not hold",
+        ),
+        (edited(transition(images=RGB), "images", ["images", "uint8", [1, 2, 3, 2]]), "out_of_range", "C in (1, 3, 4)"),
+        (edited(transition(images=RGB), "images", ["images", "uint8", [3, 0, 2, 2]], b""), "out_of_range", "H, W >= 1"),
+        # 1,200 bytes pass (LIMITS.max_image_bytes); 1,203 do not.
+        (wire(transition(images=np.zeros((1, 1, 401, 3), np.uint8))), "too_long", "1203 image bytes"),
+        (
+            edited(BUNDLE, "image_shapes", ["image_shapes", "int32", [8]]),
+            "bad_array",
+            "transitions.image_shapes: bad shape",
+        ),
+        (
+            edited(BUNDLE, "image_data", ["image_data", "int32", [6]]),
+            "bad_dtype",
+            "transitions.image_data: must be uint8",
+        ),
+        (
+            edited(
+                BUNDLE, "image_shapes", ["image_shapes", "int32", [1, 4]], np.array([1, 2, 2, 3], np.int32).tobytes()
+            ),
+            "inconsistent",
+            "image_shapes is [1, 4]; it must be [2, 4]",
+        ),
+        # Rows say 2 + 1 images of 12 bytes = 36 bytes; 24 came.
+        (
+            edited(BUNDLE, "image_shapes", frame=np.array([2, 2, 2, 3, 1, 2, 2, 3], np.int32).tobytes()),
+            "inconsistent",
+            "describe 36 image bytes but 24 came",
+        ),
+        (
+            edited(BUNDLE, "image_shapes", frame=np.array([-1, 2, 2, 3, 1, 2, 2, 3], np.int32).tobytes()),
+            "out_of_range",
+            "image_shapes hold -1",
+        ),
+        (
+            wire(
+                P.Transitions.of(
+                    [transition(seq=0, images=RGB), transition(seq=1, images=np.zeros((2, 1, 201, 3), np.uint8))]
+                )
+            ),
+            "too_long",
+            "1206 image bytes in one transition exceed broker.max_image_bytes=1200",
+        ),
+    ],
+)
 def test_malformed_images_are_refused_with_the_reason(frames, code, needle) -> None:
     got_code, text = refusal(frames)
     assert got_code == code

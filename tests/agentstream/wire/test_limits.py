@@ -17,9 +17,21 @@ LIMITS = Limits(vocab_size=512, max_tokens=64)
 
 
 def transition(**kw) -> P.Transition:
-    base = {"traj_id": "a.0.g1", "group_id": 1, "actor": "actor-0", "step": 0, "prompt_ids": np.array([1, 2, 511], np.int32),
-                "response_ids": np.array([3, 4], np.int32), "logprobs": np.array([-0.5, 0.0], np.float32),
-                "version_lo": 0, "version_hi": 1, "reward": 1.0, "done": True, "truncated": False, "valid": True}
+    base = {
+        "traj_id": "a.0.g1",
+        "group_id": 1,
+        "actor": "actor-0",
+        "step": 0,
+        "prompt_ids": np.array([1, 2, 511], np.int32),
+        "response_ids": np.array([3, 4], np.int32),
+        "logprobs": np.array([-0.5, 0.0], np.float32),
+        "version_lo": 0,
+        "version_hi": 1,
+        "reward": 1.0,
+        "done": True,
+        "truncated": False,
+        "valid": True,
+    }
     base.update(kw)
     return P.Transition(**base)
 
@@ -82,19 +94,22 @@ def test_the_longest_transition_that_fits_passes() -> None:
     assert code_of(P.encode(msg)) == ""
 
 
-@pytest.mark.parametrize("changes, code", [
-    ({"step": 2**31}, "out_of_range"),  # one past int32: would overflow a batch's step_index
-    ({"group_id": 2**64 - 1}, "out_of_range"),  # msgpack's largest uint
-    ({"version_lo": -2}, "out_of_range"),  # -1 is the protocol's "none"; below is garbage
-    ({"traj_id": "x" * (P.MAX_NAME_CHARS + 1)}, "too_long"),
-    ({"info": {"k": [1, 2]}}, "bad_type"),  # nested containers are refused
-    ({"info": {"k": {"nested": 1}}}, "bad_type"),
-    ({"info": {str(i): i for i in range(P.MAX_DICT_ITEMS + 1)}}, "bad_header"),  # msgpack's map limit
-    ({"info": {"k": float("nan")}}, "non_finite"),
-    ({"done": 1}, "bad_type"),
-    ({"reward": "1.0"}, "bad_type"),
-    ({"info": {"k": msgpack.ExtType(1, b"payload")}}, "bad_header"),  # no ext types, ever
-])
+@pytest.mark.parametrize(
+    "changes, code",
+    [
+        ({"step": 2**31}, "out_of_range"),  # one past int32: would overflow a batch's step_index
+        ({"group_id": 2**64 - 1}, "out_of_range"),  # msgpack's largest uint
+        ({"version_lo": -2}, "out_of_range"),  # -1 is the protocol's "none"; below is garbage
+        ({"traj_id": "x" * (P.MAX_NAME_CHARS + 1)}, "too_long"),
+        ({"info": {"k": [1, 2]}}, "bad_type"),  # nested containers are refused
+        ({"info": {"k": {"nested": 1}}}, "bad_type"),
+        ({"info": {str(i): i for i in range(P.MAX_DICT_ITEMS + 1)}}, "bad_header"),  # msgpack's map limit
+        ({"info": {"k": float("nan")}}, "non_finite"),
+        ({"done": 1}, "bad_type"),
+        ({"reward": "1.0"}, "bad_type"),
+        ({"info": {"k": msgpack.ExtType(1, b"payload")}}, "bad_header"),  # no ext types, ever
+    ],
+)
 def test_bad_header_values_are_refused(changes, code) -> None:
     assert code_of(with_header(transition(), **changes)) == code
 
@@ -134,16 +149,24 @@ def test_other_kinds_are_checked() -> None:
     assert code_of(P.encode(P.VersionUpdate(version=3, metrics={"loss": float("nan")}))) == ""
 
 
-@pytest.mark.parametrize("weights, code", [
-    ("", ""),  # not said: the broker keeps the address it has
-    ("tcp://10.0.0.9:41000", ""), ("tcp://host-b.example.org:5556", ""), ("tcp://[fe80::1]:5556", ""),
-    ("tcp://10.0.0.9:65535", ""),  # the highest port; one more is none
-    ("tcp://10.0.0.9:65536", "out_of_range"), ("tcp://10.0.0.9:0", "out_of_range"),
-    ("http://10.0.0.9:5556", "out_of_range"), ("tcp://10.0.0.9", "out_of_range"), ("tcp://a b:1", "out_of_range"),
-    ("tcp://10.0.0.9:5556/x", "out_of_range"),
-    # 6 + 250 + 5 = 261 characters > MAX_NAME_CHARS (256): an address that long is no address
-    ("tcp://" + "a" * 250 + ":5556", "too_long"),
-])
+@pytest.mark.parametrize(
+    "weights, code",
+    [
+        ("", ""),  # not said: the broker keeps the address it has
+        ("tcp://10.0.0.9:41000", ""),
+        ("tcp://host-b.example.org:5556", ""),
+        ("tcp://[fe80::1]:5556", ""),
+        ("tcp://10.0.0.9:65535", ""),  # the highest port; one more is none
+        ("tcp://10.0.0.9:65536", "out_of_range"),
+        ("tcp://10.0.0.9:0", "out_of_range"),
+        ("http://10.0.0.9:5556", "out_of_range"),
+        ("tcp://10.0.0.9", "out_of_range"),
+        ("tcp://a b:1", "out_of_range"),
+        ("tcp://10.0.0.9:5556/x", "out_of_range"),
+        # 6 + 250 + 5 = 261 characters > MAX_NAME_CHARS (256): an address that long is no address
+        ("tcp://" + "a" * 250 + ":5556", "too_long"),
+    ],
+)
 def test_the_learners_weight_address_must_be_one(weights: str, code: str) -> None:
     """The broker hands a VersionUpdate's `weights` to every process that joins: only tcp://HOST:PORT gets through."""
     assert code_of(P.encode(P.VersionUpdate(version=3, resumed=True, weights=weights))) == code
@@ -152,12 +175,25 @@ def test_the_learners_weight_address_must_be_one(weights: str, code: str) -> Non
 def test_batches_must_add_up() -> None:
     def batch(**kw) -> P.Batch:
         n2 = lambda dt: np.zeros(2, dt)
-        base = {"step": 0, "rank": 0, "learner_version": 0, "group_size": 2, "group_index": n2(np.int32),
-                    "traj_index": np.array([0, 1], np.int32), "step_index": n2(np.int32),
-                    "prompt_lens": np.array([2, 1], np.int32), "response_lens": np.array([1, 1], np.int32),
-                    "rewards": n2(np.float32), "dones": np.ones(2, bool), "valid": np.ones(2, bool),
-                    "version_lo": n2(np.int32), "version_hi": n2(np.int32), "prompt_ids": np.array([1, 2, 3], np.int32),
-                    "response_ids": np.array([4, 5], np.int32), "logprobs": np.array([-1, -2], np.float32)}
+        base = {
+            "step": 0,
+            "rank": 0,
+            "learner_version": 0,
+            "group_size": 2,
+            "group_index": n2(np.int32),
+            "traj_index": np.array([0, 1], np.int32),
+            "step_index": n2(np.int32),
+            "prompt_lens": np.array([2, 1], np.int32),
+            "response_lens": np.array([1, 1], np.int32),
+            "rewards": n2(np.float32),
+            "dones": np.ones(2, bool),
+            "valid": np.ones(2, bool),
+            "version_lo": n2(np.int32),
+            "version_hi": n2(np.int32),
+            "prompt_ids": np.array([1, 2, 3], np.int32),
+            "response_ids": np.array([4, 5], np.int32),
+            "logprobs": np.array([-1, -2], np.float32),
+        }
         base.update(kw)
         return P.Batch(**base)
 
@@ -202,9 +238,11 @@ def test_random_mutations_never_raise_anything_but_protocol_error(bundle: bool) 
 
 def test_limits_come_from_the_model_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 777}))
-    limits = limits_for(dataclasses.replace(ModelConfig(), path=str(tmp_path)),
-                        dataclasses.replace(EnginesConfig(), max_model_len=300),
-                        dataclasses.replace(BrokerConfig(), max_image_bytes=1234))
+    limits = limits_for(
+        dataclasses.replace(ModelConfig(), path=str(tmp_path)),
+        dataclasses.replace(EnginesConfig(), max_model_len=300),
+        dataclasses.replace(BrokerConfig(), max_image_bytes=1234),
+    )
     assert (limits.vocab_size, limits.max_tokens, limits.max_image_bytes) == (777, 300, 1234)
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 9}}))  # multimodal layout
     assert model_vocab_size(str(tmp_path)) == 9
@@ -215,9 +253,36 @@ def test_the_fast_acceptance_of_bundle_items_is_never_looser_than_the_checks() -
     """Property: on random items near the edges, `_plainly_valid` accepts only what every per-field check
     of a Transition accepts (it exists only to skip those checks for the usual, well-formed item)."""
     rng = random.Random(7)
-    edge = [0, 1, -1, -2, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 0.5, -0.0, float("nan"), float("inf"), True, False,
-            None, "", "x" * 257, "ok", [], {}, {"a": 1}, {"a": float("nan")}, {"k" * 300: 1}, {"a": [1]}, {1: 2},
-            {"a": "y" * (P.MAX_TEXT_CHARS + 1)}, {"a": None}, {"a": True}]
+    edge = [
+        0,
+        1,
+        -1,
+        -2,
+        2**31 - 1,
+        2**31,
+        2**63 - 1,
+        2**63,
+        0.5,
+        -0.0,
+        float("nan"),
+        float("inf"),
+        True,
+        False,
+        None,
+        "",
+        "x" * 257,
+        "ok",
+        [],
+        {},
+        {"a": 1},
+        {"a": float("nan")},
+        {"k" * 300: 1},
+        {"a": [1]},
+        {1: 2},
+        {"a": "y" * (P.MAX_TEXT_CHARS + 1)},
+        {"a": None},
+        {"a": True},
+    ]
     base = [getattr(transition(seq=3), f) for f in P.TRANSITION_ITEM_FIELDS]
     checks = [P._CHECKERS["transition"][f] for f in P.TRANSITION_ITEM_FIELDS]
     fast_accepted = 0
@@ -243,20 +308,44 @@ def test_the_fast_decoding_of_transitions_agrees_with_the_general_path(monkeypat
             msg = P.decode(frames)
         except P.ProtocolError as exc:
             return exc.code
-        arrays = [f for f in ("prompt_lens", "response_lens", "prompt_ids", "response_ids", "logprobs", "images",
-                              "image_shapes", "image_data") if hasattr(msg, f)]
-        return (type(msg).__name__, sorted((k, repr(v)) for k, v in vars(msg).items() if k not in arrays),
-                *(getattr(msg, f).tolist() for f in arrays), *(str(getattr(msg, f).dtype) for f in arrays),
-                *(getattr(msg, f).shape for f in arrays))
+        arrays = [
+            f
+            for f in (
+                "prompt_lens",
+                "response_lens",
+                "prompt_ids",
+                "response_ids",
+                "logprobs",
+                "images",
+                "image_shapes",
+                "image_data",
+            )
+            if hasattr(msg, f)
+        ]
+        return (
+            type(msg).__name__,
+            sorted((k, repr(v)) for k, v in vars(msg).items() if k not in arrays),
+            *(getattr(msg, f).tolist() for f in arrays),
+            *(str(getattr(msg, f).dtype) for f in arrays),
+            *(getattr(msg, f).shape for f in arrays),
+        )
 
     cases = []
     for i in range(800):
-        ts = [transition(traj_id=f"t{j}", step=j, seq=j, info={"k": j}, anchor="a" * rng.randint(0, 3),
-                         prompt_ids=np.arange(rng.randint(0, 5), dtype=np.int32),
-                         response_ids=np.arange(n := rng.randint(0, 4), dtype=np.int32),
-                         logprobs=np.full(n, -0.25, np.float32),
-                         images=np.full((rng.randint(0, 2), 2, 3, 3), j, np.uint8) if i % 8 >= 4 else P._NO_IMAGES)
-              for j in range(rng.randint(1, 4))]
+        ts = [
+            transition(
+                traj_id=f"t{j}",
+                step=j,
+                seq=j,
+                info={"k": j},
+                anchor="a" * rng.randint(0, 3),
+                prompt_ids=np.arange(rng.randint(0, 5), dtype=np.int32),
+                response_ids=np.arange(n := rng.randint(0, 4), dtype=np.int32),
+                logprobs=np.full(n, -0.25, np.float32),
+                images=np.full((rng.randint(0, 2), 2, 3, 3), j, np.uint8) if i % 8 >= 4 else P._NO_IMAGES,
+            )
+            for j in range(rng.randint(1, 4))
+        ]
         msg = P.Transitions.of(ts) if i % 4 < 2 else ts[0]
         frames = [bytearray(f) for f in P.encode(msg)]
         for _ in range(rng.randint(0, 2)) if i % 2 else ():

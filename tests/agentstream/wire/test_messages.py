@@ -13,16 +13,26 @@ from agentstream.wire import messages as P
 def random_transition(rng: random.Random) -> P.Transition:
     n_p, n_r = rng.randint(0, 300), rng.randint(0, 64)
     return P.Transition(
-        traj_id=f"a.{rng.randint(0, 9)}.g{rng.randint(0, 99)}", group_id=rng.randint(0, 10**6), actor="actor-0",
+        traj_id=f"a.{rng.randint(0, 9)}.g{rng.randint(0, 99)}",
+        group_id=rng.randint(0, 10**6),
+        actor="actor-0",
         step=rng.randint(0, 50),
         prompt_ids=np.array([rng.randint(0, 150_000) for _ in range(n_p)], dtype=np.int32),
         response_ids=np.array([rng.randint(0, 150_000) for _ in range(n_r)], dtype=np.int32),
         logprobs=np.array([-rng.random() * 10 for _ in range(n_r)], dtype=np.float32),
-        version_lo=rng.randint(0, 5), version_hi=rng.randint(5, 9), reward=rng.uniform(-1, 1),
-        done=rng.random() < 0.5, truncated=rng.random() < 0.5, valid=rng.random() < 0.5,
-        anchor="ü grid\nP F", info={"success": rng.random() < 0.5},
-        token_rewards=(np.array([rng.uniform(-1, 1) for _ in range(n_r)], np.float32) if rng.random() < 0.5
-                       else np.zeros(0, np.float32)),
+        version_lo=rng.randint(0, 5),
+        version_hi=rng.randint(5, 9),
+        reward=rng.uniform(-1, 1),
+        done=rng.random() < 0.5,
+        truncated=rng.random() < 0.5,
+        valid=rng.random() < 0.5,
+        anchor="ü grid\nP F",
+        info={"success": rng.random() < 0.5},
+        token_rewards=(
+            np.array([rng.uniform(-1, 1) for _ in range(n_r)], np.float32)
+            if rng.random() < 0.5
+            else np.zeros(0, np.float32)
+        ),
     )
 
 
@@ -65,10 +75,18 @@ def test_a_bundle_carries_token_rewards_only_when_one_of_its_transitions_has_the
     """Transitions without token rewards ride in a bundle that has some as zeros (the same rewards: the
     scalar `reward` holds the step's whole reward either way); a bundle with none carries an empty array."""
     plain = random_transition(random.Random(2))
-    plain = dataclasses.replace(plain, response_ids=np.array([7, 8, 9], np.int32),
-                                logprobs=np.full(3, -1.0, np.float32), token_rewards=np.zeros(0, np.float32))
-    rewarded = dataclasses.replace(plain, response_ids=np.array([5, 6], np.int32),
-                                   logprobs=np.full(2, -1.0, np.float32), token_rewards=np.array([0.25, -0.5], np.float32))
+    plain = dataclasses.replace(
+        plain,
+        response_ids=np.array([7, 8, 9], np.int32),
+        logprobs=np.full(3, -1.0, np.float32),
+        token_rewards=np.zeros(0, np.float32),
+    )
+    rewarded = dataclasses.replace(
+        plain,
+        response_ids=np.array([5, 6], np.int32),
+        logprobs=np.full(2, -1.0, np.float32),
+        token_rewards=np.array([0.25, -0.5], np.float32),
+    )
     none = P.Transitions.of([plain, plain])
     assert none.token_rewards.size == 0
     assert [t.token_rewards.size for t in none.split()] == [0, 0]
@@ -80,11 +98,14 @@ def test_a_bundle_carries_token_rewards_only_when_one_of_its_transitions_has_the
 def test_every_kind_round_trips() -> None:
     msgs = [
         P.Hello(role="actor", name="a", incarnation=2, pid=7, address="x"),
-        P.GroupRequest(actor="a"), P.GroupGrant(group_id=3, seed=4, min_version=1),
+        P.GroupRequest(actor="a"),
+        P.GroupGrant(group_id=3, seed=4, min_version=1),
         P.Stats(source="a", role="actor", counters={"x": 1}, gauges={"y": 2.5}, final=True),
-        P.BatchRequest(step=1, rank=0, world_size=2), P.VersionUpdate(version=3, metrics={"loss": 0.5}),
+        P.BatchRequest(step=1, rank=0, world_size=2),
+        P.VersionUpdate(version=3, metrics={"loss": 0.5}),
         P.VersionUpdate(version=3, resumed=True, checkpointed=3, weights="tcp://10.0.0.9:41000"),
-        P.EngineStatus(engine="e", url="http://h:1", version=2), P.WeightUpdate(version=1, payload=b"\x00\x01abc"),
+        P.EngineStatus(engine="e", url="http://h:1", version=2),
+        P.WeightUpdate(version=1, payload=b"\x00\x01abc"),
         P.Reject(reason="no"),
     ]
     for msg in msgs:
@@ -117,19 +138,34 @@ def header(**kw) -> bytes:
     return msgpack.packb(base)
 
 
-@pytest.mark.parametrize("frames, needle", [
-    ([], "empty"),
-    ([b"\xc1\xff"], "msgpack"),
-    ([msgpack.packb([1, 2])], "must be a map"),
-    ([header(v=99)], "protocol version"),
-    ([header(kind="nope")], "unknown message kind"),
-    ([header(extra=1)], "unknown field"),
-    ([header(actor=5)], "expected str"),
-    ([msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "group_grant", "group_id": 1, "_arrays": []})], "missing"),
-    ([header(), b"x"], "arrays"),
-    ([msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "weight_update", "version": True, "_arrays": [["payload", "bytes", [1]]]}), b"a"],
-     "expected int"),
-])
+@pytest.mark.parametrize(
+    "frames, needle",
+    [
+        ([], "empty"),
+        ([b"\xc1\xff"], "msgpack"),
+        ([msgpack.packb([1, 2])], "must be a map"),
+        ([header(v=99)], "protocol version"),
+        ([header(kind="nope")], "unknown message kind"),
+        ([header(extra=1)], "unknown field"),
+        ([header(actor=5)], "expected str"),
+        ([msgpack.packb({"v": P.PROTOCOL_VERSION, "kind": "group_grant", "group_id": 1, "_arrays": []})], "missing"),
+        ([header(), b"x"], "arrays"),
+        (
+            [
+                msgpack.packb(
+                    {
+                        "v": P.PROTOCOL_VERSION,
+                        "kind": "weight_update",
+                        "version": True,
+                        "_arrays": [["payload", "bytes", [1]]],
+                    }
+                ),
+                b"a",
+            ],
+            "expected int",
+        ),
+    ],
+)
 def test_malformed_frames_are_rejected(frames, needle) -> None:
     with pytest.raises(P.ProtocolError, match=needle):
         P.decode(frames)
