@@ -190,7 +190,8 @@ class EnginesConfig:
     within this long either: the engine is stalled, the request moves to another engine (engine_stalls). With one
     engine a request waits up to request_timeout_s (there is no other engine to move it to)."""
     max_restarts: int = 2
-    """A dead engine (server or weight sidecar) is restarted this many times in total; meanwhile actors use the others."""
+    """A dead engine (server or weight sidecar) is restarted this many times in total; meanwhile actors use the
+    others."""
     weight_sync: str = "stream"
     """How the learner's full weights reach the engines. `stream`: the learner's rank 0 broadcasts them in buckets over
     a torch.distributed group to every engine worker (gloo on CPU, NCCL on GPUs), gathered parameter by parameter,
@@ -220,7 +221,8 @@ class ActorsConfig:
     max_unacked: int = 256
     """Transitions an actor keeps until the broker acknowledges them; at this many it waits (back-pressure)."""
     ack_timeout_s: float = 5.0
-    """No acknowledgement (or group grant) this long: resend everything unacknowledged (the broker may have restarted)."""
+    """No acknowledgement (or group grant) this long: resend everything unacknowledged (the broker may have
+    restarted)."""
     episode_retries: int = 2
     """An episode whose env step timed out or raised, or whose engine requests all failed, is played again on the same
     seed this many times (its sent steps are dropped); then its group is dropped whole (infra_failures_<cause>)."""
@@ -246,7 +248,8 @@ class BrokerConfig:
     dashboard_port: int = 8787
     """HTTP port of the dashboard and /metrics; 0 picks a free port."""
     max_message_bytes: int = 64 * 1024 * 1024
-    """Messages larger than this are rejected and counted (a single frame over 4x this drops the sender's connection)."""
+    """Messages larger than this are rejected and counted (a single frame over 4x this drops the sender's
+    connection)."""
     max_image_bytes: int = 8 * 1024 * 1024
     """Image bytes (n*H*W*C, uint8) one transition may carry (its prompt's images, sent whole with every transition that
     shows them); a message with more is rejected and counted. 0: no bound but max_message_bytes."""
@@ -275,7 +278,8 @@ class BrokerConfig:
     min_partial_group: int = 2
     """With dead_actor_groups=serve: fewer finished trajectories than this and the group is dropped instead."""
     track_keys: bool = False
-    """Record every transition's fate (trained at step k or dropped with a reason) for audits; memory grows with the run."""
+    """Record every transition's fate (trained at step k or dropped with a reason) for audits; memory grows with the
+    run."""
     max_restarts: int = 2
     """A dead broker is restarted (same port, state recovered from its write-ahead log) this many times."""
     # --- CURVE keys and what may leave loopback (agentstream/wire/curve.py)
@@ -510,7 +514,8 @@ class AlgorithmConfig:
     loss_agg: str = "token-mean"
     """Loss aggregation: token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
     norm_length: int = 1024
-    """seq-mean-token-sum-norm (Dr. GRPO) divides each sequence's token sum by this constant (>= sampling.max_tokens)."""
+    """seq-mean-token-sum-norm (Dr. GRPO) divides each sequence's token sum by this constant
+    (>= sampling.max_tokens)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (0: off)."""
     kl_coef: float = 0.0
@@ -519,9 +524,11 @@ class AlgorithmConfig:
     """KL estimator, as verl's kl_penalty: k1 (kl), k2 (mse), k3 (low_var_kl, clamped to [-10, 10]) or abs;
     a trailing `+` (k3+, k1+, abs+) keeps the value and takes k2's gradient."""
     kl_in_reward: bool = False
-    """True: subtract kl_coef * KL(behaviour || ref) of each step from its reward before advantages; False: KL term in the loss."""
+    """True: subtract kl_coef * KL(behaviour || ref) of each step from its reward before advantages; False: KL term in
+    the loss."""
     reference: str = "none"
-    """Reference policy for KL: none (LoRA: the adapter-disabled model) or frozen_copy (a sharded copy of the initial weights)."""
+    """Reference policy for KL: none (LoRA: the adapter-disabled model) or frozen_copy (a sharded copy of the initial
+    weights)."""
     off_policy: str = "tis"
     """Off-policy correction (see `learner.offpolicy.OFF_POLICY`): tis, mis, decoupled or none."""
     is_level: str = "token"
@@ -571,7 +578,8 @@ class Config:
 def learner_threads(cfg: Config) -> int:
     """Torch threads per learner rank: learner.torch_threads, or with 0 the host's cores shared among its ranks when
     training is synchronous (trainer.max_staleness=0: the learner never computes beside the engines' generation;
-    on 2 cores, batch 64 of bench/peer.py: compute 0.23-0.28 -> 0.16-0.17 s a step), else 1 (it computes beside them)."""
+    on 2 cores, batch 64 of bench/peer.py: compute 0.23-0.28 -> 0.16-0.17 s a step), else 1 (it computes beside
+    them)."""
     if cfg.learner.torch_threads > 0:
         return cfg.learner.torch_threads
     if cfg.trainer.max_staleness > 0:
@@ -604,6 +612,6 @@ def save(cfg: Config, path: Path) -> None:
     path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
-def load(path: str | os.PathLike[str]) -> Config:
-    """Read a config written by `save`."""
+def load(path: str | Path) -> Config:
+    """Read a config written by `save` (a str or a Path: OmegaConf.load takes no other path-like)."""
     return to_object(OmegaConf.load(path))

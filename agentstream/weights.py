@@ -75,12 +75,15 @@ class StreamLayout:
         dtype: str | None = None,
     ) -> StreamLayout:
         """From (name, shape, dtype) triples; `dtype` (a WIRE_DTYPES name) replaces every floating dtype."""
-        names, dtypes, shapes = [], [], []
+        names: list[str] = []
+        dtypes: list[str] = []
+        shapes: list[list[int]] = []
         for name, shape, dt in params:
             dt_name = dt if isinstance(dt, str) else str(dt).removeprefix("torch.")
             names.append(name)
-            floating = dtype is not None and lookup(WIRE_DTYPES, dt_name, "wire dtype").is_floating_point
-            dtypes.append(dtype if floating else dt_name)
+            if dtype is not None and lookup(WIRE_DTYPES, dt_name, "wire dtype").is_floating_point:
+                dt_name = dtype
+            dtypes.append(dt_name)
             shapes.append([int(s) for s in shape])
         return cls(names, dtypes, shapes, bucket_bytes)
 
@@ -166,18 +169,19 @@ def open_group(
         store.set("decision", "go")
     prefixed = dist.PrefixStore("agentstream-weights", store)
     if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # there at runtime; torch's stub lacks it
         opts._timeout = timeout
         # Gloo's default device is the interface of this machine's host name; the group's own host keeps the
         # traffic where the run's addresses say (loopback in a one-host run).
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        return dist.ProcessGroupGloo(prefixed, rank, world, opts)
+        # A c10d Backend, used as a ProcessGroup: it has broadcast, which torch's stub lists only on ProcessGroup.
+        return dist.ProcessGroupGloo(prefixed, rank, world, opts)  # type: ignore[return-value]
     if backend == "nccl":
         from torch.distributed import ProcessGroupNCCL  # absent from CPU builds of torch
 
         opts = ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return ProcessGroupNCCL(prefixed, rank, world, opts)
+        return ProcessGroupNCCL(prefixed, rank, world, opts)  # type: ignore[return-value]  # as gloo's above
     raise ValueError(f"weight sync backend {backend!r}: use gloo (CPU) or nccl (GPU)")
 
 
@@ -266,6 +270,7 @@ def receive_buckets(
 
     pending = start(0) if buckets else None
     for k, bucket in enumerate(buckets):
+        assert pending is not None  # start(k) ran for every bucket k: before the loop or in the step before
         buffer, work = pending
         work.wait()
         pending = start(k + 1) if k + 1 < len(buckets) else None  # the next bucket arrives while this one loads

@@ -150,7 +150,7 @@ class SyncClient:
         """`address`: the broker's, or its record (`RecordLink`: followed while a request waits);
         `curve_keys_dir`: broker.curve_keys_dir (empty: no CURVE); `max_message_bytes`: 0 = no bound."""
         self.link = RecordLink(address)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, name, hwm, curve_keys_dir, max_message_bytes)
         self._sock.connect(self.link.address)

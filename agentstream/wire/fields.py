@@ -12,7 +12,12 @@ import msgpack
 import numpy as np
 
 # Arrays travel as these dtypes, little-endian, whatever the sender's platform.
-ARRAY_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1"), "bool": np.dtype("?")}
+ARRAY_DTYPES: dict[str, np.dtype[Any]] = {
+    "int32": np.dtype("<i4"),
+    "float32": np.dtype("<f4"),
+    "uint8": np.dtype("u1"),
+    "bool": np.dtype("?"),
+}
 
 
 class ProtocolError(ValueError):

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,7 +134,7 @@ IMAGE_CHANNELS = (1, 3, 4)
 """Channels an image may have: grey, RGB, RGBA."""
 
 
-def _check_images(msg: Message, shapes: list[list[int]], data_bytes: int, limits: Limits) -> None:
+def _check_images(msg: Message, shapes: Sequence[Sequence[int]], data_bytes: int, limits: Limits) -> None:
     """`shapes`: each transition's (n, H, W, C), which must describe exactly `data_bytes` bytes (Python ints: a
     hostile shape's product cannot wrap around)."""
     total = 0

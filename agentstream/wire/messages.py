@@ -1,4 +1,5 @@
-"""The wire protocol: every message that crosses a socket; with `agentstream.wire.fields`, the only code that knows its bytes.
+"""The wire protocol: every message that crosses a socket; with `agentstream.wire.fields`, the only code that knows its
+bytes.
 
 A message is a list of ZeroMQ frames:
 
@@ -29,6 +30,7 @@ import functools
 import itertools
 import math
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
@@ -495,16 +497,16 @@ ZERO_COPY_MIN_BYTES = 65536
 (measured here: ~3x per small message, bench/broker.py), so such messages are copied."""
 
 
-def copy_when_sending(frames: list[bytes | memoryview]) -> bool:
+def copy_when_sending(frames: Sequence[bytes | bytearray | memoryview]) -> bool:
     """pyzmq's `copy=` for `send_multipart(frames)`: False (zero-copy) only when a frame is large."""
     return not any(len(f) >= ZERO_COPY_MIN_BYTES for f in frames)
 
 
-def encode(msg: Message) -> list[bytes | memoryview]:
+def encode(msg: Message) -> list[bytes | bytearray | memoryview]:
     """A message -> frames. Arrays and bytes go as raw frames, without copying when contiguous."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION}
     arrays: list[list[Any]] = []
-    frames: list[bytes | memoryview] = [b""]
+    frames: list[bytes | bytearray | memoryview] = [b""]
     values = msg.__dict__
     for name in _FIELD_NAMES[type(msg)]:
         value = values[name]
@@ -514,7 +516,8 @@ def encode(msg: Message) -> list[bytes | memoryview]:
             dtype = _array_dtype_name(value)
             arr = np.ascontiguousarray(value, dtype=ARRAY_DTYPES[dtype])
             arrays.append([name, dtype, list(arr.shape)])
-            frames.append(memoryview(arr).cast("B") if arr.size else b"")
+            # An ndarray has the buffer protocol; numpy's stub declares its __buffer__ only for Python 3.12+.
+            frames.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
         elif isinstance(value, (bytes, bytearray, memoryview)):
             arrays.append([name, "bytes", [len(value)]])
             frames.append(value)
@@ -525,7 +528,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     return frames
 
 
-def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None) -> Message:
+def decode(frames: Sequence[bytes | memoryview | Any], max_bytes: int | None = None) -> Message:
     """Frames -> a message. Raises ProtocolError on anything malformed (never another exception).
 
     Beyond the shape of the message, every value is checked by its type (`agentstream.wire.fields.field_checker`): ints
@@ -556,7 +559,7 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
         if fast is not None:
             return fast
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if cls is None or not isinstance(kind, str):  # kind is a str whenever cls was found: narrows it
         raise ProtocolError(f"unknown message kind {str(kind)[:40]!r}; known: {sorted(_KINDS)}", "unknown_kind")
     specs, checkers = _SPECS[kind], _CHECKERS[kind]
     values: dict[str, Any] = {}
@@ -584,7 +587,7 @@ def decode(frames: list[bytes | memoryview | Any], max_bytes: int | None = None)
     defaults = _PLAIN_DEFAULTS[kind]
     if defaults is None:
         return cls(**values)
-    msg = object.__new__(cls)  # what the frozen dataclass's __init__ makes, without a setattr per field
+    msg: Message = object.__new__(cls)  # what the frozen dataclass's __init__ makes, without a setattr per field
     msg.__dict__.update(defaults)
     msg.__dict__.update(values)
     return msg
