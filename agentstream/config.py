@@ -342,6 +342,10 @@ class LearnerConfig:
     """Samples whose gradient is 0 (every advantage 0, no KL in the loss, no entropy bonus: a group of equal rewards
     under GRPO) skip the update's forward and backward; the loss still counts their tokens, so the update is the
     same. Counted as skipped_samples / skipped_tokens. Only with learner.mini_batches=1."""
+    tcmalloc: bool = True
+    """Run the learner's ranks on tcmalloc (LD_PRELOAD, when installed; scripts/setup.sh installs it) instead of
+    glibc's malloc, whose per-thread arenas keep what a step frees: SmolLM2-135M's step peaked at 2-3x the RSS on
+    glibc (bench/learner_memory.py)."""
     activation_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and recompute the layer there (about a third more
     compute): a deep model's activations then cost one layer's (for real models; bench/learner_memory.py)."""

@@ -12,6 +12,8 @@ gradient). The variants, each adding to the one before:
   default     as the learner ran before: full logits of the response tokens, every activation kept
   chunked     learner.logprob_chunk_tokens=512: log-probs 512 tokens at a time, their logits recomputed in backward
   checkpoint  learner.activation_checkpointing=true: each decoder layer recomputed in backward
+  tcmalloc    learner.tcmalloc=true: the rank runs on tcmalloc (LD_PRELOAD) instead of glibc's malloc, whose arenas
+              keep what a step frees and hand it out again only in part
   lora        model.lora_rank=16 on every projection: optimizer state and gradients of the adapter only
 Peak RSS is the process's high-water mark (VmHWM) over the whole run, load included, as a learner rank's would be,
 and over the steps alone (reset after the load through /proc/self/clear_refs). The ratio line is the default's peak
@@ -31,8 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench import harness
+from engines.server import cpu_allocator_env
 
-VARIANTS = ("default", "chunked", "checkpoint", "lora")
+VARIANTS = ("default", "chunked", "checkpoint", "tcmalloc", "lora")
 GROUP_SIZE = 4
 REWARDS = (1.0, 0.0, 0.0, 1.0)
 
@@ -192,7 +195,11 @@ def main() -> None:
             "--micro-batch-tokens",
             str(w.micro_batch_tokens),
         ]
-        out = subprocess.run(argv, capture_output=True, text=True)
+        allocator = cpu_allocator_env() if VARIANTS.index(v) >= VARIANTS.index("tcmalloc") else {}
+        if VARIANTS.index(v) >= VARIANTS.index("tcmalloc") and not allocator:
+            print(f"{v:<11} skipped: tcmalloc is not installed (scripts/setup.sh installs libtcmalloc-minimal4)")
+            continue
+        out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **allocator})
         if out.returncode != 0:
             print(f"{v:<11} failed (exit {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
             continue

@@ -226,9 +226,12 @@ class Commands:
         if resume:
             argv += ["--resume", "latest"]  # a restarted learner continues from its newest checkpoint
         name = "learner" if c.nnodes == 1 else f"learner-node{node}"
-        return self.command(
-            name, "learner", argv, {"OMP_NUM_THREADS": str(learner_threads(self.cfg)), **self.gpus_of_learner()}
-        )
+        env = {"OMP_NUM_THREADS": str(learner_threads(self.cfg)), **self.gpus_of_learner()}
+        if c.tcmalloc:  # the ranks inherit torchrun's environment
+            from engines.server import cpu_allocator_env
+
+            env.update(cpu_allocator_env())
+        return self.command(name, "learner", argv, env)
 
     def actor(self, i: int, incarnation: int = 0) -> Command:
         """Actor i (actors/actor.py); `incarnation`: how many times it was restarted."""

@@ -91,3 +91,22 @@ def test_a_directory_cut_short_before_its_stamp_is_made_again(tmp_path: Path, mo
     monkeypatch.setattr(real_model, "convert_gguf", lambda gguf, out: made_at.append(out) or out)
     (tmp_path / "config.json").write_text("{}")  # a crash left the files but not the stamp
     assert ensure_smollm2(tmp_path) == tmp_path and made_at == [tmp_path]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_learners_ranks_run_on_tcmalloc_unless_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               on: bool) -> None:
+    """glibc's malloc kept 2-3x the live memory of a SmolLM2 step (bench/learner_memory.py): torchrun, and so every
+    rank, gets tcmalloc first in LD_PRELOAD, the caller's own preloads after it."""
+    import ctypes.util
+
+    from agentstream.config import Config
+    from launcher.supervisor import Launcher
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.4" if "tcmalloc" in name else None)
+    monkeypatch.setenv("LD_PRELOAD", "libmine.so")
+    cfg = Config()
+    cfg.run.output_dir = str(tmp_path / "run")
+    cfg.learner.tcmalloc = on
+    env = Launcher(cfg, tmp_path / "run").commands.learner().env
+    assert env.get("LD_PRELOAD") == ("libtcmalloc_minimal.so.4:libmine.so" if on else None)
