@@ -136,8 +136,8 @@ def parse_score(text: str, pattern: re.Pattern[str]) -> float | ScoreParseFailur
     """Group 1 of the LAST match of `pattern` in `text`, as a finite float; a judge that reasons first ends with
     its verdict. Every other case is a ScoreParseFailure saying why (never an exception)."""
     last = None
-    for last in pattern.finditer(text):
-        pass
+    for match in pattern.finditer(text):
+        last = match
     if last is None:
         return ScoreParseFailure(f"no match of {pattern.pattern!r} in the answer")
     raw = last.group(1)

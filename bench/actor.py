@@ -139,8 +139,8 @@ def main() -> None:
         args.model,
         "bench-actor-",
         about=(
-            f"{args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, {args.seconds:.0f} s actor "
-            f"windows; the ceiling replays the actor's own prompts"
+            f"{args.episodes} concurrent episodes/requests, {args.max_tokens} tokens/response, "
+            f"{args.seconds:.0f} s actor windows; the ceiling replays the actor's own prompts"
         ),
     )
     cfg = bench_config(args, model, folder)

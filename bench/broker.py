@@ -2,16 +2,16 @@
 
     .venv/bin/python -m bench.broker [--transitions 20000] [--sizes small,large,image] [--repeats 2]
 
-Three processes for the broker path, as in a run: a producer (an actor's stand-in: pipelined GroupRequests,
-then every transition of each granted group, each built as a `Transition`, the group's sent as one
-`Transitions` message (as the actor's client sends transitions that come together; `--one-per-message`:
-one message each) encoded by `agentstream.wire.messages`), the real broker (`python -m broker.server`, ingest, group assembly, batch forming) and
-a learner stub that only receives its batches (BatchRequest -> Batch -> VersionUpdate). The raw baseline
-sends the same encoded messages from the same producer code over PUSH -> PULL to a sink that only counts
-them. Rate = transitions / (last received - first sent). Sizes: small = 1 step per trajectory, 64 tokens
-(48 prompt + 16 response); large = 4 steps per trajectory, 2,048 tokens (1,536 + 512) per transition; image =
-small plus its prompt's picture (a 96x96 RGB Sokoban room, 27,648 bytes, as preset=cpu_tiny_vl sends), so the
-small and image rows of one run give the cost of images.
+Three processes for the broker path, as in a run: a producer (an actor's stand-in: pipelined GroupRequests, then
+every transition of each granted group, each built as a `Transition`, the group's sent as one `Transitions`
+message (as the actor's client sends transitions that come together; `--one-per-message`: one message each)
+encoded by `agentstream.wire.messages`), the real broker (`python -m broker.server`, ingest, group assembly, batch
+forming) and a learner stub that only receives its batches (BatchRequest -> Batch -> VersionUpdate). The raw
+baseline sends the same encoded messages from the same producer code over PUSH -> PULL to a sink that only counts
+them. Rate = transitions / (last received - first sent). Sizes: small = 1 step per trajectory, 64 tokens (48
+prompt + 16 response); large = 4 steps per trajectory, 2,048 tokens (1,536 + 512) per transition; image = small
+plus its prompt's picture (a 96x96 RGB Sokoban room, 27,648 bytes, as preset=cpu_tiny_vl sends), so the small and
+image rows of one run give the cost of images.
 The last line is the broker/raw ratio for each size (target >= 0.5).
 """
 

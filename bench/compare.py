@@ -92,7 +92,8 @@ def key_figures(label: str, rows: list[dict[str, float]], target: float, wall_s:
 
 
 def shared_step_frac(run_dir: Path) -> float | None:
-    """Mean over the run's learner steps of GiGPO's share of steps in a step group of more than one (None: not logged)."""
+    """Mean over the run's learner steps of GiGPO's share of steps in a step group of more than one (None: not
+    logged)."""
     path = run_dir / "learner_metrics.jsonl"
     values = (
         [

@@ -28,15 +28,16 @@ shop (no env of it in envs/, and they send no tools), so they play the closest t
 checker. The table says what each played: model calls per rollout, prompt and answer tokens per call (from the
 broker's log); the learner's cost follows the tokens, so these should be close.
 
-Per path: start-up = launch to the end of the learner's step 1; steady = the learner's steps after the first
-1 + bound (the staleness bound, 2: while the run starts, groups are made as far ahead as the bound lets them, and
-the steps that train them run without waiting: a fast start, not a rate), their step times summed, as `bench.peer`
-measures; rollouts/s = those steps x groups a step x G / steady s (whole groups, every one of them trained); "wait" = the learner's share of those steps spent waiting for its batch (near 100%: the path sets
-the pace; near 0: the learner does, and the path could go faster). CPU: every process of the run (the agent's
-own, the launcher and all it started), read every 0.25 s by role (`harness.CpuSampler`): the cores each used over
-the steady steps / rollouts/s = CPU ms one rollout costs there. On 2 busy cores a path's rate is about 2 / its
-CPU s per rollout, so the actors' CPU per rollout over a path's bounds that path's ratio when every core is busy
-(a `#` line). The ratio to the actors' rollouts/s ends each path's line, and the last line repeats them.
+Per path: start-up = launch to the end of the learner's step 1; steady = the learner's steps after the first 1 +
+bound (the staleness bound, 2: while the run starts, groups are made as far ahead as the bound lets them, and the
+steps that train them run without waiting: a fast start, not a rate), their step times summed, as `bench.peer`
+measures; rollouts/s = those steps x groups a step x G / steady s (whole groups, every one of them trained); "wait"
+= the learner's share of those steps spent waiting for its batch (near 100%: the path sets the pace; near 0: the
+learner does, and the path could go faster). CPU: every process of the run (the agent's own, the launcher and all it
+started), read every 0.25 s by role (`harness.CpuSampler`): the cores each used over the steady steps / rollouts/s =
+CPU ms one rollout costs there. On 2 busy cores a path's rate is about 2 / its CPU s per rollout, so the actors' CPU
+per rollout over a path's bounds that path's ratio when every core is busy (a `#` line). The ratio to the actors'
+rollouts/s ends each path's line, and the last line repeats them.
 """
 
 from __future__ import annotations
@@ -436,9 +437,9 @@ def main() -> None:
         "bench-ecosystem-",
         args.keep,
         about=(
-            f"each path a training run of {args.steps} learner steps, the tiny model: groups of {G}, {GROUPS_PER_STEP} "
-            f"groups a step, {IN_FLIGHT} episodes in flight, one call of <= {MAX_TOKENS} tokens a rollout at temperature "
-            f"{TEMPERATURE}; 1 vLLM engine, 1 learner rank, the config's staleness bound"
+            f"each path a training run of {args.steps} learner steps, the tiny model: groups of {G}, "
+            f"{GROUPS_PER_STEP} groups a step, {IN_FLIGHT} episodes in flight, one call of <= {MAX_TOKENS} tokens "
+            f"a rollout at temperature {TEMPERATURE}; 1 vLLM engine, 1 learner rank, the config's staleness bound"
         ),
     )
     print(f"# runs in {folder}", flush=True)

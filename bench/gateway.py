@@ -147,8 +147,8 @@ def main() -> None:
         args.model,
         "bench-gateway-",
         about=(
-            f"{args.episodes} concurrent episodes/requests, {args.rounds} rounds x {args.turns} calls, {args.max_tokens} "
-            f"tokens/response; the ceiling replays the gateway's own prompts"
+            f"{args.episodes} concurrent episodes/requests, {args.rounds} rounds x {args.turns} calls, "
+            f"{args.max_tokens} tokens/response; the ceiling replays the gateway's own prompts"
         ),
     )
     cfg = bench_config(args, model, folder)

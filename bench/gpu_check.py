@@ -65,7 +65,10 @@ def make_batch(rank: int, n_seqs: int, prompt: int, response: int, vocab: int, g
     from agentstream.wire.messages import Batch
 
     rng = np.random.default_rng(rank)
-    i32 = lambda x: np.asarray(x, dtype=np.int32)
+
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
+
     n = n_seqs
     return Batch(
         step=0,

@@ -63,7 +63,8 @@ def arguments(
     doc: str, *, model: bool = False, engine_url: bool = False, default_model: str = "the tiny local model"
 ) -> argparse.ArgumentParser:
     """A benchmark's parser: `doc` (its module docstring) as `--help`'s text; `model`: `--model DIR` (default:
-    `default_model`, the benchmark's own choice, else the tiny local model, `model_dir`); `engine_url`: `--engine-url URL`, a vLLM server of that model already up."""
+    `default_model`, the benchmark's own choice, else the tiny local model, `model_dir`); `engine_url`:
+    `--engine-url URL`, a vLLM server of that model already up."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)  # run as `python -m bench.NAME`: say so in its usage
     parser = argparse.ArgumentParser(
         prog=f"python -m {spec.name}" if spec else None,

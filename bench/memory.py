@@ -79,7 +79,10 @@ def _micro_batch(tokens: int, vocab: int):
 
     rng = np.random.default_rng(0)
     n, r = 4, tokens // 4
-    i32 = lambda x: np.asarray(x, dtype=np.int32)
+
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
+
     batch = Batch(
         step=0,
         rank=0,
@@ -169,8 +172,8 @@ def main() -> None:
         )
     same = abs(rows["full"]["logp_sum"] - rows["chunked"]["logp_sum"]) <= 1e-3 * abs(rows["full"]["logp_sum"])
     print(
-        f"learner peak without/with chunking: {rows['full']['peak_growth'] / max(rows['chunked']['peak_growth'], 1):.2f}x"
-        f" (same log-probs: {same})"
+        "learner peak without/with chunking: "
+        f"{rows['full']['peak_growth'] / max(rows['chunked']['peak_growth'], 1):.2f}x (same log-probs: {same})"
     )
 
 

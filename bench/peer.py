@@ -586,9 +586,9 @@ def main() -> None:
         if made_s:
             print(f"# peer venv made in {made_s:.0f} s", flush=True)
     print(
-        f"# {DATASET} single-turn on {model}, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; TRL {TRL_VERSION} "
-        f"(HF generate, 2 torch threads); agentstream: 1 vLLM engine, 1 learner rank, 1 actor; async = "
-        f"max_staleness {bounds['async']}; runs in {folder}",
+        f"# {DATASET} single-turn on {model}, groups of 8, 32 tokens, temperature 1.0, lr 1e-3, fp32; "
+        f"TRL {TRL_VERSION} (HF generate, 2 torch threads); agentstream: 1 vLLM engine, 1 learner rank, 1 actor; "
+        f"async = max_staleness {bounds['async']}; runs in {folder}",
         flush=True,
     )
     print(

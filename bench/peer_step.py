@@ -134,15 +134,19 @@ def agentstream_step(model_dir: str, batch: Any, cfg: Config) -> dict[str, Any]:
                 grads.update({n: full(p.grad) for n, p in model.named_parameters() if p.grad is not None})
                 return super().step(closure)
 
-        l = cfg.learner
+        lcfg = cfg.learner
         optimizer = Recording(
-            trainable_parameters(model), lr=l.lr, betas=tuple(l.betas), eps=l.eps, weight_decay=l.weight_decay
+            trainable_parameters(model),
+            lr=lcfg.lr,
+            betas=tuple(lcfg.betas),
+            eps=lcfg.eps,
+            weight_decay=lcfg.weight_decay,
         )
         metrics = train_step(
             model,
             optimizer,
             dataclasses.replace(batch, logprobs=behav),
-            StepOptions.from_config(l, cfg.algorithm),
+            StepOptions.from_config(lcfg, cfg.algorithm),
             version=0,
             world_size=1,
             device=device,

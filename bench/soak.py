@@ -11,10 +11,11 @@ version (its step) and the broker's buffered transitions.
 
 Samples in the first `--warmup-frac` of the run (start-up, caches and pools filling), and any before the learner's
 first step, are left out. Over the rest, a value's growth is the least-squares slope of it against the learner's
-step, x 1000 (RSS also in % of its value at the end of the warm-up, the first sample after it). It prints a table of the roles (and all of them together), the
-WAL's size (first after the warm-up, max, last, and how often it shrank: compactions) and the buffered transitions
-(mean, max), then last the worst role's RSS growth against the targets (issue 40): RSS under 5% per 1,000 steps, no
-growth in open files or threads, the WAL bounded by its compaction (`broker.wal_compact_events`).
+step, x 1000 (RSS also in % of its value at the end of the warm-up, the first sample after it). It prints a table of
+the roles (and all of them together), the WAL's size (first after the warm-up, max, last, and how often it shrank:
+compactions) and the buffered transitions (mean, max), then last the worst role's RSS growth against the targets
+(issue 40): RSS under 5% per 1,000 steps, no growth in open files or threads, the WAL bounded by its compaction
+(`broker.wal_compact_events`).
 """
 
 from __future__ import annotations

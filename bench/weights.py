@@ -12,11 +12,11 @@ gather (`full_state_dict`), serialise and send (`WeightPublisher.publish`); stre
 buckets broadcast over a gloo group (`WeightPublisher.publish_stream`); then the wait for every sidecar's
 acknowledgement. While that happens, 4 request loops keep engine 0 generating; the longest gap between two answers
 during an update, less the median gap, is the pause generation saw. Extra MB: this process's peak resident memory
-during the update above its memory before it (Linux VmHWM, reset per update; the largest of the updates). MB/s = weights / (step-to-serving
-time), next to the loopback bandwidth of one ZeroMQ PUSH/PULL of the same bytes. With --engines N the stream path
-also runs to N servers at the last size (one broadcast group). Sizes: tiny = hidden 128 x 2 layers (0.1M
-parameters); small = hidden 512 x 4 layers (~9M); large = hidden 1024 x 12 layers (107M). The last line: the stream
-path's bandwidth as a fraction of loopback at the last size.
+during the update above its memory before it (Linux VmHWM, reset per update; the largest of the updates). MB/s =
+weights / (step-to-serving time), next to the loopback bandwidth of one ZeroMQ PUSH/PULL of the same bytes. With
+--engines N the stream path also runs to N servers at the last size (one broadcast group). Sizes: tiny = hidden 128 x
+2 layers (0.1M parameters); small = hidden 512 x 4 layers (~9M); large = hidden 1024 x 12 layers (107M). The last
+line: the stream path's bandwidth as a fraction of loopback at the last size.
 """
 
 from __future__ import annotations
@@ -305,7 +305,10 @@ def bench_case(size: str, mode: str, servers: Servers, engines: int, updates: in
                     traffic.model = LORA_ADAPTER_NAME  # from now on the adapter serves
                 time.sleep(1.0)  # answers after the update close the gap
                 rows.append((t1 - t0, t2 - t1, t3 - t0, traffic.pause_s(t0, t3), extra, payload))
-        med = lambda i: statistics.median(r[i] for r in rows)
+
+        def med(i: int) -> float:
+            return statistics.median(r[i] for r in rows)
+
         payload = rows[-1][5]
         return SyncResult(
             size,

@@ -8,39 +8,57 @@ and suffix (`reward_mean/<env>` for a labelled series).
 
 Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 
-| name                                   | type    | labels | meaning                                                   |
-|----------------------------------------|---------|--------|-----------------------------------------------------------|
-| transitions_ingested_total             | counter |        | per-step transitions accepted by the broker               |
-| transitions_trained_total              | counter |        | transitions served to the learner                         |
-| transitions_dropped_<reason>_total     | counter |        | transitions dropped, by reason (stale, actor_died, ...)   |
-| groups_admitted/completed/trained_total| counter |        | groups granted to actors / completed / served             |
-| malformed_messages_total               | counter |        | messages the broker rejected                              |
-| env_steps_total, episodes_total, successes_total, invalid_actions_total, tokens_generated_total, transitions_sent_total, episode_return_sum_total, engine_errors_total | counter | | actor totals over all actors and incarnations |
-| env_steps_per_s, tokens_per_s, transitions_per_s | gauge | | rates over the last 10 s                             |
-| learner_samples_per_s, learner_steps_per_s | gauge |      | transitions trained / optimizer steps per second (10 s)   |
-| learner_version, learner_step_time_s, learner_loss, learner_publish_s | gauge | | from the learner's last VersionUpdate |
-| learner_mismatch_logp_abs_mean, learner_mismatch_logp_abs_max, learner_mismatch_kl, learner_mismatch_version, learner_mismatch_tokens | gauge | | train-inference mismatch: the engine's log-probs against the learner's on the same weights (tokens sampled at the learner's version), as last measured, at learner version mismatch_version; tokens: how many the last step had |
-| buffered_transitions, groups_ready, groups_open, group_waiters | gauge | | broker buffer depth and queues              |
-| staleness_mean, staleness_max          | gauge   |        | policy lag of the last trained batch                      |
-| staleness_count                        | gauge   | lag    | trained transitions per policy lag (histogram)            |
-| reward_mean, success_rate, invalid_action_ratio | gauge | | over episodes/steps of the last 60 s, all envs           |
-| env_reward_mean, env_success_rate, env_invalid_action_ratio | gauge | env | the same per environment              |
-| env_episodes_total                     | counter | env    | episodes finished per environment                         |
-| actors_alive, engines_alive            | gauge   |        | processes that reported within 10 s                       |
-| weight_sync_s                          | gauge   |        | slowest engine's last weight update (write to resume)     |
-| judge_requests_total, judge_parsed_total, judge_parse_failures_total, judge_errors_total | counter | | LLM judges (actors/judge.py): episodes judged = parsed + parse failures + errors (timeouts included) |
-| judge_latency_s_sum_total, judge_latency_count_total, judge_score_sum_total | counter | | answered judge requests' seconds and count; the scores given (defaults included) |
-| judge_latency_s                        | gauge   |        | mean seconds of the judge requests answered in the last 60 s |
-| token_reward_steps_total, token_reward_sum_total, token_reward_failures_total, token_reward_failures_CAUSE_total | counter | | rewards on tokens (actors/token_rewards.py): steps given them, their sum; steps without them because the function failed, in all and by cause (raised, not_numbers, wrong_length, non_finite) |
-| gateway_requests_total, gateway_calls_total, gateway_episodes_opened_total, gateway_episodes_finished_total, gateway_prompt_tokens_total, gateway_tool_calls_total | counter | | the OpenAI-compatible gateway (gateway/server.py; an actor to the broker, whose episodes and calls also count in episodes_total and env_steps_total): HTTP requests, model calls, episodes, prompt tokens, tool calls returned |
-| gateway_rejected_total, gateway_rejected_CODE_total, gateway_tool_parse_failures_total, gateway_tool_parse_REASON_total, gateway_prompts_rendered_anew_total, gateway_prompts_extended_total, gateway_internal_errors_total | counter | | its refusals (4xx) in all and by code (docs/gateway.md), tool calls that did not parse in all and by reason, prompts rendered whole again vs extended token-exactly, 500s |
-| engine_failovers_total, engine_stalls_total, episode_retries_total, infra_failures_total, infra_failures_CAUSE_total, episodes_cut_total | counter | | faults outside the model (actors/actor.py, docs/reliability.md): requests moved off a failed or stalled engine; episodes played again on their seed; episode attempts failed by their env or engines, in all and by cause (timeout, raised, engine); episodes stopped because their group was given up |
-| actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version, actor_env_steps_hung | gauge | actor | per actor (env_steps_hung: env calls left running after env.step_timeout_s) |
-| engine_alive, engine_version, engine_requests_in_flight, engine_weight_sync_s | gauge | engine | per engine (requests: vLLM running+waiting, -1 unknown) |
-| run_wall_s, run_total_steps            | gauge   |        | seconds since the broker started; configured steps        |
-| wal_failing                            | gauge   |        | 1 while the write-ahead log cannot be written (full disk) |
-| wal_stalled_s, wal_pending_bytes       | gauge   |        | seconds stalled on it in all; bytes waiting to be written |
-| wal_write_errors_total                 | counter |        | failed writes of the write-ahead log (and compactions)    |
+- transitions_ingested_total (counter): per-step transitions accepted by the broker
+- transitions_trained_total (counter): transitions served to the learner
+- transitions_dropped_<reason>_total (counter): transitions dropped, by reason (stale, actor_died, ...)
+- groups_admitted/completed/trained_total (counter): groups granted to actors / completed / served
+- malformed_messages_total (counter): messages the broker rejected
+- env_steps_total, episodes_total, successes_total, invalid_actions_total, tokens_generated_total,
+  transitions_sent_total, episode_return_sum_total, engine_errors_total (counter): actor totals over all actors and
+  incarnations
+- env_steps_per_s, tokens_per_s, transitions_per_s (gauge): rates over the last 10 s
+- learner_samples_per_s, learner_steps_per_s (gauge): transitions trained / optimizer steps per second (10 s)
+- learner_version, learner_step_time_s, learner_loss, learner_publish_s (gauge): from the learner's last VersionUpdate
+- learner_mismatch_logp_abs_mean, learner_mismatch_logp_abs_max, learner_mismatch_kl, learner_mismatch_version,
+  learner_mismatch_tokens (gauge): train-inference mismatch: the engine's log-probs against the learner's on the same
+  weights (tokens sampled at the learner's version), as last measured, at learner version mismatch_version; tokens: how
+  many the last step had
+- buffered_transitions, groups_ready, groups_open, group_waiters (gauge): broker buffer depth and queues
+- staleness_mean, staleness_max (gauge): policy lag of the last trained batch
+- staleness_count (gauge; label lag): trained transitions per policy lag (histogram)
+- reward_mean, success_rate, invalid_action_ratio (gauge): over episodes/steps of the last 60 s, all envs
+- env_reward_mean, env_success_rate, env_invalid_action_ratio (gauge; label env): the same per environment
+- env_episodes_total (counter; label env): episodes finished per environment
+- actors_alive, engines_alive (gauge): processes that reported within 10 s
+- weight_sync_s (gauge): slowest engine's last weight update (write to resume)
+- judge_requests_total, judge_parsed_total, judge_parse_failures_total, judge_errors_total (counter): LLM judges
+  (actors/judge.py): episodes judged = parsed + parse failures + errors (timeouts included)
+- judge_latency_s_sum_total, judge_latency_count_total, judge_score_sum_total (counter): answered judge requests'
+  seconds and count; the scores given (defaults included)
+- judge_latency_s (gauge): mean seconds of the judge requests answered in the last 60 s
+- token_reward_steps_total, token_reward_sum_total, token_reward_failures_total, token_reward_failures_CAUSE_total
+  (counter): rewards on tokens (actors/token_rewards.py): steps given them, their sum; steps without them because the
+  function failed, in all and by cause (raised, not_numbers, wrong_length, non_finite)
+- gateway_requests_total, gateway_calls_total, gateway_episodes_opened_total, gateway_episodes_finished_total,
+  gateway_prompt_tokens_total, gateway_tool_calls_total (counter): the OpenAI-compatible gateway (gateway/server.py; an
+  actor to the broker, whose episodes and calls also count in episodes_total and env_steps_total): HTTP requests, model
+  calls, episodes, prompt tokens, tool calls returned
+- gateway_rejected_total, gateway_rejected_CODE_total, gateway_tool_parse_failures_total,
+  gateway_tool_parse_REASON_total, gateway_prompts_rendered_anew_total, gateway_prompts_extended_total,
+  gateway_internal_errors_total (counter): its refusals (4xx) in all and by code (docs/gateway.md), tool calls that did
+  not parse in all and by reason, prompts rendered whole again vs extended token-exactly, 500s
+- engine_failovers_total, engine_stalls_total, episode_retries_total, infra_failures_total, infra_failures_CAUSE_total,
+  episodes_cut_total (counter): faults outside the model (actors/actor.py, docs/reliability.md): requests moved off a
+  failed or stalled engine; episodes played again on their seed; episode attempts failed by their env or engines, in all
+  and by cause (timeout, raised, engine); episodes stopped because their group was given up
+- actor_alive, actor_episodes_in_flight, actor_requests_in_flight, actor_policy_version, actor_env_steps_hung (gauge;
+  label actor): per actor (env_steps_hung: env calls left running after env.step_timeout_s)
+- engine_alive, engine_version, engine_requests_in_flight, engine_weight_sync_s (gauge; label engine): per engine
+  (requests: vLLM running+waiting, -1 unknown)
+- run_wall_s, run_total_steps (gauge): seconds since the broker started; configured steps
+- wal_failing (gauge): 1 while the write-ahead log cannot be written (full disk)
+- wal_stalled_s, wal_pending_bytes (gauge): seconds stalled on it in all; bytes waiting to be written
+- wal_write_errors_total (counter): failed writes of the write-ahead log (and compactions)
 
 Any other counter or gauge a process reports still appears, under its sanitized name, with a generic HELP.
 """
@@ -155,7 +173,8 @@ HELP: dict[str, str] = {
     "the learner's weights (train-inference mismatch; ~1e-6 in fp32).",
     "learner_mismatch_logp_abs_max": "Largest |engine log-prob - learner log-prob| of those tokens.",
     "learner_mismatch_kl": "Mean per-token KL(engine || learner) of those tokens (k3 estimator).",
-    "learner_mismatch_tokens": "Tokens of the last step sampled on the learner's current weights (the mismatch's sample).",
+    "learner_mismatch_tokens": "Tokens of the last step sampled on the learner's current weights "
+    "(the mismatch's sample).",
     "learner_mismatch_version": "Learner version the mismatch figures were last measured on.",
     "run_wall_s": "Seconds since the broker started.",
     "run_total_steps": "Learner steps the run is configured to take.",

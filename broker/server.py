@@ -241,7 +241,8 @@ class Broker:
 
     async def _receive_loop(self) -> None:
         assert self._sock is not None
-        # What already arrived is read through a plain (shadow) socket without blocking (bench/broker.py): ~9 us CPU per message instead of ~42 us for an asyncio future per poll and per read.
+        # What already arrived is read through a plain (shadow) socket without blocking (bench/broker.py): ~9 us CPU
+        # per message instead of ~42 us for an asyncio future per poll and per read.
         drain = zmq.Socket.shadow(self._sock.underlying)
         while True:
             if self._wal_failing():

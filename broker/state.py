@@ -12,7 +12,8 @@ incarnation of an actor means the old one died: its unfinished groups are settle
 Group requests are idempotent: a resent (actor, incarnation, request) gets the grant it got before.
 
 Events: admit, transition, transitions (a Transitions message: what its transitions did is derived again on
-replay, so nothing inside it is logged separately), incarnation, drop_owner, version, resume, form, served, count. Accounting, at every moment:
+replay, so nothing inside it is logged separately), incarnation, drop_owner, version, resume, form, served,
+count. Accounting, at every moment:
 transitions_acked == transitions_ingested + transitions_rejected_*, and
 transitions_ingested == transitions_trained + buffered + transitions_dropped_*.
 """

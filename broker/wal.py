@@ -170,7 +170,7 @@ class WriteAheadLog:
             if first and first[0][0] == SNAPSHOT:
                 start = i
         snapshot, events = None, []
-        for i, (n, path) in enumerate(segs):
+        for i, (_n, path) in enumerate(segs):
             if i < start:
                 path.unlink()  # superseded by the snapshot in a later segment
                 continue
@@ -338,7 +338,7 @@ def main() -> None:
     kinds: Counter[str] = Counter()
     for _, kind, _ in iter_records(folder):
         kinds[kind] += 1
-    for n, path in _segments(folder):
+    for _n, path in _segments(folder):
         res = read_segment(path)
         print(
             f"{path.name}: {len(res.records)} records, {res.good_bytes} bytes"

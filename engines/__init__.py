@@ -36,9 +36,9 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from engines.client import EngineClient, EngineError, Generation
-    from engines.server import ServerNotReady, server_command, wait_ready
+if TYPE_CHECKING:  # for type checkers only; at run time __getattr__ imports them
+    from engines.client import EngineClient, EngineError, Generation  # noqa: F401  # re-exported (__all__, lazily)
+    from engines.server import ServerNotReady, server_command, wait_ready  # noqa: F401  # re-exported (__all__, lazily)
 
 
 def __getattr__(name: str) -> Any:

@@ -92,7 +92,8 @@ class WeightReloadExtension:
 # ------------------------------------------------------------------------------------ streamed weights
 @dataclass
 class StreamInit(WeightTransferInitInfo):
-    """/init_weight_transfer_engine's init_info: the learner's group (sent by `learner.publish.WeightPublisher._join`)."""
+    """/init_weight_transfer_engine's init_info: the learner's group (sent by
+    `learner.publish.WeightPublisher._join`)."""
 
     host: str
     port: int

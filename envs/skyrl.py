@@ -62,7 +62,7 @@ def _tag_parser(tags: tuple[str, ...]) -> Callable[[str], ParseResult]:
         """Action(text) when `text` holds a non-empty tag the skyrl env acts on. Never raises."""
         if not isinstance(text, str):
             return ParseFailure(f"expected text, got {type(text).__name__}")
-        for tag, pattern in patterns:
+        for _tag, pattern in patterns:
             match = pattern.search(text)
             if match and match.group(1).strip():
                 return Action(text)  # skyrl's env parses the text itself; this only vets it

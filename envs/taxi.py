@@ -1,10 +1,11 @@
 """Taxi as a text game: gymnasium's Taxi-v3 (5x5 grid, four stands R, G, Y, B) with a text map.
 
-The taxi (T) picks the passenger up at one stand and drops them off at another. Rewards are Taxi-v3's:
--1 per step, +20 for the drop-off at the destination (ends the episode with `success`), -10 for a pickup
-or drop-off where none is allowed. An unparseable answer does not move the taxi and costs the step's -1. The start (taxi cell, passenger stand, destination) comes from the
-env's own RNG, seeded by `reset(seed=...)`. The model answers with `<action>NAME</action>`, NAME one of
-south, north, east, west, pickup, dropoff (down, up, right, left also work).
+The taxi (T) picks the passenger up at one stand and drops them off at another. Rewards are Taxi-v3's: -1
+per step, +20 for the drop-off at the destination (ends the episode with `success`), -10 for a pickup or
+drop-off where none is allowed. An unparseable answer does not move the taxi and costs the step's -1. The
+start (taxi cell, passenger stand, destination) comes from the env's own RNG, seeded by `reset(seed=...)`.
+The model answers with `<action>NAME</action>`, NAME one of south, north, east, west, pickup, dropoff
+(down, up, right, left also work).
 
     env = envs.make("agentstream/Taxi-v0", max_steps=50)
     obs, info = env.reset(seed=3)
@@ -53,7 +54,8 @@ def render(desc: list[str], locs: list[tuple[int, int]], taxi: tuple[int, int], 
     return "\n".join(
         [
             *("".join(line) for line in lines),
-            f"Taxi at row {row}, column {col}. Passenger: {where}. Destination: {STANDS[dest]} (row {dr}, column {dc}).",
+            f"Taxi at row {row}, column {col}. Passenger: {where}. "
+            f"Destination: {STANDS[dest]} (row {dr}, column {dc}).",
         ]
     )
 

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-
-Extras = dict[str, tuple[nn.Module, torch.optim.Optimizer]]
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from agentstream.config import CheckpointConfig
 from learner.model import is_lora
+
+Extras = dict[str, tuple[nn.Module, torch.optim.Optimizer]]
 
 log = logging.getLogger(__name__)
 

@@ -269,7 +269,9 @@ def token_logprobs(
     if torch.is_grad_enabled():  # keep only each chunk's inputs; its logits are recomputed in backward
         from torch.utils.checkpoint import checkpoint
 
-        run = lambda h_c, t_c: checkpoint(piece, h_c, t_c, use_reentrant=False)
+        def run(h_c: Tensor, t_c: Tensor) -> tuple[Tensor, Tensor | None]:
+            return checkpoint(piece, h_c, t_c, use_reentrant=False)
+
     else:  # nothing is kept for a backward
         run = piece
     parts = [run(h[i : i + chunk_tokens], targets[i : i + chunk_tokens]) for i in range(0, h.shape[0], chunk_tokens)]

@@ -151,7 +151,8 @@ def cluster():
             "include_dashboard": True,
             "dashboard_host": IP,
             "dashboard_port": 0,
-            # A dead node is declared dead after ~3 s instead of Ray's ~15-30 s (the test waits less; nothing else changes)
+            # A dead node is declared dead after ~3 s instead of Ray's ~15-30 s (the test waits less; nothing else
+            # changes)
             "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
         },
     )

@@ -11,8 +11,12 @@ import random
 import sqlite3
 from dataclasses import dataclass
 
-SCHEMA = """CREATE TABLE departments (id INTEGER PRIMARY KEY, name TEXT NOT NULL, budget INTEGER NOT NULL);
-CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT NOT NULL, department_id INTEGER NOT NULL REFERENCES departments(id), city TEXT NOT NULL, salary INTEGER NOT NULL, hire_year INTEGER NOT NULL);"""
+SCHEMA = (
+    "CREATE TABLE departments (id INTEGER PRIMARY KEY, name TEXT NOT NULL, budget INTEGER NOT NULL);\n"
+    "CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+    "department_id INTEGER NOT NULL REFERENCES departments(id), city TEXT NOT NULL, salary INTEGER NOT NULL, "
+    "hire_year INTEGER NOT NULL);"
+)
 
 DEPARTMENTS = ["Sales", "Engineering", "Support", "Finance", "Legal", "Research", "Marketing"]
 CITIES = ["Oslo", "Lima", "Kyoto", "Austin", "Porto", "Accra", "Perth"]

@@ -182,7 +182,7 @@ def test_bench_weights_one_update_each_way_reaches_the_engine(spare_engine) -> N
         line = next(line for line in lines if line.startswith(f"given  {mode:<6}"))
         # engines, params M, MB, gather s, send s, step->serve s, pause s, extra MB, MB/s, loopback MB/s
         rows[mode] = numbers(line.split(None, 2)[2])
-    for mode, (engines, _params_m, mb, gather, send, total, pause, extra, rate, loopback) in rows.items():
+    for mode, (engines, _params_m, mb, gather, send, total, pause, _extra, rate, loopback) in rows.items():
         assert engines == 1 and 0 <= gather <= total and 0 <= send <= total, mode
         assert mb > 0 and rate == pytest.approx(mb / total, rel=0.05) and loopback > 0 and pause >= 0, mode
     assert all(row[7] >= 0 for row in rows.values())  # extra memory (its figures: the large model, docs)

@@ -181,7 +181,8 @@ def m_vocab(rng: random.Random, pools: Pools):
 
 
 def m_image(rng: random.Random, pools: Pools):
-    """A lone transition's image frame [n, H, W, C] (its last) or a bundle's image_shapes (its last but one) made wrong."""
+    """A lone transition's image frame [n, H, W, C] (its last) or a bundle's image_shapes (its last but one) made
+    wrong."""
     if rng.random() < 0.2:  # one more image in a bundle's first item than its bytes hold
         frames = list(rng.choice(pools.imaged_bundles))
         shapes = np.frombuffer(frames[-2], np.int32).copy()

@@ -232,7 +232,8 @@ async def test_b_a_streamed_update_lands_while_32_requests_are_in_flight(tiny_en
 
 
 def batch_of(gens: list, learner_version: int) -> Batch:
-    """One group of the engine's answers to PROMPT, one transition each (rewards 1, 0, 1, ...), as the broker serves it."""
+    """One group of the engine's answers to PROMPT, one transition each (rewards 1, 0, 1, ...), as the broker serves
+    it."""
     n = len(gens)
     i32 = lambda xs: np.asarray(xs, dtype=np.int32)  # noqa: E731
     return Batch(

@@ -104,7 +104,7 @@ def test_clipped_value_loss_is_verls_with_one_value_per_step(agg):
         old[1] = v[1]  # V = V_old: inside, never clipped
         mask = (torch.rand(b, length, generator=g) > 0.4).double()  # holes; a row may be empty
         mask[0, 0] = 1.0
-        tile = lambda x: x[:, None].expand(b, length)  # noqa: E731
+        tile = lambda x: x[:, None].expand(b, length)  # noqa: E731, B023  # only called in this iteration
         want, want_frac = verl_compute_value_loss(tile(v), tile(ret), tile(old), mask, 0.3, agg)
         loss, stats = clipped_value_loss(
             v, old, ret, torch.ones(b, dtype=torch.bool), value_clip=0.3, tokens=mask.sum(-1).long(), agg=agg

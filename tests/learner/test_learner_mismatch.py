@@ -20,7 +20,8 @@ from learner.step import StepOptions, train_step
 
 
 def own_logprobs(model: torch.nn.Module, batch) -> np.ndarray:
-    """The model's log-probs of the batch's response tokens [R], as the behaviour log-probs of an engine on its weights."""
+    """The model's log-probs of the batch's response tokens [R], as the behaviour log-probs of an engine on its
+    weights."""
     seqs = Sequences.from_batch(batch)
     out = np.zeros(seqs.num_response_tokens, np.float32)
     with torch.no_grad():

@@ -20,7 +20,8 @@ from learner.step import Skipped, StepOptions, train_step, zero_gradient_samples
 
 
 def mixed_batch():
-    """4 groups of 2 one-step trajectories; groups 0 and 2 have equal rewards (0, 0 and 1, 1): their advantages are 0."""
+    """4 groups of 2 one-step trajectories; groups 0 and 2 have equal rewards (0, 0 and 1, 1): their advantages
+    are 0."""
     batch = make_batch(0, 0, np.random.default_rng(5), n_groups=4, group_size=2, max_steps=1, vocab=300)
     rewards = np.array([0, 0, 0, 1, 1, 1, 1, 0], np.float32)  # by transition: one step each, group = index // 2
     assert list(batch.group_index) == [0, 0, 1, 1, 2, 2, 3, 3]

@@ -92,9 +92,9 @@ def test_largest_fitting_agrees_with_the_reference() -> None:
         threshold = rng.randint(0, n - 1)  # fits(x) <=> x <= threshold: fits(0), not fits(n)
         probes: list[int] = []
 
-        def fits(x: int) -> bool:
-            probes.append(x)
-            return x <= threshold
+        def fits(x: int) -> bool:  # called only in this iteration: its probes and threshold are this one's
+            probes.append(x)  # noqa: B023
+            return x <= threshold  # noqa: B023
 
         assert largest_fitting(n, fits) == threshold
         fast_probes = list(probes)

@@ -174,7 +174,9 @@ def test_the_learners_weight_address_must_be_one(weights: str, code: str) -> Non
 
 def test_batches_must_add_up() -> None:
     def batch(**kw) -> P.Batch:
-        n2 = lambda dt: np.zeros(2, dt)
+        def n2(dt):
+            return np.zeros(2, dt)
+
         base = {
             "step": 0,
             "rank": 0,
