@@ -94,8 +94,9 @@ def test_a_directory_cut_short_before_its_stamp_is_made_again(tmp_path: Path, mo
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_the_learners_ranks_run_on_tcmalloc_unless_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               on: bool) -> None:
+def test_the_learners_ranks_run_on_tcmalloc_unless_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
     """glibc's malloc kept 2-3x the live memory of a SmolLM2 step (bench/learner_memory.py): torchrun, and so every
     rank, gets tcmalloc first in LD_PRELOAD, the caller's own preloads after it."""
     import ctypes.util
