@@ -45,6 +45,20 @@ def parse_answer(text: str) -> ParseResult:
     return Action(answer)
 
 
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+ANSWER_FORMATS = ("tag", "last_number")
+
+
+def parse_last_number(text: str) -> ParseResult:
+    """The last `<answer>` tag as `parse_answer` reads it, else the last number in `text` (lm-eval's "flexible
+    extract" for GSM8K): a small chat model that states the result in a sentence is scored on it. Never raises."""
+    tagged = parse_answer(text)
+    if isinstance(tagged, Action) or not isinstance(text, str):
+        return tagged
+    numbers = _NUMBER_RE.findall(text)
+    return Action(numbers[-1]) if numbers else ParseFailure("no <answer>...</answer> tag and no number found")
+
+
 def dataset_names() -> list[str]:
     """Every reasoning-gym generator name."""
     import reasoning_gym
@@ -96,9 +110,16 @@ class ReasoningEnv(TextGame):
         max_attempts: int = 1,
         max_steps: int | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
+        answer_format: str = "tag",
     ):
         if max_attempts < 1:
             raise ValueError(f"max_attempts={max_attempts}: must be at least 1")
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(
+                f"answer_format={answer_format!r}: use one of {', '.join(ANSWER_FORMATS)} (last_number: "
+                f"without a tag, the last number in the answer is read)"
+            )
+        self.answer_format = answer_format
         self.dataset_name = resolve_name(dataset)
         self.dataset_kwargs = dict(dataset_kwargs or {})
         self.max_attempts = max_attempts
@@ -131,7 +152,7 @@ class ReasoningEnv(TextGame):
         return self._dataset is not None
 
     def _parse(self, action: str) -> ParseResult:
-        return parse_answer(action)
+        return parse_last_number(action) if self.answer_format == "last_number" else parse_answer(action)
 
     def _invalid(self) -> tuple[str, dict[str, Any]]:
         return self._obs, self._info(valid=False, success=False)

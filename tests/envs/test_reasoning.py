@@ -7,7 +7,7 @@ import pytest
 
 import envs
 from envs.base import Action, ParseFailure
-from envs.reasoning import parse_answer
+from envs.reasoning import parse_answer, parse_last_number
 
 DATASETS = ("basic_arithmetic", "countdown", "chain_sum", "puzzle24")
 
@@ -66,3 +66,22 @@ def test_multi_turn_feedback_then_success_and_invalid_does_not_use_an_attempt() 
     env.step("<answer>-1</answer>")
     _, reward, term, _, info = env.step("<answer>-2</answer>")  # the last attempt ends the episode
     assert term and not info["success"] and reward < 1.0
+
+
+def test_last_number_reads_a_sentence_when_there_is_no_tag() -> None:
+    assert parse_last_number("5 + 8 is 13, and 13 it stays.") == Action("13")  # the last number
+    assert parse_last_number("<answer>4</answer> then 7") == Action("4")  # a tag wins over the numbers
+    assert parse_last_number("minus: -2.5") == Action("-2.5")
+    assert "no number" in parse_last_number("thirteen").reason
+    env = envs.make(
+        "agentstream/Reasoning-v0",
+        answer_format="last_number",
+        max_steps=2,
+        dataset_kwargs={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    )
+    env.reset(seed=1000)  # reasoning-gym's item at seed 1000 with these kwargs: "Calculate 5 + 8."
+    assert env.entry["answer"] == "13"
+    _, reward, done, _, info = env.step("Adding them gives 13.")
+    assert (reward, done, info["success"]) == (1.0, True, True)
+    with pytest.raises(ValueError, match="answer_format='loose'.*tag, last_number"):
+        envs.make("agentstream/Reasoning-v0", answer_format="loose")
