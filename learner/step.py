@@ -789,7 +789,12 @@ def _global_metrics(local: dict[str, float], world_size: int, device: torch.devi
     sums = all_reduce_dict({k: v for k, v in local.items() if not k.startswith("max:")}, dist.ReduceOp.SUM, device)
     tokens, n = max(sums["tokens"], 1.0), max(sums["transitions"], 1.0)
     out = {k: sums[k] for k in ("loss", "transitions") + _SUM_KEYS}
-    out.update({k: sums[k] / tokens for k in _MEAN_KEYS})
+    out.update({k: sums[k] / tokens for k in _MEAN_KEYS})  # over the tokens the update ran on
+    # tokens and sequences: the batch's, those of skipped samples (`zero_gradient_samples`) included; trained_*: the
+    # update's forward and backward ran on these
+    out.update(trained_tokens=sums["tokens"], trained_sequences=sums["sequences"])
+    out["tokens"] += sums["skipped_tokens"]
+    out["sequences"] += sums["skipped_samples"]
     out.update({k.removeprefix("max:"): v for k, v in maxes.items() if not k.startswith("max:mismatch_")})
     out.update(
         staleness_mean=sums["staleness_sum"] / n,

@@ -59,7 +59,8 @@ def test_skipping_zero_advantage_groups_gives_the_same_update(one_rank, tiny_mod
     zero = batch.response_lens[[0, 1, 4, 5]].sum()  # groups 0 and 2
     assert skipped[0]["skipped_samples"] == 4 and skipped[0]["skipped_tokens"] == zero
     assert kept[0]["skipped_samples"] == 0
-    assert skipped[0]["tokens"] == batch.response_lens.sum() - zero  # only the learning groups ran
+    assert skipped[0]["trained_tokens"] == batch.response_lens.sum() - zero  # only the learning groups ran
+    assert skipped[0]["tokens"] == kept[0]["tokens"] == kept[0]["trained_tokens"] == batch.response_lens.sum()
     for name, w in kept[1].items():
         assert torch.allclose(skipped[1][name], w, atol=1e-8, rtol=0), name  # lr x rounding of the gradient
     assert skipped[0]["loss"] == pytest.approx(kept[0]["loss"], abs=1e-6)
@@ -71,7 +72,7 @@ def test_a_batch_with_no_gradient_still_steps_the_optimizer_alike(one_rank, tiny
     """Every group's rewards equal: every sample is skipped, a zero-weight micro-batch keeps the step's collectives."""
     batch = dataclasses.replace(mixed_batch(), rewards=np.array([0, 0, 1, 1, 0, 0, 1, 1], np.float32))
     skipped, kept = step(tiny_model_dir, batch, skip=True), step(tiny_model_dir, batch, skip=False)
-    assert skipped[0]["skipped_samples"] == 8 and skipped[0]["tokens"] == 0
+    assert skipped[0]["skipped_samples"] == 8 and skipped[0]["trained_tokens"] == 0
     assert skipped[0]["grad_norm"] == kept[0]["grad_norm"] == 0.0
     for name, w in kept[1].items():
         assert torch.equal(skipped[1][name], w), name
