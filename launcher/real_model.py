@@ -59,12 +59,9 @@ def gguf_file() -> Path:
     return path
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
+def _sha256(path: Path) -> str:
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def load_gguf(gguf: Path) -> tuple[object, object]:
@@ -112,7 +109,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
             "source": gguf.name,
             "package": PACKAGE_SPEC,
             "source_bytes": gguf.stat().st_size,
-            "source_sha256": _file_digest(gguf),
+            "source_sha256": _sha256(gguf),
             "files": files,
         }
         (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
