@@ -23,10 +23,10 @@ import aiohttp
 from agentstream.models import ADAPTER_CONFIG_KEY, FROZEN_ADAPTER_NAME, LORA_ADAPTER_NAME
 
 RELOAD_METHOD = "agentstream_reload_weights"  # engines.worker_ext.WeightReloadExtension
-# Reset after every update: the encoder cache holds the old weights' image embeddings (an image repeated after a
-# reload otherwise kills vLLM 0.32's engine: "Encoder cache miss"); the multimodal cache's two copies (API server,
-# engine core) are reset together with it, so they stay in step. A server without the route (404) has no such cache.
-MM_CACHE_RESETS = ("/reset_encoder_cache", "/reset_mm_cache")
+# Reset after every update: the encoder cache holds the old weights' image embeddings. Only that one: the multimodal
+# processor cache holds preprocessed pixels, which no weight update changes. A server without the route (404) has
+# no such cache.
+MM_CACHE_RESETS = ("/reset_encoder_cache",)
 ADAPTER_FOLDER, FROZEN_FOLDER = "adapter", "frozen"  # WORKDIR/<folder>: the trained adapter's, the frozen copy's
 
 

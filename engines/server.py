@@ -99,6 +99,10 @@ def server_command(
     if is_vision_language(model.path):
         # vLLM sizes its encoder cache and profiles memory for this many images per prompt; no video.
         argv += ["--limit-mm-per-prompt", json.dumps({"image": engines.max_images_per_prompt, "video": 0})]
+        # No prefix caching: vLLM 0.32's V1 model runner (the CPU one) gets a request whose image lies in a cached
+        # prefix without the image's pixels; when an update preempts that request and resets the caches, it has
+        # nothing to encode the image from again and the engine dies ("Encoder cache miss"; CI of 2026-12-07).
+        argv += ["--no-enable-prefix-caching"]
     if takes_stream(model, engines):
         # vLLM's weight-transfer routes with our backend (engines.worker_ext, registered when vLLM imports it).
         argv += ["--weight-transfer-config", json.dumps({"backend": STREAM_BACKEND})]
