@@ -1,13 +1,14 @@
 """Learning-curve comparisons: several real runs of the launcher, one PNG per x-axis and one CSV per comparison.
 
     .venv/bin/python -m bench.compare preset        # the learn_frozenlake preset alone: its learning curve
+    .venv/bin/python -m bench.compare preset --preset smollm2 --seeds 3   # the real model's preset, 3 seeds
     .venv/bin/python -m bench.compare staleness     # sync (staleness 0) vs async 2 / 4 with TIS vs async 4 uncorrected
     .venv/bin/python -m bench.compare algorithm     # GRPO vs GiGPO, same env and budget
     .venv/bin/python -m bench.compare memory        # last-k vs full history on long FrozenLake episodes
     .venv/bin/python -m bench.compare staleness --steps 40 --out runs/compare-staleness -- learner.lr=5e-4
     .venv/bin/python -m bench.compare algorithm --seeds 3   # each arm with run.seed=0, 1, 2: mean and spread
 
-Every arm is `scripts/launch.py preset=learn_frozenlake` plus the arm's overrides (and any after `--`),
+Every arm is `scripts/launch.py preset=learn_frozenlake` (or `--preset`) plus the arm's overrides (and any after `--`),
 run one after another so that they do not compete for the CPU. The evaluator validates each run on the
 same held-out seeds (VALIDATION_SEEDS) every `--every` learner steps. Into the output folder go each
 arm's run folder and its launcher's output (`launch-<arm>.log`), `curves.csv` (one row per validation of every
@@ -127,10 +128,10 @@ def mean_figures(label: str, per_seed: list[dict[str, object]]) -> dict[str, obj
     return row
 
 
-def run_arm(arm: Arm, run_dir: Path, steps: int, every: int, extra: list[str]) -> float:
+def run_arm(arm: Arm, run_dir: Path, preset: str, steps: int, every: int, extra: list[str]) -> float:
     """One launcher run; returns its wall time. Raises if the launcher fails (its output tail in the message)."""
     overrides = [
-        "preset=learn_frozenlake",
+        f"preset={preset}",
         f"trainer.total_steps={steps}",
         f"validation.every={every}",
         "broker.dashboard_port=0",
@@ -187,6 +188,7 @@ def write_csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> N
 def main() -> int:
     p = harness.arguments(__doc__)
     p.add_argument("comparison", choices=sorted(COMPARISONS))
+    p.add_argument("--preset", default="learn_frozenlake", help="every arm's preset (preset=smollm2: the real model)")
     p.add_argument("--steps", type=int, default=60, help="learner steps per arm")
     p.add_argument("--every", type=int, default=6, help="validate every this many learner steps")
     p.add_argument("--target", type=float, default=0.5, help="validation success rate whose first crossing is timed")
@@ -194,12 +196,15 @@ def main() -> int:
     p.add_argument("--rerun", action="store_true", help="run arms again even if their run folder is finished")
     p.add_argument("--seeds", type=int, default=1, help="runs per arm, run.seed=0..N-1")
     p.add_argument("extra", nargs="*", help="overrides for every arm, after --")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # `-- overrides` after the options too (parse_args would refuse them)
     out = Path(args.out or REPO_ROOT / "runs" / f"compare-{args.comparison}")
     out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[list[dict[str, float]]]] = {}
     rows_out, figures = [], []
-    for arm in COMPARISONS[args.comparison]:
+    arms = COMPARISONS[args.comparison]
+    if args.comparison == "preset":
+        arms = (Arm(args.preset, ()),)
+    for arm in arms:
         per_seed = []
         for seed in range(args.seeds):
             run_dir = out / slug(arm.label) / (f"seed{seed}" if args.seeds > 1 else "")
@@ -207,7 +212,7 @@ def main() -> int:
             summary_path = run_dir / "summary.json"
             done = summary_path.is_file() and json.loads(summary_path.read_text()).get("status") == "finished"
             if args.rerun or not done:
-                run_arm(seeded, run_dir, args.steps, args.every, args.extra)
+                run_arm(seeded, run_dir, args.preset, args.steps, args.every, args.extra)
             summary = json.loads(summary_path.read_text())
             rows = read_rows(run_dir / CSV_NAME)
             curves.setdefault(arm.label, []).append(rows)
@@ -231,6 +236,8 @@ def main() -> int:
         if args.comparison != "memory"
         else "memory: FrozenLake 6x6, 30 steps, tiny model, CPU"
     )
+    if args.preset != "learn_frozenlake":
+        title = f"preset={args.preset}, CPU"
     plot(curves, "trajectories_trained", "trajectories trained", title, out / "success_vs_samples.png")
     plot(curves, "wall_s", "wall-clock seconds since launch", title, out / "success_vs_time.png")
     print(f"[compare] wrote {out}/curves.csv, key_figures.csv, success_vs_samples.png, success_vs_time.png", flush=True)
