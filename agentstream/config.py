@@ -99,7 +99,8 @@ class EnvConfig:
     """The environment the actors play."""
 
     name: str = "agentstream/FrozenLake-v0"
-    """Registered gymnasium id (see `envs.registry.known_envs()`)."""
+    """A built-in env id (`envs.registry.known_envs()`), or your own env: an import path `package.module:Class`, a
+    gymnasium id, or gymnasium's `module:Id-v0`; checked at launch against the text protocol (docs/your_env.md)."""
     group_size: int = 4
     """G: trajectories per group; the G episodes of a group start from the same seed."""
     max_steps: int = 8

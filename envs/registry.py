@@ -3,6 +3,10 @@
     import envs.registry as reg
     env = reg.make("agentstream/FrozenLake-v0", map_size=4, max_steps=8)
     reg.traits("agentstream/TextArena-v0", {"opponent": "self"}).seats     # 2, and nothing is built
+    env = reg.make("examples.my_env.guess:GuessEnv", max_steps=8)         # a user's env (envs/user.py)
+
+A name that is not built in is a user's env: a gymnasium id or an import path `package.module:Class`
+(`envs.user.resolve`), wrapped as the actor plays it (`envs.user.UserEnv`); its traits are one seat's.
 
 The traits (`envs.base.EnvTraits`: seats, a frozen seat, the answer parser) are what the actor and the launcher
 read of an env, so that a new game declares them here instead of being special-cased there.
@@ -16,7 +20,7 @@ from typing import Any, cast
 import gymnasium as gym
 
 from agentstream.registry import Registry
-from envs import arena
+from envs import arena, user
 from envs.base import EnvTraits
 
 NAMESPACE = "agentstream"
@@ -65,14 +69,19 @@ def known_envs() -> list[str]:
 
 
 def make(name: str, **kwargs: Any) -> gym.Env:
-    """Build a registered env; an unknown name lists the known ones."""
-    ENVS.get(name)
-    return gym.make(name, **kwargs).unwrapped
+    """Build an env: a built-in one by its id, else a user's (a gymnasium id or `package.module:Class`,
+    `envs.user.make`); a name that resolves to nothing raises `envs.user.EnvSourceError`."""
+    if name in ENVS:
+        return gym.make(name, **kwargs).unwrapped
+    return user.make(name, **kwargs)
 
 
 def traits(name: str, kwargs: Mapping[str, Any] | None = None) -> EnvTraits:
-    """What env `name` declares with `kwargs` (its env.kwargs), without building it; an unknown name lists the
-    known ones."""
+    """What env `name` declares with `kwargs` (its env.kwargs), without building it. A user's env (which must
+    resolve: `envs.user.resolve`) declares one seat and no answer parser."""
+    if name not in ENVS:
+        user.resolve(name)
+        return EnvTraits()
     traits_of = cast(TraitsOf, ENVS.traits(name))  # (every entry above registers a TraitsOf)
     return traits_of(kwargs or {})
 

@@ -27,6 +27,7 @@ from agentstream.wire.addresses import read_record
 from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.sinks import logger_errors
 from broker.wal import FOLDER as WAL_FOLDER
+from envs.check import env_errors as user_env_errors
 from envs.registry import ENVS
 from envs.registry import traits as env_traits
 from envs.toolcalls import TOOL_PARSERS
@@ -116,10 +117,10 @@ def _episode_errors(cfg: Config) -> list[str]:
             f"(each actor runs whole groups); set actors.episodes_per_actor={max(g, k - k % g)} "
             f"or lower env.group_size."
         )
-    if cfg.env.name not in ENVS:
-        errors.append(_unknown("env.name", cfg.env.name, ENVS, verb="is not registered"))
-    else:
+    if cfg.env.name in ENVS:
         errors += _env_kwargs_errors(cfg.env.name, cfg.env.kwargs)
+    else:  # a user's env (a gymnasium id or package.module:Class): built and played a few steps here
+        errors += user_env_errors(cfg.env.name, cfg.env.kwargs, cfg.env.max_steps)
     errors += frozen_seat_errors(cfg)
     if cfg.env.step_latency_mean_s < 0 or cfg.env.step_latency_sigma < 0:
         errors.append(

@@ -6,7 +6,8 @@ seconds each. ALFWorld (a blocking env, stepped in a worker thread) also gets a 
 `engines.external_urls` (broker, weight sidecar, learner with 1 rank, an actor); the learner first brings the server
 to its own initial weights (version 0) before any group is admitted. Other envs' runs: FrozenLake in
 tests/test_e2e.py, with the GiGPO preset in tests/test_ray.py, Sokoban with PPO (a critic) in tests/test_slurm.py.
-What a run adds beyond the episode does not depend on the env, and a run costs ~30 s here: the suite's time.
+What a run adds beyond the episode does not depend on the env, and a run costs ~30 s here: the suite's time. A user's
+env loaded by import path (examples/my_env) gets one short run of its own: that path is the launcher's and the actor's.
 TextArena self-play goes through the actor itself (a memory per seat, one grant opening a group per seat at a real
 broker in the test's loop) and its validation through the evaluator's episode against the random opponent.
 """
@@ -34,7 +35,7 @@ def server(tiny_engine):
     return tiny_engine
 
 
-def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
+def launch(tmp_path: Path, model: str, url: str, *overrides: str, steps: int = 1) -> dict:
     run_dir = tmp_path / "run"
     argv = [
         sys.executable,
@@ -48,7 +49,7 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
         "actors.episodes_per_actor=2",
         "env.group_size=2",
         "trainer.groups_per_step=1",
-        "trainer.total_steps=1",
+        f"trainer.total_steps={steps}",
         "env.max_steps=3",
         "sampling.max_tokens=12",
         f"broker.dashboard_port={free_port()}",
@@ -66,9 +67,9 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
     assert proc.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["processes_left"] == []
-    assert summary["learner_version"] == 1 and summary["engine_versions"] == {"engine-0": 1}
+    assert summary["learner_version"] == steps and summary["engine_versions"] == {"engine-0": steps}
     assert summary["transitions_sent_reported"] == summary["transitions_sent"] == summary["transitions_ingested"] > 0
-    assert summary["trained_group_shapes"] == {"2/2": 1}
+    assert summary["trained_group_shapes"] == {"2/2": steps}
     return summary
 
 
@@ -76,6 +77,7 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str) -> dict:
 # FrozenLake runs in tests/test_e2e.py, and with GiGPO in tests/test_ray.py; Sokoban with PPO in tests/test_slurm.py.
 RUNS = {"agentstream/ALFWorld-v0": None}
 EPISODES, MAX_STEPS = 2, 3
+USER_ENV = "examples.my_env.guess:GuessEnv"  # a user's env by import path (envs/user.py)
 
 
 @pytest.mark.parametrize("name", envs.known_envs())
@@ -191,6 +193,17 @@ def test_a_run_completes(server, tmp_path: Path, name: str) -> None:
     model, url = server
     algorithm = RUNS[name]
     launch(tmp_path, model, url, f"env.name={name}", *([f"algorithm={algorithm}"] if algorithm else []))
+
+
+def test_a_user_env_by_import_path_trains(server, tmp_path: Path) -> None:
+    """examples/my_env (a plain gymnasium.Env in a package of its own, docs/your_env.md) by its import path, with the
+    one command a user runs plus the shared engine: the launcher's check passes it, the actor builds it from the path
+    (the launch's working directory on sys.path) and two learner steps train on its groups."""
+    model, url = server
+    summary = launch(tmp_path, model, url, f"env.name={USER_ENV}", "env.max_steps=2", steps=2)
+    assert summary["episodes"] >= 4  # two steps of one group of G = 2
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert f"success_rate/{USER_ENV}" in metrics  # the actors played the user's env, counted under its name
 
 
 def test_the_run_covers_a_blocking_env() -> None:

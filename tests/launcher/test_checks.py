@@ -53,6 +53,11 @@ def test_launcher_overrides_reach_their_fields() -> None:
         (["trainer.groups_per_step=1"], "every rank needs at least one whole group"),
         (["trainer.max_staleness=-1"], "must be >= 0"),
         (["env.name=agentstream/Sokoban-v0", "+env.kwargs.map_size=5"], "env.kwargs has ['map_size'], which"),
+        (  # a user's env (envs/check.py; its refusals: tests/envs/test_user_env.py)
+            ["env.name=examples.my_env.guess:GuessEnv", "+env.kwargs.hi=5"],
+            "env.kwargs has ['hi'], which its constructor does not take; it takes ['high']",
+        ),
+        (["env.name=examples.my_env.guess:Nope"], "does not resolve: module 'examples.my_env.guess' has no attribute"),
         (["engines.cpu_executor=ray"], "engines.cpu_executor='ray': use uni"),
         (["learner.logprob_chunk_tokens=-1"], "learner.logprob_chunk_tokens=-1: must be >= 0"),
         (["learner.mini_batches=0"], "learner.mini_batches=0: must be at least 1"),
@@ -70,6 +75,10 @@ def test_launcher_overrides_reach_their_fields() -> None:
 def test_values_that_cannot_work_say_what_to_change(overrides, needle) -> None:
     with pytest.raises(C.ConfigError, match=re.escape(needle)):
         check_config(compose_cfg(overrides=overrides))
+
+
+def test_a_user_env_by_import_path_passes_the_launch_check() -> None:
+    check_config(compose_cfg(overrides=["env.name=examples.my_env.guess:GuessEnv", "+env.kwargs.high=4"]))
 
 
 def test_learner_threads_are_every_core_only_when_training_is_synchronous(monkeypatch) -> None:
