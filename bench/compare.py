@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +109,10 @@ def shared_step_frac(run_dir: Path) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
 
 
-def mean_curve(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
-    """The seeds' mean at each validation (position k of every run), as far as the shortest run goes."""
+def mean_curve(runs: list[list[dict[str, float]]], keys: Sequence[str] = FIELDS[2:]) -> list[dict[str, float]]:
+    """The seeds' mean of `keys` at each validation (position k of every run), as far as the shortest run goes."""
     n = min(map(len, runs))
-    return [{key: sum(run[k][key] for run in runs) / len(runs) for key in FIELDS[2:]} for k in range(n)]
+    return [{key: sum(run[k][key] for run in runs) / len(runs) for key in keys} for k in range(n)]
 
 
 def mean_figures(label: str, per_seed: list[dict[str, object]]) -> dict[str, object]:
@@ -142,8 +143,18 @@ def run_arm(arm: Arm, run_dir: Path, preset: str, steps: int, every: int, extra:
     return harness.run_launcher(run_dir, overrides, f"of {arm.label}").wall_s
 
 
-def plot(curves: dict[str, list[list[dict[str, float]]]], x: str, xlabel: str, title: str, path: Path) -> None:
-    """One line per arm; with several seeds each seed thin and the arm's mean (at each validation) thick."""
+def plot(
+    curves: dict[str, list[list[dict[str, float]]]],
+    x: str,
+    xlabel: str,
+    title: str,
+    path: Path,
+    y: str = "val_success_rate",
+    ylabel: str = "validation success rate",
+    ylim: tuple[float, float] | None = (-0.02, 1.02),
+) -> None:
+    """One line per arm, `y` against `x` of its rows; with several seeds each seed thin and the arm's mean (at each
+    row) thick. `ylim` None: matplotlib's own (bench.peer's rewards reach the invalid penalty, below 0)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,25 +162,20 @@ def plot(curves: dict[str, list[list[dict[str, float]]]], x: str, xlabel: str, t
 
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
     for label, runs in curves.items():
-        rows = mean_curve(runs) if len(runs) > 1 else runs[0]
+        rows = mean_curve(runs, (x, y)) if len(runs) > 1 else runs[0]
         (line,) = ax.plot(
             [r[x] for r in rows],
-            [r["val_success_rate"] for r in rows],
+            [r[y] for r in rows],
             marker="o",
             markersize=3,
             label=f"{label} (mean of {len(runs)} seeds)" if len(runs) > 1 else label,
         )
         for run in runs if len(runs) > 1 else ():
-            ax.plot(
-                [r[x] for r in run],
-                [r["val_success_rate"] for r in run],
-                color=line.get_color(),
-                alpha=0.3,
-                linewidth=0.8,
-            )
+            ax.plot([r[x] for r in run], [r[y] for r in run], color=line.get_color(), alpha=0.3, linewidth=0.8)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation success rate")
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

@@ -5,6 +5,7 @@ same workload, in steady completions trained per second; the ratio agentstream/T
     .venv/bin/python -m bench.peer --batch 16 --steps 6 --peer-only
     .venv/bin/python -m bench.peer --agentstream-only --modes sync learner.torch_threads=2
     .venv/bin/python -m bench.peer --learn [--batch 64] [--steps 40] [--seeds 3]
+    .venv/bin/python -m bench.peer --learn --model .cache/smollm2-135m-instruct [--steps 20] [--seeds 3] [--keep DIR]
 
 The workload: the 12.6M-parameter local model (`.cache/small-model`, `launcher.tiny_model.SMALL_SHAPE`: the
 tiny model 4x wider and 2x deeper; made here once, seconds) in float32, reasoning-gym `basic_arithmetic`
@@ -34,6 +35,25 @@ the overlap (printed before the ratios).
 questions), and it prints the mean reward of the completions each step trained on against completions
 trained, then per system the mean reward over the run (the area under that curve per completion: who learns
 faster per sample has more) over the seeds, agentstream's minus TRL's with its standard error, the ratio last.
+
+`--learn --model .cache/smollm2-135m-instruct` (or `--preset NAME`: a model a preset names runs as that preset,
+`MODEL_PRESETS`) compares learning on the preset's own workload instead, with no warm start (the model is
+pretrained): agentstream runs `scripts/launch.py preset=smollm2` as it stands (only the steps, the seed, the
+staleness bound of the mode and the actor's concurrency set here), and TRL gets every figure of it that decides what
+is learned (`preset_workload`): the model, the task and its answer reading (`answer_format: last_number`), batch
+(groups_per_step x group_size = 4 x 8), lr 2e-4, LoRA r16/alpha 32 on every projection (peft's `LoraConfig` passed to
+GRPOTrainer), activation checkpointing (TRL's gradient checkpointing), max_tokens 48, temperature 1.0, top_p 1.0;
+what it cannot mirror (another algorithm, optimizer or env) is refused, naming the field. `--steps` defaults to the
+preset's trainer.total_steps; launcher overrides after the options reach both sides' workload (`learner.lr=1e-4`
+changes both). The sync run's learner takes both cores (`learner.torch_threads=0`: the launcher's choice, 1 thread
+when asynchronous), as TRL's 2 torch threads do.
+
+Every --learn comparison also writes, into its folder (`--keep DIR`, else a temporary one), per batch B:
+`learn-B.csv` (one row per run and step: system, seed, step, completions trained, seconds since launch at the end of
+the step, its mean reward), `reward_vs_completions-B.png` and `reward_vs_seconds-B.png` (bench.compare's plot: each
+seed thin, the seeds' mean thick), and prints, and writes as `learn-B-table.txt`, the table: per system the mean
+reward over the run, over its last quarter of steps, the wall seconds from launch to the last step's end and the
+steady completions/s, each the mean +- sd over the seeds; agentstream over TRL last.
 """
 
 from __future__ import annotations
@@ -49,7 +69,7 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import IO, Any
 
-from agentstream.config import REPO_ROOT, SMALL_MODEL_DIR, Config, TrainerConfig
+from agentstream.config import REPO_ROOT, SMALL_MODEL_DIR, SMOLLM2_DIR, Config, TrainerConfig
 from agentstream.wire.addresses import free_port
 from bench import harness
 from launcher.tiny_model import ensure_small_model
@@ -58,6 +78,7 @@ PEER_VENV = REPO_ROOT / ".cache" / "peer-venv"
 TRL_VERSION = "1.16.0"
 DATASET = "basic_arithmetic"
 TARGETS = {("sync", 16): 1.0, ("sync", 64): 1.0, ("async", 64): 1.5}  # agentstream/TRL, issue 25
+LEARN_TARGETS = {("agentstream async", "completions/s"): 1.5}  # agentstream/TRL in --learn's table, issue 49
 LEARN_KWARGS = {
     "min_terms": 2,
     "max_terms": 2,
@@ -74,6 +95,36 @@ ROLES = (*harness.ROLES, ("peer_trl", "TRL"))
 """(a word of a process's command line, the name its CPU is reported under); "other" for the rest."""
 LEARN_WARM_START = ["--answer-range=0,20"]
 """The warm start's answers: any integer the task's answers lie in, uniformly (not their distribution)."""
+MODEL_PRESETS = {SMOLLM2_DIR.resolve(): "smollm2"}
+"""--learn --model DIR of a pretrained model: the preset whose workload both systems run (no warm start)."""
+PRESET_SYSTEM = ("learner.torch_threads=0",)
+"""A preset's agentstream runs, before the user's overrides: the sync run's learner takes every core (the engines
+idle while it trains; TRL computes on 2 threads), an async one 1 (agentstream.config.learner_threads)."""
+TRL_FIXED: dict[str, Any] = {
+    "env.name": "agentstream/Reasoning-v0",
+    "env.kwargs.dataset": DATASET,
+    "env.kwargs.max_attempts": 1,
+    "env.max_steps": 1,
+    "model.dtype": "float32",
+    "algorithm.advantage": "grpo",
+    "algorithm.norm_by_std": True,
+    "algorithm.policy_loss": "ppo_clip",
+    "algorithm.clip_low": 0.2,
+    "algorithm.clip_high": 0.28,
+    "algorithm.dual_clip": 0.0,
+    "algorithm.loss_agg": "token-mean",
+    "algorithm.kl_coef": 0.0,
+    "algorithm.entropy_coef": 0.0,
+    "learner.weight_decay": 0.0,
+    "learner.betas": [0.9, 0.999],
+    "learner.eps": 1e-8,
+    "learner.max_grad_norm": 1.0,
+    "learner.ppo_epochs": 1,
+    "learner.mini_batches": 1,
+    "trainer.invalid_action_penalty": TrainerConfig().invalid_action_penalty,
+}
+"""What bench/peer_trl.py runs as it stands (`grpo_settings`, its scorer), as agentstream's config names it: a
+preset that sets one of these otherwise cannot be mirrored (`unmirrored`)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +144,20 @@ class Workload:
     """run.seed (which questions, group g asks seed_base + g's) and TRL's seed."""
     peer_seed_offset: int = 0
     """Added to `seed` for TRL's own seed: its sampling draws apart from the questions (vLLM samples unseeded)."""
+    top_p: float = 1.0
+    answer_format: str = "tag"
+    """How the env reads an answer (env.kwargs.answer_format); TRL's scorer reads it the same way."""
+    lora_rank: int = 0
+    """> 0: both sides train a LoRA adapter of this rank (model.lora_*), else every weight."""
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ()
+    lora_dropout: float = 0.0
+    activation_checkpointing: bool = False
+    """learner.activation_checkpointing; TRL's gradient_checkpointing."""
+    preset: str = ""
+    """The launcher preset agentstream runs as it stands, `overrides` after it (empty: `workload_overrides` sets
+    every figure above for the tiny model)."""
+    overrides: tuple[str, ...] = ()
 
     @property
     def groups(self) -> int:
@@ -115,7 +180,7 @@ def cpu_line(cores: dict[str, float], rate: float) -> tuple[str, float]:
     parts = ", ".join(f"{name} {c:.2f}" for name, c in cores.items() if c >= 0.005)
     return (
         f"CPU cores used in the steady steps: {parts} = {used:.2f} of {os.cpu_count()}; "
-        f"{1000 * per:.1f} CPU ms per completion (at every core: {os.cpu_count() / per:.0f} completions/s)"
+        f"{1000 * per:.1f} CPU ms per completion (at every core: {(os.cpu_count() or 1) / per:.0f} completions/s)"
     ), per
 
 
@@ -135,6 +200,13 @@ class Result:
     cpu: str = ""
     """Where its CPU went in the steady steps (`cpu_line`)."""
     cpu_per_completion: float = float("nan")
+    step_ends: tuple[float, ...] = ()
+    """Seconds from launch to the end of each step."""
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.system} {self.mode}"
 
     @property
     def rate(self) -> float:
@@ -144,6 +216,8 @@ class Result:
 
 def workload_overrides(w: Workload) -> list[str]:
     """The launcher overrides that set the workload (the same for the prompts written for TRL)."""
+    if w.preset:
+        return [f"preset={w.preset}", *w.overrides, f"trainer.total_steps={w.steps}", f"run.seed={w.seed}"]
     return [
         f"model.path={w.model}",
         "model.dtype=float32",
@@ -160,6 +234,54 @@ def workload_overrides(w: Workload) -> list[str]:
         f"run.seed={w.seed}",
         *([f"+env.kwargs.dataset_kwargs={hydra_value(w.dataset_kwargs)}"] if w.dataset_kwargs else []),
     ]
+
+
+def preset_workload(
+    preset: str, steps: int, seed: int, peer_seed_offset: int = 0, overrides: tuple[str, ...] = ()
+) -> Workload:
+    """The workload of `scripts/launch.py preset=PRESET OVERRIDES` as both sides run it (`steps` 0: the preset's
+    trainer.total_steps); SystemExit, naming the fields, when TRL's side cannot run it as agentstream does."""
+    cfg = compose([f"preset={preset}", *overrides])
+    problems = unmirrored(cfg)
+    if problems:
+        raise SystemExit(f"preset={preset} {' '.join(overrides)}: TRL's side cannot mirror " + "; ".join(problems))
+    model = Path(cfg.model.path)
+    return Workload(
+        model=str(model if model.is_absolute() else REPO_ROOT / model),  # the launcher runs from the repository
+        batch=cfg.trainer.groups_per_step * cfg.env.group_size,
+        steps=steps or cfg.trainer.total_steps,
+        group_size=cfg.env.group_size,
+        max_tokens=cfg.sampling.max_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        lr=cfg.learner.lr,
+        dataset_kwargs=dict(cfg.env.kwargs.get("dataset_kwargs") or {}),
+        answer_format=cfg.env.kwargs.get("answer_format", "tag"),
+        lora_rank=cfg.model.lora_rank,
+        lora_alpha=cfg.model.lora_alpha,
+        lora_targets=tuple(cfg.model.lora_target_modules),
+        lora_dropout=cfg.model.lora_dropout,
+        activation_checkpointing=cfg.learner.activation_checkpointing,
+        seed=seed,
+        peer_seed_offset=peer_seed_offset,
+        preset=preset,
+        overrides=overrides,
+    )
+
+
+def unmirrored(cfg: Config) -> list[str]:
+    """The fields of `cfg` whose value differs from what TRL's side runs (`TRL_FIXED`), as `field=value (TRL:
+    value)`."""
+    out = []
+    for key, want in TRL_FIXED.items():
+        node: Any = cfg
+        for part in key.split("."):  # env.kwargs is a dict; max_attempts 1 is the env's own default
+            node = (
+                node.get(part, 1 if part == "max_attempts" else None) if isinstance(node, dict) else getattr(node, part)
+            )
+        if node != want:
+            out.append(f"{key}={node} (TRL: {want})")
+    return out
 
 
 def hydra_value(value: Any) -> str:
@@ -235,12 +357,12 @@ def write_prompts(w: Workload, path: Path) -> int:
 def peer_python(log: IO[str]) -> tuple[Path, float]:
     """The peer venv's python, made (or remade) when it does not import TRL; (python, seconds spent making it)."""
     python = PEER_VENV / "bin" / "python"
-    pins = {p: installed_version(p) for p in ("torch", "transformers", "reasoning_gym")}
+    pins = {p: installed_version(p) for p in ("torch", "transformers", "reasoning_gym", "peft")}
     check = [
         str(python),
         "-c",
-        f"import reasoning_gym, torch, transformers, trl; assert trl.__version__ == "
-        f"{TRL_VERSION!r} and transformers.__version__ == {pins['transformers']!r}",
+        f"import peft, reasoning_gym, torch, transformers, trl; assert trl.__version__ == {TRL_VERSION!r} and "
+        f"transformers.__version__ == {pins['transformers']!r} and peft.__version__ == {pins['peft']!r}",
     ]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python, 0.0
@@ -260,11 +382,13 @@ def installed_version(package: str) -> str:
     return version(package)
 
 
-def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result:
-    """TRL's GRPOTrainer on the prompts agentstream's actors would send."""
-    folder.mkdir(parents=True, exist_ok=True)
-    prompt_tokens = write_prompts(w, folder / "prompts.jsonl")
-    argv = [
+def trl_argv(w: Workload, python: Path, folder: Path) -> list[str]:
+    """bench/peer_trl.py's command for `w`, its prompts in `folder`/prompts.jsonl."""
+    lora = [
+        *("--lora-rank", str(w.lora_rank), "--lora-alpha", str(w.lora_alpha)),
+        *("--lora-targets", ",".join(w.lora_targets), "--lora-dropout", str(w.lora_dropout)),
+    ]
+    return [
         str(python),
         "-m",
         "bench.peer_trl",
@@ -290,7 +414,20 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
         str(invalid_penalty()),
         "--seed",
         str(w.seed + w.peer_seed_offset),
+        "--top-p",
+        str(w.top_p),
+        "--answer-format",
+        w.answer_format,
+        *(lora if w.lora_rank > 0 else []),
+        *(["--gradient-checkpointing"] if w.activation_checkpointing else []),
     ]
+
+
+def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result:
+    """TRL's GRPOTrainer on the prompts agentstream's actors would send."""
+    folder.mkdir(parents=True, exist_ok=True)
+    prompt_tokens = write_prompts(w, folder / "prompts.jsonl")
+    argv = trl_argv(w, python, folder)
     t0 = time.time()
     with harness.child(argv, folder / "trl.log") as proc, CpuSampler(proc.pid) as cpu:
         proc.wait(timeout_s)
@@ -323,6 +460,8 @@ def run_trl(w: Workload, python: Path, folder: Path, timeout_s: float) -> Result
         detail,
         tuple(rewards),
         *cpu_line(cpu.cores(steps[0]["t"], steps[-1]["t"]), (w.steps - 1) * w.batch / steady_s),
+        step_ends=tuple(e["t"] - t0 for e in steps),
+        seed=w.seed,
     )
 
 
@@ -374,7 +513,18 @@ def run_agentstream(w: Workload, mode: str, bound: int, folder: Path, timeout_s:
         detail,
         tuple(r["reward_mean"] for r in every),
         *cpu_line(cpu.cores(first_step_end, metrics.stat().st_mtime), rate),
+        step_ends=step_ends([r["step_time_s"] for r in every], metrics.stat().st_mtime - t0),
+        seed=w.seed,
     )
+
+
+def step_ends(step_times: list[float], end: float) -> tuple[float, ...]:
+    """When each learner step ended, from the steps' durations and the last one's end (the metrics file's last
+    write): the learner runs its steps back to back, each from asking for its batch to publishing its weights."""
+    ends = [end]
+    for s in reversed(step_times[1:]):
+        ends.append(ends[-1] - s)
+    return tuple(reversed(ends))
 
 
 def print_result(r: Result) -> None:
@@ -484,46 +634,161 @@ def learning_lines(curves: dict[str, list[tuple[float, ...]]], batch: int, every
 
 
 def learn(args: argparse.Namespace, modes: list[str], bounds: dict[str, int], folder: Path) -> None:
-    """--learn: reward against completions trained, TRL and agentstream from the same warm start, `--seeds` each."""
-    model = warm_model(folder / "warm-start.log")
+    """--learn: reward against completions trained and against seconds, TRL and agentstream on the same workload,
+    `--seeds` each: the tiny model from its arithmetic warm start, or a preset's (`learn_preset`) as it stands."""
+    preset = learn_preset(args.model, args.preset)
+    plans, about = preset_plan(preset, args) if preset else warm_start_plan(args, folder)
+    if preset:
+        bounds = {"sync": 0, "async": compose(workload_overrides(plans[0][0])).trainer.max_staleness}
     with (folder / "peer-venv.log").open("w") as log:
         python, _ = peer_python(log)
-    steps = args.steps or 40
-    print(
-        f"# learning: {DATASET} {json.dumps(LEARN_KWARGS)}, from {model} (format-only warm start); "
-        f"{steps} steps, {args.seeds} seeds, lr {args.lr:g}; runs in {folder}",
-        flush=True,
-    )
-    for batch in (int(b) for b in args.batch.split(",")):
-        curves: dict[str, list[tuple[float, ...]]] = {}
-        for seed in range(args.seeds):
-            w = Workload(
-                str(model),
-                batch,
-                steps,
-                dataset_kwargs=LEARN_KWARGS,
-                seed=seed,
-                lr=args.lr,
-                peer_seed_offset=args.peer_seed_offset,
-            )
+    w = plans[0][0]
+    print(f"# learning: {about}; {w.steps} steps, {args.seeds} seeds, lr {w.lr:g}; runs in {folder}", flush=True)
+    for workloads in plans:
+        results: dict[str, list[Result]] = {}
+        for w in workloads:
+            # a real model's step takes ~45 s (TRL) here on a quiet machine, many times that beside other work
+            timeout_s = args.run_timeout_s or (300 + 180 * w.steps if w.preset else 600.0)
             runs = (
                 []
                 if args.agentstream_only
-                else [run_trl(w, python, folder / f"seed-{seed}" / f"trl-{batch}", args.run_timeout_s)]
+                else [run_trl(w, python, folder / f"seed-{w.seed}" / f"trl-{w.batch}", timeout_s)]
             )
+            extra = [] if w.preset else args.override  # a preset's workload carries them
             runs += [
-                run_agentstream(w, mode, bounds[mode], folder / f"seed-{seed}", args.run_timeout_s, args.override)
-                for mode in modes
+                run_agentstream(w, mode, bounds[mode], folder / f"seed-{w.seed}", timeout_s, extra) for mode in modes
             ]
             for r in runs:
-                curves.setdefault(f"{r.system} {r.mode}", []).append(r.rewards)
+                results.setdefault(r.label, []).append(r)
                 print(
-                    f"# seed {seed}: {r.system} {r.mode} {batch}: mean reward {mean(r.rewards):+.4f}, "
+                    f"# seed {w.seed}: {r.system} {r.mode} {w.batch}: mean reward {mean(r.rewards):+.4f}, "
                     f"{r.rate:.1f} completions/s",
                     flush=True,
                 )
-        for line in learning_lines(curves, batch, every=max(1, steps // 8)):
-            print(line, flush=True)
+        report_learning(results, w, folder)
+
+
+def preset_plan(preset: str, args: argparse.Namespace) -> tuple[list[list[Workload]], str]:
+    """--learn on a preset: one batch (the preset's), a workload per seed; and the line that says what it runs."""
+    overrides = (*PRESET_SYSTEM, *preset_overrides(args))
+    seeds = [preset_workload(preset, args.steps, seed, args.peer_seed_offset, overrides) for seed in range(args.seeds)]
+    w = seeds[0]
+    if Path(w.model).resolve() == SMOLLM2_DIR.resolve():  # the prompts for TRL need its tokenizer first
+        from launcher.real_model import ensure_smollm2
+
+        ensure_smollm2(w.model)
+    about = (
+        f"preset={preset} {' '.join(overrides)}: {DATASET} {json.dumps(w.dataset_kwargs)} read as "
+        f"{w.answer_format}, from {w.model} (pretrained, no warm start); batch {w.batch} (groups of "
+        f"{w.group_size}), {w.max_tokens} tokens, temperature {w.temperature:g}, "
+        f"LoRA r{w.lora_rank}/alpha {w.lora_alpha:g} on {','.join(w.lora_targets)}, activation checkpointing "
+        f"{w.activation_checkpointing}"
+    )
+    return [seeds], about
+
+
+def warm_start_plan(args: argparse.Namespace, folder: Path) -> tuple[list[list[Workload]], str]:
+    """--learn on the tiny model: per `--batch`, a workload per seed from its arithmetic warm start (made here)."""
+    model = warm_model(folder / "warm-start.log")
+    lr = Workload.lr if args.lr is None else args.lr
+    plans = [
+        [
+            Workload(
+                str(model),
+                batch,
+                args.steps or 40,
+                dataset_kwargs=LEARN_KWARGS,
+                seed=seed,
+                lr=lr,
+                peer_seed_offset=args.peer_seed_offset,
+            )
+            for seed in range(args.seeds)
+        ]
+        for batch in (int(b) for b in (args.batch or "16,64").split(","))
+    ]
+    return plans, f"{DATASET} {json.dumps(LEARN_KWARGS)}, from {model} (format-only warm start)"
+
+
+def learn_preset(model: str, preset: str) -> str:
+    """--learn's preset: `preset`, else the one `model` belongs to (`MODEL_PRESETS`), else "" (the tiny model)."""
+    return preset or (MODEL_PRESETS.get(Path(model).resolve(), "") if model else "")
+
+
+def preset_overrides(args: argparse.Namespace) -> list[str]:
+    """The command line's changes to a preset's workload, as launcher overrides: --model, --lr, then the rest."""
+    return [
+        *([f"model.path={Path(args.model).resolve()}"] if args.model else []),
+        *([f"learner.lr={args.lr}"] if args.lr is not None else []),
+        *args.override,
+    ]
+
+
+def report_learning(results: dict[str, list[Result]], w: Workload, folder: Path) -> None:
+    """The learning comparison's lines (`learning_lines`), then into `folder`: learn-B.csv (each run's steps),
+    the two plots and the table (`learning_table`, also printed)."""
+    from bench.compare import plot, write_csv
+
+    for line in learning_lines(
+        {k: [r.rewards for r in rs] for k, rs in results.items()}, w.batch, max(1, w.steps // 8)
+    ):
+        print(line, flush=True)
+    curves = {label: [curve_rows(r) for r in rs] for label, rs in results.items()}
+    rows = [
+        {"system": label, "seed": r.seed, **row} for label, rs in results.items() for r in rs for row in curve_rows(r)
+    ]
+    stem = folder / f"learn-{w.batch}"
+    write_csv(stem.with_suffix(".csv"), rows, ["system", "seed", "step", "completions", "wall_s", "reward_mean"])
+    lora = f", LoRA r{w.lora_rank}" if w.lora_rank else ""
+    title = f"{Path(w.model).name}: batch {w.batch}, G {w.group_size}, lr {w.lr:g}{lora}, CPU"
+    for x, xlabel, name in (
+        ("completions", "completions trained", "reward_vs_completions"),
+        ("wall_s", "wall-clock seconds since launch", "reward_vs_seconds"),
+    ):
+        path = folder / f"{name}-{w.batch}.png"
+        plot(curves, x, xlabel, title, path, y="reward_mean", ylabel="mean reward of the step's completions", ylim=None)
+    table = learning_table(results, last=max(1, w.steps // 4))
+    (folder / f"learn-{w.batch}-table.txt").write_text("\n".join(table) + "\n")
+    for line in table:
+        print(line, flush=True)
+    print(f"# wrote {stem}.csv, {stem}-table.txt, reward_vs_completions-{w.batch}.png, reward_vs_seconds-{w.batch}.png")
+
+
+def curve_rows(r: Result) -> list[dict[str, float]]:
+    """A run's steps: step, completions trained by its end, seconds since launch at its end, its mean reward."""
+    return [
+        {"step": k + 1, "completions": (k + 1) * r.batch, "wall_s": round(t, 2), "reward_mean": reward}
+        for k, (t, reward) in enumerate(zip(r.step_ends, r.rewards, strict=True))
+    ]
+
+
+def learning_table(results: dict[str, list[Result]], last: int) -> list[str]:
+    """Per system (TRL first): the mean reward over the run and over its `last` steps, the wall seconds from launch
+    to the last step's end, the steady completions/s (steps 2..N), each the mean +- sd over the seeds; then each
+    other system over the first, the ratio of the means (a reward ratio only where the first's is positive), with
+    issue 49's target for completions/s."""
+    columns = {
+        "mean reward": lambda r: mean(r.rewards),
+        f"last {last} steps": lambda r: mean(r.rewards[-last:]),
+        "wall s": lambda r: r.step_ends[-1],
+        "completions/s": lambda r: r.rate,
+    }
+    figures = {label: {name: [f(r) for r in rs] for name, f in columns.items()} for label, rs in results.items()}
+    lines = [f"{'system':<18} {'seeds':>5} " + " ".join(f"{name:>18}" for name in columns)]
+    for label, cells in figures.items():
+        text = " ".join(f"{mean(xs):>9.3f} +- {stdev(xs) if len(xs) > 1 else 0.0:<5.3f}" for xs in cells.values())
+        lines.append(f"{label:<18} {len(results[label]):>5} {text}")
+    peer, *rest = figures
+    for label in rest:
+        parts = []
+        for name in columns:
+            ours, theirs = mean(figures[label][name]), mean(figures[peer][name])
+            ok = theirs > 0 or name not in ("mean reward", f"last {last} steps")
+            target = LEARN_TARGETS.get((label, name))
+            parts.append(
+                f"{name} {f'{ours / theirs:.2f}x' if ok else 'n/a'}" + (f" (target >= {target:.1f}x)" if target else "")
+            )
+        lines.append(f"{label} over {peer}: " + ", ".join(parts))
+    return lines
 
 
 def main() -> None:
@@ -532,9 +797,14 @@ def main() -> None:
         model=True,
         default_model=f"{SMALL_MODEL_DIR}, made if missing; --learn: the tiny model's arithmetic warm start",
     )
-    parser.add_argument("--batch", default="16,64", help="completions per optimizer step, a comma list")
     parser.add_argument(
-        "--steps", type=int, default=0, help="optimizer steps per run (steady state: 2..N); default 8, with --learn 40"
+        "--batch", default="", help="completions per optimizer step, a comma list (default 16,64; a preset's: its own)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="optimizer steps per run (steady state: 2..N); default 8, with --learn 40 (a preset: its total_steps)",
     )
     parser.add_argument(
         "--learn",
@@ -542,7 +812,18 @@ def main() -> None:
         help="compare learning (reward against completions) from the same warm start instead of speed",
     )
     parser.add_argument("--seeds", type=int, default=3, help="--learn: runs per system")
-    parser.add_argument("--lr", type=float, default=Workload.lr, help="--learn: both systems' learning rate")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"--learn: both systems' learning rate (default {Workload.lr:g}; a preset's)",
+    )
+    parser.add_argument(
+        "--preset",
+        default="",
+        help="--learn: compare on this launcher preset's workload as it stands (default: the preset of --model, "
+        f"{', '.join(f'{m.name} -> {p}' for m, p in MODEL_PRESETS.items())})",
+    )
     parser.add_argument(
         "--peer-seed-offset",
         type=int,
@@ -556,7 +837,9 @@ def main() -> None:
     )
     parser.add_argument("--peer-only", action="store_true", help="run TRL only")
     parser.add_argument("--agentstream-only", action="store_true", help="run agentstream only")
-    parser.add_argument("--run-timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--run-timeout-s", type=float, default=0.0, help="each run's limit (0: 600 s; a preset's: 300 + 180 s a step)"
+    )
     parser.add_argument("--keep", default="", help="keep the run folders here (default: a temporary folder)")
     parser.add_argument(
         "override",
@@ -573,6 +856,15 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(bounds)}")
     modes = [] if args.peer_only else modes
+    preset = learn_preset(args.model, args.preset) if args.learn else ""
+    if args.preset and not args.learn:
+        parser.error("--preset: with --learn only")
+    if preset and args.batch:
+        parser.error(
+            f"--batch: preset={preset} sets the batch (trainer.groups_per_step=N after the options changes it)"
+        )
+    if preset and not args.model:
+        args.model = str(REPO_ROOT / compose([f"preset={preset}"]).model.path)
     if not (args.model or args.learn):  # the speed workload's model (issue 38, option a); --learn makes its own
         args.model = str(ensure_small_model(SMALL_MODEL_DIR))
     model, folder = harness.begin(args.model, "bench-peer-", args.keep)
@@ -597,15 +889,15 @@ def main() -> None:
         flush=True,
     )
     results: list[Result] = []
-    for batch in (int(b) for b in args.batch.split(",")):
+    for batch in (int(b) for b in (args.batch or "16,64").split(",")):
         w = Workload(model, batch, args.steps)
         if batch % w.group_size:
             raise SystemExit(f"--batch {batch}: must be a multiple of the group size {w.group_size}")
         if not args.agentstream_only:
-            results.append(run_trl(w, python, folder / f"trl-{batch}", args.run_timeout_s))
+            results.append(run_trl(w, python, folder / f"trl-{batch}", args.run_timeout_s or 600.0))
             print_result(results[-1])
         for mode in modes:
-            results.append(run_agentstream(w, mode, bounds[mode], folder, args.run_timeout_s, args.override))
+            results.append(run_agentstream(w, mode, bounds[mode], folder, args.run_timeout_s or 600.0, args.override))
             print_result(results[-1])
     cpu_ratios = cpu_bounds(results)
     if cpu_ratios:

@@ -9,8 +9,12 @@ It runs in the peer venv (torch, trl, transformers, reasoning_gym; `bench.peer` 
 runs. Each line of `--prompts` holds one group's prompt as already templated text (`prompt`), its token ids as
 agentstream's engine gets them (`prompt_ids`, checked against this tokenizer at start), and the reasoning-gym item
 it asks about (`dataset`, `seed`, the generator's arguments `kwargs`): the reward is the generator's own
-`score_answer` on the last `<answer>...</answer>`, and `--invalid-penalty` for a completion without one, as
-agentstream's env and actor score it.
+`score_answer` on the last `<answer>...</answer>` (`--answer-format last_number`: else on the last number in the
+completion), and `--invalid-penalty` for a completion without one, as agentstream's env and actor score it.
+
+`--lora-rank R` (with `--lora-alpha`, `--lora-targets`, `--lora-dropout`) trains a peft LoRA adapter, passed to
+`GRPOTrainer` as its `peft_config`; `--gradient-checkpointing` recomputes each decoder layer in backward (TRL turns it
+off while generating), as agentstream's `learner.activation_checkpointing` does.
 
 Printed, one JSON object a line: {"event": "ready", "t"} once the trainer is built; then per optimizer step
 {"event": "step", "step", "t_begin", "t_generated", "t"}: the wall clock at the step's start, when its
@@ -35,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)  # as envs/reasoning.py
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")  # as envs/reasoning.py
+ANSWER_FORMATS = ("tag", "last_number")
 
 
 def emit(**fields: Any) -> None:
@@ -50,10 +56,22 @@ def item(dataset: str, seed: int, kwargs_json: str) -> tuple[Any, dict[str, Any]
     return data, data[0]
 
 
-def score(text: str, dataset: str, seed: int, kwargs_json: str, invalid_penalty: float) -> float:
-    """The last `<answer>` scored by the generator's verifier; no (or an empty) answer: the invalid penalty."""
+def parse(text: str, answer_format: str = "tag") -> str:
+    """The answer agentstream's env reads (envs/reasoning.py's `parse_answer` / `parse_last_number`): the last
+    non-empty `<answer>` tag; with "last_number" and no such tag, the last number in `text`; "" when none."""
     matches = _ANSWER_RE.findall(text)
     answer = matches[-1].strip() if matches else ""
+    if answer or answer_format == "tag":
+        return answer
+    numbers = _NUMBER_RE.findall(text)
+    return numbers[-1] if numbers else ""
+
+
+def score(
+    text: str, dataset: str, seed: int, kwargs_json: str, invalid_penalty: float, answer_format: str = "tag"
+) -> float:
+    """The answer (`parse`) scored by the generator's verifier; no answer: the invalid penalty."""
+    answer = parse(text, answer_format)
     if not answer:
         return invalid_penalty
     data, entry = item(dataset, seed, kwargs_json)
@@ -77,7 +95,7 @@ def load_prompts(path: Path, tokenizer: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=Path, required=True, help="JSONL from bench.peer, one group a line")
     parser.add_argument("--model", required=True)
@@ -91,13 +109,79 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--invalid-penalty", type=float, default=-0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--answer-format", choices=ANSWER_FORMATS, default="tag", help="as the env's answer_format")
+    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: train a LoRA adapter of this rank")
+    parser.add_argument("--lora-alpha", type=float, default=16.0)
+    parser.add_argument("--lora-targets", default="", help="the adapted linear layers' names, a comma list")
+    parser.add_argument("--lora-dropout", type=float, default=0.0)
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute each layer in backward")
     parser.add_argument("--completions", type=Path, help="train on these completions instead of generating")
     parser.add_argument(
         "--dump",
         type=Path,
         help="save the clipped gradients, the weights after the last step and TRL's logged grad norm and loss here",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def grpo_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`GRPOConfig`'s arguments (without `output_dir`): agentstream's GRPO on one process. Its loss: PPO-clip with
+    clip-higher (agentstream's algorithm.clip_low/clip_high), no KL (beta 0), token-mean over the batch (TRL's
+    default loss_type "dapo"), advantages normalised by the group's std (TRL's default scale_rewards "group");
+    AdamW at a constant lr, no weight decay, gradients clipped at norm 1 (agentstream's learner defaults); one
+    optimizer step per generated batch, so every completion is trained on by the weights that sampled it."""
+    return {
+        "use_cpu": True,
+        "bf16": False,
+        "fp16": False,
+        "seed": args.seed,
+        "max_steps": args.steps,
+        "per_device_train_batch_size": args.batch,
+        "gradient_accumulation_steps": 1,
+        "num_generations": args.group_size,
+        "max_completion_length": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "learning_rate": args.lr,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,  # agentstream's algorithm.clip_low/clip_high
+        "use_vllm": False,  # HF generate in this process: vLLM would need a server or a GPU-colocated engine
+        "gradient_checkpointing": args.gradient_checkpointing,
+        **({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if args.gradient_checkpointing else {}),
+        "shuffle_dataset": False,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+def lora_config(args: argparse.Namespace) -> Any:
+    """peft's LoraConfig for `--lora-rank` > 0 (agentstream's learner.model.LoraSpec: the same fields), else None."""
+    if args.lora_rank <= 0:
+        return None
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        target_modules=[t for t in args.lora_targets.split(",") if t],
+        lora_dropout=args.lora_dropout,
+        bias="none",
+    )
+
+
+def main() -> None:
+    args = arguments().parse_args()
 
     import torch
     from datasets import Dataset
@@ -127,7 +211,8 @@ def main() -> None:
     def reward(completions: list[str], task: list[str], seed: list[int], kwargs: list[str], **_: Any) -> list[float]:
         marks["generated"] = time.time()
         return [
-            score(c, d, s, k, args.invalid_penalty) for c, d, s, k in zip(completions, task, seed, kwargs, strict=True)
+            score(c, d, s, k, args.invalid_penalty, args.answer_format)
+            for c, d, s, k in zip(completions, task, seed, kwargs, strict=True)
         ]
 
     class Timings(TrainerCallback):
@@ -157,36 +242,7 @@ def main() -> None:
                     n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
                 }
 
-    config = GRPOConfig(
-        output_dir=str(args.out),
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        seed=args.seed,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.batch,
-        gradient_accumulation_steps=1,
-        num_generations=args.group_size,
-        max_completion_length=args.max_tokens,
-        temperature=args.temperature,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,  # agentstream's algorithm.clip_low/clip_high
-        use_vllm=False,
-        gradient_checkpointing=False,
-        shuffle_dataset=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        eval_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    config = GRPOConfig(output_dir=str(args.out), **grpo_settings(args))
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -194,6 +250,7 @@ def main() -> None:
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[Timings()],
+        peft_config=lora_config(args),
     )
     if args.completions:
         trainer._generate_single_turn = replay(args.completions)

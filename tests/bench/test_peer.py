@@ -174,3 +174,152 @@ def test_the_learn_warm_start_writes_a_model_of_format_demonstrations(tmp_path: 
     assert stamp["demos"] == 12  # one answer per one-attempt episode
     assert 0.0 <= stamp["check"]["valid_fraction"] <= 1.0 and (out / "config.json").is_file()
     assert stamp["args"]["answer_range"] == "0,20" and stamp["args"]["env"] == "agentstream/Reasoning-v0"
+
+
+def test_the_trl_side_runs_the_real_models_preset_with_its_figures() -> None:
+    from agentstream.config import SMOLLM2_DIR
+    from bench import peer_trl
+    from learner.model import lora_spec
+
+    # The model's directory picks its preset, and a run of it starts from the preset's own figures.
+    assert bench_peer.learn_preset(str(SMOLLM2_DIR), "") == "smollm2"
+    assert bench_peer.learn_preset(str(ROOT / ".cache" / "tiny-model"), "") == ""
+    w = bench_peer.preset_workload("smollm2", 0, seed=1, overrides=bench_peer.PRESET_SYSTEM)
+    args = peer_trl.arguments().parse_args(bench_peer.trl_argv(w, Path("python"), Path("/run"))[3:])
+    settings = peer_trl.grpo_settings(args)
+    # conf/preset/smollm2.yaml: groups_per_step 4 x group_size 8 = 32 completions a step, lr 2e-4, 48 tokens at
+    # temperature 1.0 (top_p 1.0: the schema's default), 20 steps, each layer recomputed in backward
+    assert Path(args.model) == SMOLLM2_DIR and args.steps == 20 and args.seed == 1
+    assert settings["per_device_train_batch_size"] == 32 and settings["num_generations"] == 8
+    assert settings["gradient_accumulation_steps"] == 1  # one optimizer step per batch, as the learner takes
+    assert settings["learning_rate"] == pytest.approx(2e-4) and settings["lr_scheduler_type"] == "constant"
+    assert settings["max_completion_length"] == 48 and settings["temperature"] == 1.0 and settings["top_p"] == 1.0
+    assert settings["gradient_checkpointing"] and not settings["use_vllm"] and settings["beta"] == 0.0
+    assert args.answer_format == "last_number" and args.invalid_penalty == pytest.approx(-0.1)
+    # LoRA r16, alpha 32 on every projection: the adapter the learner builds, field for field
+    cfg = bench_peer.compose(bench_peer.workload_overrides(w))  # what the agentstream runs launch
+    ours = lora_spec(cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules, cfg.model.lora_dropout)
+    assert ours is not None
+    theirs = peer_trl.lora_config(args)
+    assert theirs.r == 16 and theirs.lora_alpha == 32
+    assert set(theirs.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert theirs.to_dict() == ours.peft_config().to_dict()
+    # the agentstream side runs the preset as it stands: only steps, seed and the learner's threads set here
+    assert bench_peer.workload_overrides(w) == [
+        "preset=smollm2",
+        "learner.torch_threads=0",
+        "trainer.total_steps=20",
+        "run.seed=1",
+    ]
+    assert cfg.learner.lr == pytest.approx(2e-4) and cfg.trainer.groups_per_step * cfg.env.group_size == 32
+    # sums of two 1-digit numbers, the questions TRL's scorer rebuilds from the prompts' `kwargs`
+    assert (
+        cfg.env.kwargs["dataset_kwargs"]
+        == w.dataset_kwargs
+        == {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    )
+    # the tiny model's workload keeps its TRL run: every weight trained, no recompute
+    tiny = peer_trl.arguments().parse_args(
+        bench_peer.trl_argv(bench_peer.Workload("tiny", 16, 8), Path("python"), Path("/run"))[3:]
+    )
+    assert peer_trl.lora_config(tiny) is None and not peer_trl.grpo_settings(tiny)["gradient_checkpointing"]
+    assert tiny.answer_format == "tag" and peer_trl.grpo_settings(tiny)["learning_rate"] == pytest.approx(1e-3)
+
+
+def test_a_preset_the_trl_side_cannot_mirror_is_refused_and_overrides_reach_both_sides() -> None:
+    with pytest.raises(SystemExit, match=r"algorithm.advantage=gigpo \(TRL: grpo\)"):
+        bench_peer.preset_workload("smollm2", 2, 0, overrides=("algorithm=gigpo",))
+    w = bench_peer.preset_workload("smollm2", 2, 0, overrides=("learner.lr=1e-4", "trainer.groups_per_step=2"))
+    assert w.lr == pytest.approx(1e-4) and w.batch == 16 and w.steps == 2  # 2 groups of 8
+    assert "learner.lr=1e-4" in bench_peer.workload_overrides(w)
+
+
+def test_the_trl_scorer_reads_an_answer_as_the_env_does() -> None:
+    from bench import peer_trl
+    from envs.base import Action
+    from envs.reasoning import parse_answer, parse_last_number
+
+    texts = [
+        "The sum is 7.",
+        "3 + 4 = 7, so <answer>7</answer>",
+        "<answer>5</answer> no, <answer>6</answer> and then 9",
+        "<answer> </answer> it is -2.5 or 3",
+        "no number here",
+        "<answer></answer>",
+        "",
+    ]
+    for text in texts:
+        for fmt, env_parse in (("tag", parse_answer), ("last_number", parse_last_number)):
+            parsed = env_parse(text)
+            assert peer_trl.parse(text, fmt) == (parsed.value if isinstance(parsed, Action) else ""), (text, fmt)
+    # by hand: a sentence's last number only when reading last numbers; the last non-empty tag before any number
+    assert peer_trl.parse("The sum is 7.", "tag") == "" and peer_trl.parse("The sum is 7.", "last_number") == "7"
+    assert peer_trl.parse("<answer> </answer> it is -2.5 or 3", "last_number") == "3"
+
+
+def test_step_ends_count_back_from_the_last_steps_end() -> None:
+    # steps of 5, 2 and 3 s, the last ending 20 s after launch: step 3 ends at 20, step 2 at 20 - 3 = 17, step 1 at
+    # 17 - 2 = 15 (step 1's own 5 s, start-up included, does not matter)
+    assert bench_peer.step_ends([5.0, 2.0, 3.0], 20.0) == (15.0, 17.0, 20.0)
+    assert bench_peer.step_ends([4.0], 9.0) == (9.0,)
+
+
+def _result(system: str, mode: str, rewards: tuple[float, ...], ends: tuple[float, ...], seed: int = 0):
+    # batch 8 over 4 steps: steady = the last end minus the first's
+    return bench_peer.Result(
+        system, mode, 8, len(rewards), ends[0], ends[-1] - ends[0], "", rewards, step_ends=ends, seed=seed
+    )
+
+
+def test_the_learning_table_gives_each_systems_figures_and_the_ratios() -> None:
+    results = {
+        "TRL sync": [
+            _result("TRL", "sync", (0.0, 0.2, 0.2, 0.4), (10.0, 20.0, 30.0, 40.0)),
+            _result("TRL", "sync", (0.2, 0.2, 0.4, 0.4), (10.0, 20.0, 30.0, 40.0), seed=1),
+        ],
+        "agentstream async": [
+            _result("agentstream", "async", (0.2, 0.2, 0.4, 0.6), (20.0, 25.0, 30.0, 35.0)),
+            _result("agentstream", "async", (0.2, 0.4, 0.4, 0.6), (20.0, 25.0, 30.0, 35.0), seed=1),
+        ],
+    }
+    lines = bench_peer.learning_table(results, last=2)
+    # TRL: mean rewards 0.2 and 0.3 (0.25 +- 0.0707); last 2 steps 0.3 and 0.4 (0.35); wall 40 s; 3 x 8 / 30 = 0.8/s.
+    # agentstream: 0.35 and 0.4 (0.375); last 2: 0.5 and 0.5 (0.5); wall 35 s; 3 x 8 / 15 = 1.6/s.
+    assert lines[1].split() == ["TRL", "sync", "2", "0.250", "+-", "0.071", "0.350", "+-", "0.071"] + [
+        "40.000",
+        "+-",
+        "0.000",
+        "0.800",
+        "+-",
+        "0.000",
+    ]
+    assert lines[2].split()[3:5] == ["0.375", "+-"] and lines[2].split()[-3] == "1.600"
+    # ratios: 0.375 / 0.25 = 1.50, 0.5 / 0.35 = 1.43, 35 / 40 = 0.88, 1.6 / 0.8 = 2.00
+    assert lines[3] == (
+        "agentstream async over TRL sync: mean reward 1.50x, last 2 steps 1.43x, wall s 0.88x, "
+        "completions/s 2.00x (target >= 1.5x)"
+    )
+    flat = {"TRL sync": [_result("TRL", "sync", (-0.1, 0.0), (1.0, 2.0))], "agentstream sync": results["TRL sync"][:1]}
+    assert "mean reward n/a" in bench_peer.learning_table(flat, last=1)[-1]  # no ratio over a reward of 0 or less
+
+
+def test_the_learning_report_writes_the_curves_the_plots_and_the_table(tmp_path: Path, capsys) -> None:
+    import csv
+
+    w = bench_peer.Workload("model", batch=8, steps=2)
+    results = {
+        "TRL sync": [_result("TRL", "sync", (0.0, 0.5), (10.0, 20.0))],
+        "agentstream sync": [_result("agentstream", "sync", (0.25, 0.5), (12.0, 16.0))],
+    }
+    bench_peer.report_learning(results, w, tmp_path)
+    rows = list(csv.DictReader((tmp_path / "learn-8.csv").open()))
+    assert [(r["system"], r["step"], r["completions"], r["wall_s"], r["reward_mean"]) for r in rows] == [
+        ("TRL sync", "1", "8", "10.0", "0.0"),
+        ("TRL sync", "2", "16", "20.0", "0.5"),
+        ("agentstream sync", "1", "8", "12.0", "0.25"),
+        ("agentstream sync", "2", "16", "16.0", "0.5"),
+    ]
+    for name in ("reward_vs_completions-8.png", "reward_vs_seconds-8.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    table = (tmp_path / "learn-8-table.txt").read_text().splitlines()
+    assert table[-1].startswith("agentstream sync over TRL sync: ") and table[-1] in capsys.readouterr().out
