@@ -37,11 +37,16 @@ from agentstream import config as config_mod
 from agentstream.process import run_process
 from agentstream.wire.client import AsyncClient
 from agentstream.wire.messages import Hello, Stats
-from engines.client import EngineClient, Generation, text_decoder
+from engines.client import EngineClient, EngineError, Generation, text_decoder
 from envs.base import VALIDATION_SEEDS
 
 log = logging.getLogger("evaluate")
 CSV_NAME = "validation.csv"
+EPISODE_TRIES = 3  # an episode whose engine request fails is played again on its seed, up to this many times in all
+
+
+class ValidationFailed(RuntimeError):
+    """A validation episode failed EPISODE_TRIES times: that validation is skipped (and counted), the run goes on."""
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,23 @@ async def play_episode(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, 
     return ValidationEpisode(outcome.success, outcome.env_return, outcome.steps, outcome.invalid)
 
 
+async def play_with_retries(spec: EpisodeSpec, engine: EngineClient, tokenizer: Any, seed: int) -> ValidationEpisode:
+    """`play_episode`, played again on the same seed when an engine request fails (a timeout on a loaded engine,
+    an engine restarting); ValidationFailed after EPISODE_TRIES failures."""
+    for attempt in range(1, EPISODE_TRIES + 1):
+        try:
+            return await play_episode(spec, engine, tokenizer, seed)
+        except EngineError as exc:
+            log.warning("validation episode on seed %d failed (try %d of %d): %s", seed, attempt, EPISODE_TRIES, exc)
+            last = exc
+    raise ValidationFailed(f"the episode on seed {seed} failed {EPISODE_TRIES} times; the last error: {last}")
+
+
 async def validate_once(spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, t0: float) -> Validation:
     """Play every validation seed once, concurrently; one `Validation` row."""
     version = await engine.version()
     seeds = [VALIDATION_SEEDS[i] for i in range(spec.episodes)]
-    results = await asyncio.gather(*(play_episode(spec.episode, engine, tokenizer, s) for s in seeds))
+    results = await asyncio.gather(*(play_with_retries(spec.episode, engine, tokenizer, s) for s in seeds))
     version_end = await engine.version()
     trajectories = version * spec.trajectories_per_version
     return summarize(list(results), version, version_end, time.time() - t0, trajectories)
@@ -142,7 +159,7 @@ def read_rows(path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
-def stats(name: str, row: Validation | None, count: int, final: bool = False) -> Stats:
+def stats(name: str, row: Validation | None, count: int, failed: int = 0, final: bool = False) -> Stats:
     gauges = (
         {}
         if row is None
@@ -153,21 +170,30 @@ def stats(name: str, row: Validation | None, count: int, final: bool = False) ->
             "val_version": row.version,
         }
     )
-    return Stats(source=name, role="evaluator", counters={"validations": count}, gauges=gauges, final=final)
+    counters = {"validations": count, "validations_failed": failed}
+    return Stats(source=name, role="evaluator", counters=counters, gauges=gauges, final=final)
 
 
 async def evaluate_loop(
     spec: EvaluatorSpec, engine: EngineClient, tokenizer: Any, broker: AsyncClient, name: str, out: Path, t0: float
 ) -> None:
-    """Validate whenever `is_due`, until the final version is validated."""
+    """Validate whenever `is_due`, until the final version is validated. A validation whose episodes keep failing
+    (ValidationFailed) is skipped and counted (`validations_failed`): the held-out curve misses a point, the run
+    goes on."""
     last: int | None = None
     row: Validation | None = None
-    count = 0
+    count = failed = 0
     total, every = spec.total_steps, spec.every
     while last is None or last < total:
         version = await engine.version()
         if is_due(version, last, every, total):
-            row = await validate_once(spec, engine, tokenizer, t0)
+            try:
+                row = await validate_once(spec, engine, tokenizer, t0)
+            except ValidationFailed as exc:
+                failed += 1
+                last = version
+                log.error("validation at version %d skipped: %s", version, exc)
+                continue
             append_row(out / CSV_NAME, row)
             last, count = row.version, count + 1
             log.info(
@@ -178,9 +204,9 @@ async def evaluate_loop(
                 row.val_invalid_rate,
                 row.wall_s,
             )
-        await broker.send(stats(name, row, count))
+        await broker.send(stats(name, row, count, failed))
         await asyncio.sleep(0.5)  # version poll: an HTTP GET, cheap; validations are seconds apart
-    await broker.send(stats(name, row, count, final=True))
+    await broker.send(stats(name, row, count, failed, final=True))
 
 
 async def _main(spec: EvaluatorSpec, name: str, broker_address: str, engine_url: str, out: Path, t0: float) -> int:

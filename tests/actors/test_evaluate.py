@@ -63,3 +63,33 @@ def test_csv_round_trip(tmp_path) -> None:
     rows = read_rows(path)
     assert [r["version"] for r in rows] == [0.0, 5.0]
     assert rows[1]["val_invalid_rate"] == 0.5 and rows[1]["trajectories_trained"] == 160.0
+
+
+def test_a_failing_episode_is_played_again_on_its_seed_then_its_validation_is_given_up(monkeypatch) -> None:
+    import asyncio
+
+    import pytest
+
+    from actors import evaluate
+    from engines.client import EngineError
+
+    calls: list[int] = []
+
+    def failing(times: int):
+        async def play(spec, engine, tokenizer, seed):
+            calls.append(seed)
+            if len(calls) <= times:
+                raise EngineError("no answer within 120.0 s")
+            return ValidationEpisode(True, 1.0, 1, 0)
+
+        return play
+
+    monkeypatch.setattr(evaluate, "play_episode", failing(evaluate.EPISODE_TRIES - 1))
+    assert asyncio.run(evaluate.play_with_retries(None, None, None, 7)).success
+    assert calls == [7] * evaluate.EPISODE_TRIES  # every try on the same seed
+
+    calls.clear()
+    monkeypatch.setattr(evaluate, "play_episode", failing(evaluate.EPISODE_TRIES))
+    with pytest.raises(evaluate.ValidationFailed, match="seed 7 failed 3 times.*120.0 s"):
+        asyncio.run(evaluate.play_with_retries(None, None, None, 7))
+    assert calls == [7] * evaluate.EPISODE_TRIES
