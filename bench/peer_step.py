@@ -33,7 +33,8 @@ import torch
 
 from agentstream.config import REPO_ROOT, Config
 from bench import harness
-from bench.peer import LEARN_KWARGS, Workload, invalid_penalty, peer_python, warm_model, write_prompts
+from bench.peer_learn import LEARN_KWARGS, warm_model
+from bench.peer_run import Workload, invalid_penalty, peer_python, write_prompts
 from bench.peer_trl import score
 
 
@@ -260,7 +261,7 @@ def main() -> None:
         if line.startswith('{"event": "log"')
     )
 
-    from bench.peer import compose, workload_overrides
+    from bench.peer_run import compose, workload_overrides
 
     cfg = compose([*workload_overrides(w), *args.override])
     ours = agentstream_step(model, make_batch(prompts, completions, rewards), cfg)

@@ -1,6 +1,6 @@
-"""bench/peer.py's parts that decide what the two systems compare: the prompts TRL trains on are the
-ones agentstream's actors send, and the ratios put agentstream over TRL. (Its runs themselves take minutes and a
-venv of their own: they are benchmarks, run by hand; docs/benchmarks.md.)"""
+"""bench.peer's parts (bench/peer.py, bench/peer_run.py, bench/peer_learn.py) that decide what the two systems
+compare: the prompts TRL trains on are the ones agentstream's actors send, and the ratios put agentstream over TRL.
+(Its runs themselves take minutes and a venv of their own: they are benchmarks, run by hand; docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import bench.peer as bench_peer
+from bench import peer_learn, peer_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +27,8 @@ def test_the_peer_gets_the_actors_prompts_one_group_per_seed(tmp_path: Path) -> 
 
     tiny_model_dir = ensure_tiny_model(TINY_MODEL_DIR)  # the benchmark's own model
 
-    w = bench_peer.Workload(model=str(tiny_model_dir), batch=16, steps=2)  # 2 steps x 2 groups
-    n_tokens = bench_peer.write_prompts(w, tmp_path / "prompts.jsonl")
+    w = peer_run.Workload(model=str(tiny_model_dir), batch=16, steps=2)  # 2 steps x 2 groups
+    n_tokens = peer_run.write_prompts(w, tmp_path / "prompts.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and len({line["seed"] for line in lines}) == 4
     assert [line["seed"] - lines[0]["seed"] for line in lines] == [0, 1, 2, 3]  # group g: seed_base + g
@@ -41,8 +42,8 @@ def test_the_peer_gets_the_actors_prompts_one_group_per_seed(tmp_path: Path) -> 
 
 
 def test_ratios_put_agentstream_over_trl_with_the_targets() -> None:
-    def result(system: str, mode: str, batch: int, steady_s: float) -> bench_peer.Result:
-        return bench_peer.Result(system, mode, batch, steps=5, startup_s=1.0, steady_s=steady_s, detail="")
+    def result(system: str, mode: str, batch: int, steady_s: float) -> peer_run.Result:
+        return peer_run.Result(system, mode, batch, steps=5, startup_s=1.0, steady_s=steady_s, detail="")
 
     # completions/s = (steps - 1) x batch / steady: TRL 4 x 16 / 2 = 32; agentstream 64 / 1 = 64 (2.00x),
     # 64 / 4 = 16 (0.50x); at 64: TRL 256 / 4 = 64, agentstream 256 / 2 = 128 (2.00x, target 1.5)
@@ -62,7 +63,7 @@ def test_ratios_put_agentstream_over_trl_with_the_targets() -> None:
 
 
 def test_the_cpu_sampler_reports_the_cores_each_process_of_a_tree_used(monkeypatch) -> None:
-    monkeypatch.setattr(bench_peer, "ROLES", (("BURN", "burner"), ("DOZE", "sleeper")))
+    monkeypatch.setattr(peer_run, "ROLES", (("BURN", "burner"), ("DOZE", "sleeper")))
     busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
     tree = (
         f"import subprocess, sys\nkids = [subprocess.Popen([sys.executable, '-c', {busy!r}, 'burn'.upper()]), "
@@ -70,7 +71,7 @@ def test_the_cpu_sampler_reports_the_cores_each_process_of_a_tree_used(monkeypat
         "[k.wait() for k in kids]"
     )  # (the parent's own command line names neither role)
     proc = subprocess.Popen([sys.executable, "-c", tree])  # a parent ("other") and its two children
-    with bench_peer.CpuSampler(proc.pid, every_s=0.1) as cpu:
+    with peer_run.CpuSampler(proc.pid, every_s=0.1) as cpu:
         proc.wait()
     t0 = cpu.samples[0][0] + 0.8  # both children started (a Python start-up is ~0.1 s)
     cores = cpu.cores(t0, t0 + 1.5)
@@ -84,12 +85,12 @@ def test_the_cpu_sampler_reports_the_cores_each_process_of_a_tree_used(monkeypat
 
 def test_cpu_lines_and_the_cpu_bound_on_the_ratio() -> None:
     # 1.5 + 0.3 + 0.001 = 1.801 cores at 60 completions/s: 1.801 / 60 = 0.0300 CPU s = 30.0 ms per completion
-    line, per = bench_peer.cpu_line({"vLLM engine core": 1.5, "actor": 0.3, "broker": 0.001}, rate=60.0)
+    line, per = peer_run.cpu_line({"vLLM engine core": 1.5, "actor": 0.3, "broker": 0.001}, rate=60.0)
     assert per == pytest.approx(1.801 / 60)
     assert "vLLM engine core 1.50, actor 0.30 = 1.80 of" in line and "30.0 CPU ms per completion" in line
     assert "broker" not in line  # under 0.005 cores: left out of the list, kept in the sum
-    trl = bench_peer.Result("TRL", "sync", 64, 5, 1.0, 2.0, "", cpu_per_completion=0.03)
-    ours = bench_peer.Result("agentstream", "async", 64, 5, 1.0, 2.0, "", cpu_per_completion=0.02)
+    trl = peer_run.Result("TRL", "sync", 64, 5, 1.0, 2.0, "", cpu_per_completion=0.03)
+    ours = peer_run.Result("agentstream", "async", 64, 5, 1.0, 2.0, "", cpu_per_completion=0.02)
     assert bench_peer.cpu_bounds([trl, ours]) == ["async at 64: 1.50x"]  # 0.03 / 0.02
 
 
@@ -97,16 +98,16 @@ def test_the_learn_workload_reaches_the_env_and_the_peers_prompts(tmp_path: Path
     from agentstream.config import TINY_MODEL_DIR
     from launcher.tiny_model import ensure_tiny_model
 
-    w = bench_peer.Workload(
-        model=str(ensure_tiny_model(TINY_MODEL_DIR)), batch=16, steps=2, dataset_kwargs=bench_peer.LEARN_KWARGS, seed=2
+    w = peer_run.Workload(
+        model=str(ensure_tiny_model(TINY_MODEL_DIR)), batch=16, steps=2, dataset_kwargs=peer_learn.LEARN_KWARGS, seed=2
     )
-    cfg = bench_peer.compose(bench_peer.workload_overrides(w))  # the launcher's own composition
-    assert cfg.env.kwargs["dataset_kwargs"] == bench_peer.LEARN_KWARGS and cfg.run.seed == 2
-    bench_peer.write_prompts(w, tmp_path / "prompts.jsonl")
+    cfg = peer_run.compose(peer_run.workload_overrides(w))  # the launcher's own composition
+    assert cfg.env.kwargs["dataset_kwargs"] == peer_learn.LEARN_KWARGS and cfg.run.seed == 2
+    peer_run.write_prompts(w, tmp_path / "prompts.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
     assert [line["seed"] for line in lines] == [2 * 1_000_003 + g for g in range(4)]  # run.seed's questions
     for line in lines:
-        assert line["kwargs"] == bench_peer.LEARN_KWARGS
+        assert line["kwargs"] == peer_learn.LEARN_KWARGS
         # two numbers from 0 to 10 multiplied: what the TRL side's verifier is built with too
         question = line["prompt"].split("Calculate ")[1].split(".")[0].split()
         assert len(question) == 3 and question[1] == "*" and all(0 <= int(t) <= 10 for t in question[::2])
@@ -119,7 +120,7 @@ def test_learning_lines_compare_the_mean_reward_per_completion() -> None:
         "TRL sync": [(0.0, 0.2, 0.4, 0.2), (0.0, 0.4, 0.6, 0.6)],
         "agentstream sync": [(0.0, 0.4, 0.4, 0.4), (0.0, 0.6, 0.6, 0.8)],
     }
-    lines = bench_peer.learning_lines(curves, batch=64, every=2)
+    lines = peer_learn.learning_lines(curves, batch=64, every=2)
     assert lines[1].split() == ["1", "64", "0.000", "0.000"]
     assert lines[2].split() == ["3", "192", "0.500", "0.500"]  # step 3: (0.4+0.6)/2 both
     assert lines[3].split() == ["4", "256", "0.400", "0.600"]  # the last step is always shown
@@ -130,7 +131,7 @@ def test_learning_lines_compare_the_mean_reward_per_completion() -> None:
     )
     assert lines[-1] == "mean reward over the run, over TRL sync's: agentstream sync 1.33x"
     slower = {"TRL sync": curves["TRL sync"], "agentstream sync": [(0.0, 0.0, 0.0, 0.0)] * 2}
-    assert "(slower;" in bench_peer.learning_lines(slower, batch=64, every=2)[-2]
+    assert "(slower;" in peer_learn.learning_lines(slower, batch=64, every=2)[-2]
 
 
 def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_seeds() -> None:
@@ -138,7 +139,7 @@ def test_the_paired_interval_holds_the_mean_difference_and_narrows_with_seeds() 
     for n in (3, 8, 30):
         a = [rng.gauss(0.1, 0.02) for _ in range(n)]
         b = [x - 0.03 + rng.gauss(0, 0.01) for x in a]  # a leads by 0.03 give or take the pairing noise
-        lo, hi = bench_peer.paired_interval(a, b)
+        lo, hi = peer_learn.paired_interval(a, b)
         d = sum(x - y for x, y in zip(a, b)) / n
         assert lo <= d <= hi and hi - lo < 0.05
         if n == 30:
@@ -157,8 +158,8 @@ def test_the_learn_warm_start_writes_a_model_of_format_demonstrations(tmp_path: 
         "--env",
         "agentstream/Reasoning-v0",
         "--dataset-kwargs",
-        json.dumps(bench_peer.LEARN_KWARGS),
-        *bench_peer.LEARN_WARM_START,
+        json.dumps(peer_learn.LEARN_KWARGS),
+        *peer_learn.LEARN_WARM_START,
         "--episodes",
         "12",
         "--steps",
@@ -182,10 +183,10 @@ def test_the_trl_side_runs_the_real_models_preset_with_its_figures() -> None:
     from learner.model import lora_spec
 
     # The model's directory picks its preset, and a run of it starts from the preset's own figures.
-    assert bench_peer.learn_preset(str(SMOLLM2_DIR), "") == "smollm2"
-    assert bench_peer.learn_preset(str(ROOT / ".cache" / "tiny-model"), "") == ""
-    w = bench_peer.preset_workload("smollm2", 0, seed=1, overrides=bench_peer.PRESET_SYSTEM)
-    args = peer_trl.arguments().parse_args(bench_peer.trl_argv(w, Path("python"), Path("/run"))[3:])
+    assert peer_learn.learn_preset(str(SMOLLM2_DIR), "") == "smollm2"
+    assert peer_learn.learn_preset(str(ROOT / ".cache" / "tiny-model"), "") == ""
+    w = peer_learn.preset_workload("smollm2", 0, seed=1, overrides=peer_learn.PRESET_SYSTEM)
+    args = peer_trl.arguments().parse_args(peer_run.trl_argv(w, Path("python"), Path("/run"))[3:])
     settings = peer_trl.grpo_settings(args)
     # conf/preset/smollm2.yaml: groups_per_step 4 x group_size 8 = 32 completions a step, lr 2e-4, 48 tokens at
     # temperature 1.0 (top_p 1.0: the schema's default), 20 steps, each layer recomputed in backward
@@ -197,7 +198,7 @@ def test_the_trl_side_runs_the_real_models_preset_with_its_figures() -> None:
     assert settings["gradient_checkpointing"] and not settings["use_vllm"] and settings["beta"] == 0.0
     assert args.answer_format == "last_number" and args.invalid_penalty == pytest.approx(-0.1)
     # LoRA r16, alpha 32 on every projection: the adapter the learner builds, field for field
-    cfg = bench_peer.compose(bench_peer.workload_overrides(w))  # what the agentstream runs launch
+    cfg = peer_run.compose(peer_run.workload_overrides(w))  # what the agentstream runs launch
     ours = lora_spec(cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules, cfg.model.lora_dropout)
     assert ours is not None
     theirs = peer_trl.lora_config(args)
@@ -205,7 +206,7 @@ def test_the_trl_side_runs_the_real_models_preset_with_its_figures() -> None:
     assert set(theirs.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert theirs.to_dict() == ours.peft_config().to_dict()
     # the agentstream side runs the preset as it stands: only steps, seed and the learner's threads set here
-    assert bench_peer.workload_overrides(w) == [
+    assert peer_run.workload_overrides(w) == [
         "preset=smollm2",
         "learner.torch_threads=0",
         "trainer.total_steps=20",
@@ -220,7 +221,7 @@ def test_the_trl_side_runs_the_real_models_preset_with_its_figures() -> None:
     )
     # the tiny model's workload keeps its TRL run: every weight trained, no recompute
     tiny = peer_trl.arguments().parse_args(
-        bench_peer.trl_argv(bench_peer.Workload("tiny", 16, 8), Path("python"), Path("/run"))[3:]
+        peer_run.trl_argv(peer_run.Workload("tiny", 16, 8), Path("python"), Path("/run"))[3:]
     )
     assert peer_trl.lora_config(tiny) is None and not peer_trl.grpo_settings(tiny)["gradient_checkpointing"]
     assert tiny.answer_format == "tag" and peer_trl.grpo_settings(tiny)["learning_rate"] == pytest.approx(1e-3)
@@ -228,10 +229,10 @@ def test_the_trl_side_runs_the_real_models_preset_with_its_figures() -> None:
 
 def test_a_preset_the_trl_side_cannot_mirror_is_refused_and_overrides_reach_both_sides() -> None:
     with pytest.raises(SystemExit, match=r"algorithm.advantage=gigpo \(TRL: grpo\)"):
-        bench_peer.preset_workload("smollm2", 2, 0, overrides=("algorithm=gigpo",))
-    w = bench_peer.preset_workload("smollm2", 2, 0, overrides=("learner.lr=1e-4", "trainer.groups_per_step=2"))
+        peer_learn.preset_workload("smollm2", 2, 0, overrides=("algorithm=gigpo",))
+    w = peer_learn.preset_workload("smollm2", 2, 0, overrides=("learner.lr=1e-4", "trainer.groups_per_step=2"))
     assert w.lr == pytest.approx(1e-4) and w.batch == 16 and w.steps == 2  # 2 groups of 8
-    assert "learner.lr=1e-4" in bench_peer.workload_overrides(w)
+    assert "learner.lr=1e-4" in peer_run.workload_overrides(w)
 
 
 def test_the_trl_scorer_reads_an_answer_as_the_env_does() -> None:
@@ -260,13 +261,13 @@ def test_the_trl_scorer_reads_an_answer_as_the_env_does() -> None:
 def test_step_ends_count_back_from_the_last_steps_end() -> None:
     # steps of 5, 2 and 3 s, the last ending 20 s after launch: step 3 ends at 20, step 2 at 20 - 3 = 17, step 1 at
     # 17 - 2 = 15 (step 1's own 5 s, start-up included, does not matter)
-    assert bench_peer.step_ends([5.0, 2.0, 3.0], 20.0) == (15.0, 17.0, 20.0)
-    assert bench_peer.step_ends([4.0], 9.0) == (9.0,)
+    assert peer_run.step_ends([5.0, 2.0, 3.0], 20.0) == (15.0, 17.0, 20.0)
+    assert peer_run.step_ends([4.0], 9.0) == (9.0,)
 
 
 def _result(system: str, mode: str, rewards: tuple[float, ...], ends: tuple[float, ...], seed: int = 0):
     # batch 8 over 4 steps: steady = the last end minus the first's
-    return bench_peer.Result(
+    return peer_run.Result(
         system, mode, 8, len(rewards), ends[0], ends[-1] - ends[0], "", rewards, step_ends=ends, seed=seed
     )
 
@@ -282,7 +283,7 @@ def test_the_learning_table_gives_each_systems_figures_and_the_ratios() -> None:
             _result("agentstream", "async", (0.2, 0.4, 0.4, 0.6), (20.0, 25.0, 30.0, 35.0), seed=1),
         ],
     }
-    lines = bench_peer.learning_table(results, last=2)
+    lines = peer_learn.learning_table(results, last=2)
     # TRL: mean rewards 0.2 and 0.3 (0.25 +- 0.0707); last 2 steps 0.3 and 0.4 (0.35); wall 40 s; 3 x 8 / 30 = 0.8/s.
     # agentstream: 0.35 and 0.4 (0.375); last 2: 0.5 and 0.5 (0.5); wall 35 s; 3 x 8 / 15 = 1.6/s.
     assert lines[1].split() == ["TRL", "sync", "2", "0.250", "+-", "0.071", "0.350", "+-", "0.071"] + [
@@ -300,18 +301,18 @@ def test_the_learning_table_gives_each_systems_figures_and_the_ratios() -> None:
         "completions/s 2.00x (target >= 1.5x)"
     )
     flat = {"TRL sync": [_result("TRL", "sync", (-0.1, 0.0), (1.0, 2.0))], "agentstream sync": results["TRL sync"][:1]}
-    assert "mean reward n/a" in bench_peer.learning_table(flat, last=1)[-1]  # no ratio over a reward of 0 or less
+    assert "mean reward n/a" in peer_learn.learning_table(flat, last=1)[-1]  # no ratio over a reward of 0 or less
 
 
 def test_the_learning_report_writes_the_curves_the_plots_and_the_table(tmp_path: Path, capsys) -> None:
     import csv
 
-    w = bench_peer.Workload("model", batch=8, steps=2)
+    w = peer_run.Workload("model", batch=8, steps=2)
     results = {
         "TRL sync": [_result("TRL", "sync", (0.0, 0.5), (10.0, 20.0))],
         "agentstream sync": [_result("agentstream", "sync", (0.25, 0.5), (12.0, 16.0))],
     }
-    bench_peer.report_learning(results, w, tmp_path)
+    peer_learn.report_learning(results, w, tmp_path)
     rows = list(csv.DictReader((tmp_path / "learn-8.csv").open()))
     assert [(r["system"], r["step"], r["completions"], r["wall_s"], r["reward_mean"]) for r in rows] == [
         ("TRL sync", "1", "8", "10.0", "0.0"),
