@@ -4,7 +4,7 @@
 #   bash scripts/test.sh -m "not e2e"    # skip the runs that start vLLM and torchrun
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/setup.sh" full
 cd "$ROOT"
 # The formatter, the linter and the ground layer's type check (pyproject.toml: [tool.ruff], [tool.mypy]) first.
 "$ROOT/.venv/bin/ruff" format --check --quiet . || { echo "[test] run: .venv/bin/ruff format ." >&2; exit 1; }
