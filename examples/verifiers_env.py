@@ -28,6 +28,12 @@ it 0 and logs an error; that log line is heard here), a reward that is not a fin
 broker's `transitions_dropped_infra_agent_failed`), and the run goes on. An answer that is the model's own (empty,
 unparseable, a bad tool call) is not a failure: the rubric scores it.
 
+An environment of verifiers' new API (`verifiers.v1`: `--env` names a module whose `__all__` exports a `vf.Taskset`,
+or one of verifiers' own tasksets such as textarena) is played on the same groups and rules: each episode is the env's
+own `Env.run_episode(task, ctx)`, its harness's calls going through verifiers' interception server and `EvalClient`
+to the episode's gateway URL, and it finishes with its trace's reward (the Task's `@vf.reward`s). `--env-args` is
+then the taskset's config, `--env-config` verifiers' env config over what the runner sets (V1Game says what).
+
 An episode ends truncated when its rollout stopped while the model was still calling tools (the env's max_turns),
 outgrew the engines' context, or ran past the env's timeout. `--first-tool-choice required` forces each rollout's
 first call to be a tool call (a tiny random model writes none by itself); the env is otherwise untouched. `--record
@@ -50,6 +56,7 @@ import math
 import signal
 import sys
 import time
+import types
 import urllib.error
 from collections import Counter
 from collections.abc import Callable
@@ -64,8 +71,12 @@ if importlib.util.find_spec("gateway") is None:  # the verifiers venv does not i
 try:
     import openai
     import verifiers as vf
+    import verifiers.v1 as vf1
     from openai import AsyncOpenAI
     from verifiers.clients import OpenAIChatCompletionsClient
+    from verifiers.v1.dialects.chat import message_to_wire
+    from verifiers.v1.utils.generic import deep_merge
+    from verifiers.v1.utils.loaders import default_harness_id, env_config_type, load_environment, resolve_env_config
 except ImportError as exc:  # run with the project's python, or the verifiers venv is missing
     raise SystemExit(
         f"[verifiers] {exc}: run this with the verifiers venv's python, "
@@ -245,16 +256,217 @@ def truncated(state: Any, client: EpisodeClient) -> bool:
     )
 
 
+# ------------------------------------------------------------------------------------------------ verifiers.v1
+V1_HARNESS = "agentstream_chat"
+"""ChatHarness's id: verifiers imports a harness by id (see register_chat_harness)."""
+V1_CALLS = "agentstream_calls"
+"""`trace.info` key where ChatHarness keeps each call's token ids and answer, for the runner's --record."""
+V1_KEY_VAR = "AGENTSTREAM_EPISODE_KEY"
+"""The env var verifiers reads the API key from; unset (sent as "EMPTY"): an episode's URL carries its key."""
+V1_LIMITS = ("max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length")
+"""verifiers' stop conditions of a rollout cut short by a framework limit: such an episode ends truncated."""
+V1_MODEL_ERRORS = ("ProviderError", "InterceptionError")
+
+
+class ChatHarness(vf1.Harness[vf1.HarnessConfig]):
+    """A tool-less chat seat, in this process: one chat-completions call on the conversation so far, as verifiers'
+    `null` harness program makes, without the program (and the `uv` provisioning that needs the package index).
+    Each segment relaunches on the whole conversation (`SUPPORTS_RESUME`: verifiers' default `resume`), so a
+    multi-turn env's later calls carry the earlier answers exactly as the gateway returned them."""
+
+    APPENDS_SYSTEM_PROMPT = True
+    SUPPORTS_RESUME = True
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+
+    async def launch(
+        self,
+        ctx: vf1.ModelContext,
+        trace: vf1.Trace,
+        runtime: vf1.Runtime,
+        endpoint: str,
+        secret: str,
+        mcp_urls: dict[str, str],
+        data: vf1.TaskData,
+    ) -> vf1.ProgramResult:
+        system, prompt = self.resolve_prompt(data)
+        messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        if isinstance(prompt, str):
+            messages.append({"role": "user", "content": prompt})
+        else:
+            messages.extend(message_to_wire(m) for m in prompt or [])
+        # The interception server holds the real error (the gateway's, an engine's) and the rollout records it;
+        # a refused turn (a limit, a @stop) is verifiers' stop condition. Either way: exit non-zero, as a program.
+        async with openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, timeout=None) as client:
+            try:
+                completion = await client.chat.completions.create(model=ctx.model, messages=messages)
+            except openai.APIError as exc:
+                return vf1.ProgramResult(exit_code=1, stdout="", stderr=f"{type(exc).__name__}: {exc}")
+        body = completion.model_dump()
+        choice = body["choices"][0]
+        trace.info.setdefault(V1_CALLS, []).append(
+            {
+                "prompt_token_ids": body.get("prompt_token_ids"),
+                "token_ids": choice.get("token_ids"),
+                "tool_calls": [c["function"]["name"] for c in choice["message"].get("tool_calls") or []],
+                "finish_reason": choice.get("finish_reason"),
+                "content": choice["message"].get("content"),
+            }
+        )
+        return vf1.ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+def register_chat_harness() -> None:
+    """verifiers loads a harness by id: it imports the module of that name and takes the one Harness subclass its
+    `__all__` exports (`verifiers/v1/utils/loaders.py`). ChatHarness lives in this script, so it gets a module of
+    its own name."""
+    module = types.ModuleType(V1_HARNESS, ChatHarness.__doc__)
+    module.ChatHarness, module.__all__ = ChatHarness, ["ChatHarness"]  # type: ignore[attr-defined]
+    sys.modules.setdefault(V1_HARNESS, module)
+
+
+class V1Game:
+    """A v1 env's tasks, played in groups: group k plays task k mod tasks, G episodes of it, each on its own
+    gateway episode; `workers` envs, one per concurrent group (an env serves one group at a time).
+
+    How a v1 episode reaches the gateway, in verifiers' own code (0.3.1): `Env.run_episode(task, ctx)` plays the
+    env's `run()`; each seat's harness calls verifiers' interception server (localhost aiohttp,
+    `verifiers/v1/interception/server.py`), which sends every model call upstream through the rollout's client:
+    `EvalClient` for a `vf.EvalClientConfig`, an httpx relay to any OpenAI-compatible `base_url`
+    (`verifiers/v1/clients/eval.py`). So each episode gets a `ModelContext` whose client is its gateway URL, and each
+    call its harness makes is one step of that episode. verifiers' trainer path (`vf.TrainClientConfig`: prompts
+    rendered client-side for vLLM's `/inference/v1/generate`) is not used: the gateway renders.
+
+    One trainable trajectory per episode: an env with more than one seat (a judge, a second player) is refused; an
+    episode that ran its seat more than once (best-of-n) is given up. v1 rewards are per trace (`@vf.reward` on the
+    Task, `trace.record_reward` in the env's `run()`/`finalize()`); no group rubric."""
+
+    def __init__(self, name: str, taskset_args: dict, env_config: dict, num_examples: int, workers: int):
+        register_chat_harness()
+        config = resolve_env_config(deep_merge(v1_defaults(name), {"taskset": taskset_args} | env_config))
+        seats = [n for n, f in type(config).model_fields.items() if isinstance(f.default, vf1.AgentConfig)]
+        if len(seats) != 1:
+            raise SystemExit(
+                f"[verifiers] {name}: its env declares {len(seats)} seats ({', '.join(seats)}); the runner trains "
+                "envs with one (each episode is one trajectory of the policy)"
+            )
+        self.name, self.seat, self.config = name, seats[0], config
+        pool = [load_environment(config) for _ in range(workers)]
+        self.env = pool[0]  # (its taskset gives the tasks)
+        self.envs: asyncio.Queue[vf1.Env] = asyncio.Queue()
+        for env in pool:
+            self.envs.put_nowait(env)
+        taskset = self.env.taskset
+        if taskset.INFINITE and num_examples < 0:
+            raise SystemExit(f"[verifiers] {name} is an infinite taskset: bound it with --num-examples N")
+        self.tasks = list(taskset.head(num_examples) if num_examples >= 0 else taskset)
+        if not self.tasks:
+            raise SystemExit(f"[verifiers] {name}: its taskset holds no tasks")
+
+    def describe(self) -> str:
+        harness = (getattr(self.config, self.seat).harness or vf1.default_agent_harness(self.name)).id
+        return f"v1 {type(self.env).__name__} (seat {self.seat!r}, harness {harness!r}), {len(self.tasks)} tasks"
+
+    def label(self, k: int) -> str:
+        """Group k's task id at the gateway."""
+        task = self.tasks[k % len(self.tasks)]
+        idx = task.data.idx if task.data.idx is not None else task.key[:12]
+        return f"{self.name}/{idx}#{k}"
+
+    async def play(self, k: int, base_urls: list[str], model: str, sampling: dict) -> tuple[str | None, list[dict]]:
+        """Group k's G episodes, one per gateway episode URL: why the group cannot be trained on, or each
+        episode's end (reward, truncated, steps, tool_calls, stop_condition, metrics, calls)."""
+        task = self.tasks[k % len(self.tasks)]
+        ctxs = [
+            vf1.ModelContext(
+                model=model,
+                client=vf1.EvalClientConfig(base_url=url, api_key_var=V1_KEY_VAR),
+                sampling=vf1.Sampling(**sampling),
+            )
+            for url in base_urls
+        ]
+        env = await self.envs.get()
+        try:
+            async with env.serving():
+                episodes = await asyncio.gather(*(env.run_episode(task, c) for c in ctxs), return_exceptions=True)
+        finally:
+            self.envs.put_nowait(env)
+        why = next((w for w in map(v1_failure, episodes) if w), None)
+        return (why, []) if why else (None, [v1_end(e) for e in episodes])  # type: ignore[arg-type]
+
+
+def v1_defaults(name: str) -> dict:
+    """The env config the runner starts from (`--env-config` is merged over it, as verifiers' `[env]` block):
+    - each seat's runtime is `subprocess`: verifiers' default, `prime`, is a remote sandbox that needs Prime's API key
+      and a tunnel back to the interception server;
+    - a seat gets ChatHarness unless the taskset ships a harness: verifiers' fallback, `bash`, and every built-in
+      harness are PEP 723 programs provisioned with `uv sync --script` from the package index (after `pip install
+      --user uv` when uv is missing: `verifiers/v1/runtimes/base.py`, `prepare_uv_script`), which an offline machine
+      cannot do; choose one with `--env-config '{"agent": {"harness": {"id": "null"}}}'`;
+    - one interception `server`, up per group (`Env.serving()`), so a group's G model clients (one per episode URL)
+      close with it."""
+    seat: dict[str, Any] = {"runtime": {"type": "subprocess"}}
+    if default_harness_id(name) == "bash":  # verifiers' fallback: the taskset ships no harness
+        seat["harness"] = {"id": V1_HARNESS}
+    cls = env_config_type(name)
+    seats = {n: seat for n, f in cls.model_fields.items() if isinstance(f.default, vf1.AgentConfig)}
+    return {"taskset": {"id": name}, "interception": {"type": "server"}, **seats}
+
+
+def v1_failure(episode: vf1.Episode | BaseException) -> str | None:
+    """Why an episode cannot be trained on (a `kind: detail` text), or None. A model's own answer (empty, cut at
+    max_tokens, a refused turn) is not a failure: the task's rewards score it."""
+    if isinstance(episode, BaseException):
+        return f"rollout_raised: {type(episode).__name__}: {episode}"
+    if episode.errors:  # the env's run() or finalize() raised
+        return f"rollout_raised: {episode.errors[-1].type}: {episode.errors[-1].message}"
+    if len(episode.traces) != 1:
+        return f"episode_traces: the episode ran its seat {len(episode.traces)} times (one trajectory each is needed)"
+    trace = episode.traces[0]
+    err = trace.last_error
+    if not trace.ok and err is not None:
+        if err.type in V1_MODEL_ERRORS:
+            return f"model_call_failed: {err.type}: {err.message}"
+        if err.type == "TaskError" and "scoring" in err.message:
+            return f"reward_function_raised: {err.message}"
+        return f"rollout_raised: {err.type}: {err.message}"
+    if trace.num_turns == 0:
+        return f"no_call: the rollout made no model call (stop: {trace.stop_condition})"
+    reward = trace.reward
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        return f"reward_not_finite: {reward!r}"
+    return None
+
+
+def v1_end(episode: vf1.Episode) -> dict:
+    """A trained episode's end, from its one trace."""
+    trace = episode.traces[0]
+    return {
+        "reward": float(trace.reward),
+        "truncated": trace.stop_condition in V1_LIMITS,
+        "steps": trace.num_turns,
+        "tool_calls": sum(len(m.tool_calls or []) for m in trace.assistant_messages),
+        "stop_condition": trace.stop_condition,
+        "metrics": {n: float(v) for n, v in trace.metrics.items() if v is not None}
+        | {n: r.score for n, r in trace.rewards.items() if r is not None},
+        "calls": trace.info.get(V1_CALLS, []),
+    }
+
+
 # ------------------------------------------------------------------------------------------------ the runner
 class Runner:
-    """Plays groups of an environment's rollouts against a gateway, `concurrency` groups at a time."""
+    """Plays groups of an environment's rollouts against a gateway, `concurrency` groups at a time: a classic env's
+    rows (`env`, `rows`), or a v1 env's tasks (`v1`)."""
 
-    def __init__(self, env: Any, env_id: str, rows: list[dict], gateway: str, group_size: int, s: Settings):
+    def __init__(
+        self, env: Any, env_id: str, rows: list[dict], gateway: str, group_size: int, s: Settings, v1: Any = None
+    ):
         self.env, self.env_id, self.rows, self.gateway, self.G, self.s = env, env_id, rows, gateway, group_size, s
+        self.v1 = v1
         self.rec = Recorder(s.record)
         self.tally = Tally()
-        self.sampling = copy.deepcopy(env.sampling_args)  # as verifiers' generate: the env's, then the caller's
-        extra = dict(self.sampling.get("extra_body") or {})
+        self.sampling = copy.deepcopy(env.sampling_args) if v1 is None else {}  # as verifiers' generate: the env's,
+        extra = dict(self.sampling.get("extra_body") or {})  # then the caller's
         if s.record:
             extra["return_token_ids"] = True  # vLLM's: the answer carries its prompt's and its own token ids
         self.sampling["extra_body"] = extra
@@ -274,16 +486,17 @@ class Runner:
         return [open_episode(self.gateway, task_id, key=self.s.key) for _ in range(self.G)]
 
     async def play_group(self, k: int) -> None:
-        """Group k: row k mod rows, G rollouts of the env's own loop, scored together, finished or given up."""
-        row = self.rows[k % len(self.rows)]
-        task_id = f"{self.env_id}/{row.get('example_id', k % len(self.rows))}#{k}"
+        """Group k: G rollouts of row (or v1 task) k mod rows, scored, then finished or given up."""
+        if self.v1 is not None:
+            task_id = self.v1.label(k)
+        else:
+            row = self.rows[k % len(self.rows)]
+            task_id = f"{self.env_id}/{row.get('example_id', k % len(self.rows))}#{k}"
         eps = await self.blocking(self.open_group, task_id)
-        clients = [EpisodeClient(ep, task_id, self.http, self.s, self.rec) for ep in eps]
-        states = await asyncio.gather(
-            *(self.env.rollout(copy.deepcopy(row), c, self.s.model, self.sampling) for c in clients),
-            return_exceptions=True,
-        )
-        why = next((w for w in map(rollout_failure, states, clients) if w), None) or await score(self.env, states)
+        if self.v1 is not None:
+            why, ends = await self.v1.play(k, [ep.base_url for ep in eps], self.s.model, self.sampling)
+        else:
+            why, ends = await self.play_rows(row, task_id, eps)
         if why is not None:
             print(f"[verifiers] group {eps[0].group_id} ({task_id}) given up: {why}", flush=True)
             self.tally.abandoned[why.split(":", 1)[0]] += 1
@@ -293,31 +506,44 @@ class Runner:
             for ep in eps:
                 self.rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "abandoned": why})
             return
-        rewards, cuts = [float(st["reward"]) for st in states], list(map(truncated, states, clients))
         ended = await self.blocking(
-            self.settle, [functools.partial(ep.finish, reward=r, truncated=t) for ep, r, t in zip(eps, rewards, cuts)]
+            self.settle,
+            [functools.partial(ep.finish, reward=e["reward"], truncated=e["truncated"]) for ep, e in zip(eps, ends)],
         )
-        for ep, client, state, reward, cut, ok in zip(eps, clients, states, rewards, cuts, ended):
+        for ep, e, ok in zip(eps, ends, ended):
             if not ok:
                 self.tally.lost += 1
                 continue
-            metrics = {name: float(v) for name, v in (state.get("metrics") or {}).items()}
-            self.rec.write(
-                {
-                    "episode": ep.id,
-                    "task_id": task_id,
-                    "group_id": ep.group_id,
-                    "reward": reward,
-                    "steps": client.calls,
-                    "truncated": cut,
-                    "stop_condition": state.get("stop_condition"),
-                    "metrics": metrics,
-                }
-            )
-            self.tally.rewards.append(reward)
-            self.tally.calls += client.calls
-            self.tally.tool_calls += client.tool_calls
-            self.tally.truncated += cut
+            for turn, call in enumerate(e.pop("calls", [])):  # a v1 episode's calls, as its harness saw them
+                self.rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, "turn": turn, **call})
+            self.rec.write({"episode": ep.id, "task_id": task_id, "group_id": ep.group_id, **e})
+            self.tally.rewards.append(e["reward"])
+            self.tally.calls += e["steps"]
+            self.tally.tool_calls += e["tool_calls"]
+            self.tally.truncated += e["truncated"]
+
+    async def play_rows(self, row: dict, task_id: str, eps: list[Episode]) -> tuple[str | None, list[dict]]:
+        """A classic env's G rollouts of `row` (the env's own loop), scored together by its rubric: why the group
+        cannot be trained on, or each episode's end."""
+        clients = [EpisodeClient(ep, task_id, self.http, self.s, self.rec) for ep in eps]
+        states = await asyncio.gather(
+            *(self.env.rollout(copy.deepcopy(row), c, self.s.model, self.sampling) for c in clients),
+            return_exceptions=True,
+        )
+        why = next((w for w in map(rollout_failure, states, clients) if w), None) or await score(self.env, states)
+        if why is not None:
+            return why, []
+        return None, [
+            {
+                "reward": float(state["reward"]),
+                "steps": client.calls,
+                "truncated": truncated(state, client),
+                "stop_condition": state.get("stop_condition"),
+                "metrics": {name: float(v) for name, v in (state.get("metrics") or {}).items()},
+                "tool_calls": client.tool_calls,
+            }
+            for state, client in zip(states, clients)
+        ]
 
     def settle(self, ends: list[Callable[[], Any]]) -> list[bool]:
         """Each episode's finish or abandon, in a runner thread; False for one the gateway no longer has open (it
@@ -364,10 +590,8 @@ class Runner:
 
 
 # ------------------------------------------------------------------------------------------------ one command
-def load_env(name: str, env_args: dict, env_dir: Path | None) -> Any:
+def load_env(name: str, env_args: dict) -> Any:
     """The environment, by verifiers' own loader (its module's `load_environment(**env_args)`)."""
-    if env_dir is not None:
-        sys.path.insert(0, str(env_dir.resolve()))
     import datasets
 
     datasets.disable_progress_bars()  # the env's dataset.map calls: noise in a run's log
@@ -376,6 +600,35 @@ def load_env(name: str, env_args: dict, env_dir: Path | None) -> Any:
     # handlers. Its Rubric logs a raising reward function at ERROR, which any VF_LOG_LEVEL up to ERROR lets through.
     logging.getLogger("verifiers").addHandler(RewardErrors())
     return env
+
+
+def v1_taskset(name: str) -> bool:
+    """Whether `name` is a taskset of verifiers' new API (`verifiers.v1`): one of verifiers' own
+    (`verifiers/v1/tasksets/`), or a module whose `__all__` exports a `verifiers.v1.Taskset` subclass (it is
+    imported here, as either loader would)."""
+    module = name.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+    if (Path(vf.__file__).parent / "v1" / "tasksets" / module).exists():
+        return True
+    if importlib.util.find_spec(module) is None:
+        return False  # the classic loader says what is missing
+    found = importlib.import_module(module)
+    taskset = sys.modules.get("verifiers.v1.taskset")  # imported by a v1 module, never by a classic one
+    exported = [getattr(found, n, None) for n in getattr(found, "__all__", ())]
+    return taskset is not None and any(isinstance(o, type) and issubclass(o, taskset.Taskset) for o in exported)
+
+
+def load(args: argparse.Namespace, env_args: dict, env_config: dict) -> tuple[Any, list[dict], Any, str]:
+    """The env's rows (classic) or its v1 game, and what it is, in words."""
+    if args.env_dir is not None:
+        sys.path.insert(0, str(args.env_dir.resolve()))
+    if v1_taskset(args.env):
+        game = V1Game(args.env, env_args, env_config, args.num_examples, args.concurrency)
+        return None, [], game, game.describe()
+    if env_config:
+        raise SystemExit(f"[verifiers] --env-config is for a v1 env (verifiers.v1); {args.env} is a classic one")
+    env = load_env(args.env, env_args)
+    rows = dataset_rows(env, args.split, args.num_examples)
+    return env, rows, None, f"{type(env).__name__}, {len(rows)} rows"
 
 
 def dataset_rows(env: Any, split: str, n: int) -> list[dict]:
@@ -390,8 +643,19 @@ def dataset_rows(env: Any, split: str, n: int) -> list[dict]:
 
 def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", required=True, help="the environment: a module with load_environment(**kwargs)")
-    p.add_argument("--env-args", default="{}", help="load_environment's keyword arguments, as a JSON object")
+    p.add_argument(
+        "--env",
+        required=True,
+        help="the environment: a module with load_environment(**kwargs), or a v1 taskset (verifiers.v1)",
+    )
+    p.add_argument(
+        "--env-args", default="{}", help="load_environment's keyword arguments (v1: the taskset's config), as JSON"
+    )
+    p.add_argument(
+        "--env-config",
+        default="{}",
+        help="v1 only: verifiers' env config ([env]: seats' harness, runtime, max_turns), as JSON, over the runner's",
+    )
     p.add_argument("--env-dir", type=Path, default=None, help="a folder that holds the env's module (if not installed)")
     p.add_argument("--split", default="train", choices=("train", "eval"), help="the env's dataset to take rows from")
     p.add_argument("--num-examples", type=int, default=-1, help="rows to use (-1: all)")
@@ -439,6 +703,12 @@ def main() -> int:
         p.error(f"--env-args is not JSON: {exc}")
     if not isinstance(env_args, dict):
         p.error("--env-args must be a JSON object")
+    try:
+        env_config = json.loads(args.env_config)
+    except ValueError as exc:
+        p.error(f"--env-config is not JSON: {exc}")
+    if not isinstance(env_config, dict):
+        p.error("--env-config must be a JSON object")
     key = args.key_file.read_text().splitlines()[0].strip() if args.key_file else ""
     s = Settings(args.model, args.max_tokens, args.temperature, args.first_tool_choice, args.record, key)
     proc, gateway = None, args.gateway
@@ -452,11 +722,8 @@ def main() -> int:
             python=args.launcher_python,
         )
     try:
-        env = load_env(args.env, env_args, args.env_dir)
-        rows = dataset_rows(env, args.split, args.num_examples)
-        print(
-            f"[verifiers] {args.env}: {type(env).__name__}, {len(rows)} rows, groups of {args.group_size}", flush=True
-        )
+        env, rows, v1, what = load(args, env_args, env_config)
+        print(f"[verifiers] {args.env}: {what}, groups of {args.group_size}", flush=True)
         if proc is not None:
             gateway = wait_for_url(run_dir, proc)
     except BaseException:  # a broken env (or Ctrl-C): the run started for it stops too
@@ -467,7 +734,9 @@ def main() -> int:
     print(f"[verifiers] playing against {gateway}", flush=True)
     t0 = time.monotonic()
     tally, stopped = asyncio.run(
-        play(env, args.env, rows, gateway, episodes // args.group_size, args.group_size, args.concurrency, s)
+        play(
+            Runner(env, args.env, rows, gateway, args.group_size, s, v1), episodes // args.group_size, args.concurrency
+        )
     )
     wall = time.monotonic() - t0
     code = 0 if proc is None else end_launch(proc, stopped, "verifiers")
@@ -483,9 +752,7 @@ def main() -> int:
     return code
 
 
-async def play(
-    env: Any, env_id: str, rows: list[dict], gateway: str, groups: int, group_size: int, concurrency: int, s: Settings
-) -> tuple[Tally, bool]:
+async def play(runner: Runner, groups: int, concurrency: int) -> tuple[Tally, bool]:
     """The runner on this event loop: what it played, and whether a signal stopped it. SIGTERM and SIGINT stop it
     after the groups in flight (verifiers' Environment installs handlers of its own that exit at once: these
     replace them)."""
@@ -493,7 +760,7 @@ async def play(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tally = await Runner(env, env_id, rows, gateway, group_size, s).run(groups, concurrency, stop)
+    tally = await runner.run(groups, concurrency, stop)
     return tally, stop.is_set()
 
 

@@ -21,6 +21,11 @@ session's vLLM server (`tiny_engine`, through engines.external_urls), groups of 
   a rubric whose score_group raises): those groups are given up, dropped whole and counted (the gateway's
   episodes_abandoned, the broker's infra_agent_failed), nothing of them is trained, and the run trains its 3 steps
   on the other three.
+- an env of verifiers' new API (`verifiers.v1`: a Taskset, its Task's `@vf.reward`s, an Env whose `run()` holds a
+  two-turn interaction, the env answering as the user), played by the runner's in-process chat harness
+  through verifiers' own interception server and `EvalClient`: the broker's log holds exactly its calls; the second
+  call of each episode extends the first's prompt and answer ids token-exactly; each reward is the Task's weighted
+  sum; its two failing rows (a NaN reward, a reward that raises) are given up and counted.
 """
 
 import collections
@@ -125,10 +130,72 @@ FLAKY_FAILURES = {"reward_not_finite": 1, "reward_function_raised": 1, "rubric_r
 """Rows 0-2 (groups 0-2): a NaN reward, a reward function that raised (verifiers scores it 0 and logs it), a rubric
 that raised; rows 3-5 train."""
 
+V1 = """
+import verifiers.v1 as vf
+
+SYSTEM = "Answer with one number."
+FOLLOW_UP = "Are you sure? Say the number once more."
+ROWS = [("What is 1 + 1?", "nan"), ("What is 1 + 2?", "raise"), ("What is 2 + 3?", "5"), ("What is 4 * 2?", "8"),
+        ("What is 9 - 7?", "2")]
+
+
+class ArithData(vf.TaskData):
+    answer: str
+    turns: int = 2
+
+
+class ArithTask(vf.Task[ArithData, vf.State, vf.TaskConfig]):
+    @vf.reward(weight=1.0)
+    async def correct(self, task: ArithData, trace: vf.Trace) -> float:
+        if task.answer == "nan":
+            return float("nan")
+        if task.answer == "raise":
+            raise ZeroDivisionError("a bug in the reward function")
+        return 1.0 if task.answer in trace.last_reply else 0.0
+
+    @vf.reward(weight=0.5)
+    async def reply_chars(self, trace: vf.Trace) -> float:
+        return len(trace.last_reply) / 1000
+
+
+class ArithConfig(vf.TasksetConfig):
+    rows: int = 5
+
+
+class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
+    def load(self):
+        for i, (question, answer) in enumerate(ROWS[: self.config.rows]):
+            data = ArithData(idx=i, prompt=question, system_prompt=SYSTEM, answer=answer, turns=1 if i < 2 else 2)
+            yield ArithTask(data, self.config.task)
+
+
+class ArithEnvConfig(vf.EnvConfig):
+    agent: vf.AgentConfig = vf.AgentConfig()
+
+
+class ArithEnv(vf.Env[ArithEnvConfig]):
+    async def run(self, task, agents):
+        async with agents.agent.interaction(task) as chat:
+            segment = await chat.turn()  # the task's prompt opens: the model answers
+            for _ in range(task.data.turns - 1):
+                if segment.terminated:
+                    break
+                segment = await chat.turn(FOLLOW_UP)  # the env, as the user, asks again
+
+
+__all__ = ["ArithEnv", "ArithTaskset"]
+"""
+V1_SYSTEM, V1_FOLLOW_UP = "Answer with one number.", "Are you sure? Say the number once more."
+V1_WEIGHTS = {"correct": 1.0, "reply_chars": 0.5}
+V1_FAILURES = {"reward_not_finite": 1, "reward_function_raised": 1}
+"""Tasks 0-1 (groups 0-1, one turn each): a NaN reward, a reward that raised (verifiers records a TaskError); tasks
+2-4 (two turns each) train."""
+
 ENVS = {
     "vf_arith_single": (SINGLE_TURN, 3, []),
     "vf_shop_tools": (TOOLS, 3, ["--first-tool-choice", "required", "--max-tokens", "64"]),
     "vf_flaky_rubric": (FLAKY, 6, []),
+    "vf_v1_arith": (V1, 5, []),
 }
 """module name -> (source, groups played, runner options). The tool env's forced first call is ~40 tokens of JSON."""
 
@@ -211,7 +278,12 @@ def flaky(vf_python, tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> d
     return play("vf_flaky_rubric", tiny_engine, tmp_path_factory.mktemp("vf_flaky"))
 
 
-@pytest.mark.parametrize("fixture", ["single_turn", "tool_env", "flaky"])
+@pytest.fixture(scope="module")
+def v1_env(vf_python, tiny_engine, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return play("vf_v1_arith", tiny_engine, tmp_path_factory.mktemp("vf_v1"))
+
+
+@pytest.mark.parametrize("fixture", ["single_turn", "tool_env", "flaky", "v1_env"])
 def test_the_env_trains_the_run_and_leaves_nothing(fixture: str, request: pytest.FixtureRequest) -> None:
     run = request.getfixturevalue(fixture)
     s, n = run["summary"], G * STEPS  # the trained groups' episodes
@@ -231,6 +303,54 @@ def test_the_env_trains_the_run_and_leaves_nothing(fixture: str, request: pytest
 def test_the_broker_logged_exactly_the_calls_the_env_made(fixture: str, request: pytest.FixtureRequest) -> None:
     run = request.getfixturevalue(fixture)
     check_logged_calls(run, run["groups"], G)
+
+
+def test_the_v1_env_plays_two_turns_token_exactly_with_its_tasks_rewards(v1_env: dict) -> None:
+    from transformers import AutoTokenizer
+
+    from agentstream.wire.messages import ABANDON
+    from broker.state import logged_transitions
+
+    tok = AutoTokenizer.from_pretrained(v1_env["model"])
+    assert "v1 ArithEnv (seat 'agent', harness 'agentstream_chat'), 5 tasks" in v1_env["out"]
+    by_episode = collections.defaultdict(list)
+    for c in v1_env["calls"]:
+        by_episode[c["episode"]].append(c)
+    assert set(by_episode) == set(v1_env["ends"])  # calls are recorded for the trained episodes
+    for episode, end in v1_env["ends"].items():
+        first, second = by_episode[episode]  # the task's prompt, then the env's follow-up: two calls
+        prompt = tok.decode(first["prompt_token_ids"])
+        assert prompt.startswith(f"<|im_start|>system\n{V1_SYSTEM}<|im_end|>\n<|im_start|>user\nWhat is ")
+        p, r = first["prompt_token_ids"], first["token_ids"]
+        assert second["prompt_token_ids"][: len(p) + len(r)] == p + r  # the answer went back as the gateway gave it
+        suffix = tok.decode(second["prompt_token_ids"][len(p) + len(r) :])
+        assert V1_FOLLOW_UP in suffix and suffix.endswith("<|im_start|>assistant\n")
+        m = end["metrics"]
+        # the Task's weighted rewards, of what the model wrote last: reply_chars = len(the reply, stripped) / 1000
+        assert end["reward"] == pytest.approx(sum(w * m[f] for f, w in V1_WEIGHTS.items()))
+        assert m["reply_chars"] == pytest.approx(len((second["content"] or "").strip()) / 1000)
+        assert end["steps"] == 2 and not end["truncated"] and end["stop_condition"] == "user_closed"
+    assert metric(v1_env["metrics"], "agentstream_gateway_prompts_rendered_anew_total") == 0
+    # the broker's log holds exactly the calls of the trained episodes (a given-up group's one call was held, never
+    # sent: only its abandon marker went), each episode's last call with its reward
+    logged = [t for t in logged_transitions(v1_env["dir"] / "broker-wal") if ABANDON not in (t.info or {})]
+
+    def key(prompt: list[int], answer: list[int]) -> tuple:
+        return tuple(prompt), tuple(answer)
+
+    calls = collections.Counter(key(c["prompt_token_ids"], c["token_ids"]) for c in v1_env["calls"])
+    assert collections.Counter(key(t.prompt_ids.tolist(), t.response_ids.tolist()) for t in logged) == calls
+    last = {
+        key(by_episode[e][-1]["prompt_token_ids"], by_episode[e][-1]["token_ids"]): end["reward"]
+        for e, end in v1_env["ends"].items()
+    }
+    for t in logged:
+        assert t.reward == last.get(key(t.prompt_ids.tolist(), t.response_ids.tolist()), 0.0) and t.done == (
+            key(t.prompt_ids.tolist(), t.response_ids.tolist()) in last
+        )
+    given_up = collections.Counter(r["abandoned"].split(":", 1)[0] for r in v1_env["abandoned"].values())
+    assert given_up == {kind: G * k for kind, k in V1_FAILURES.items()}
+    assert {r["task_id"].split("#")[0] for r in v1_env["abandoned"].values()} == {"vf_v1_arith/0", "vf_v1_arith/1"}
 
 
 def test_the_single_turn_env_speaks_with_its_own_prompt_and_rubric(single_turn: dict) -> None:
