@@ -15,6 +15,9 @@ outlasts env.step_timeout_s, or whose engines all fail, is played again on the s
 dropped whole (infra_failures_<cause>).
 With LLM judges (judges.count > 0, `--judge URL`), an episode's last transition waits for the judge's verdict
 on the whole episode, whose score joins that step's reward (actors/judge.py); the other episodes play on.
+With distillation (distill.count > 0, `--teacher URL`), every transition waits for a teacher's log-probs of its
+response tokens, whose reverse-KL signal are its token rewards (actors/teacher.py); a step no teacher answered
+drops its group whole (distill_dropped), never sent without the signal.
 The step loop itself is `actors.episode.play`, shared with the evaluator and the warm start's demonstrations;
 what the actor needs of the run config is an `ActorSpec` (actors/spec.py), taken from it once in `main()`.
 The engine calls (which engine, failover, the shared first turn, the frozen copy) are `actors.sampling.Sampler`'s.
@@ -47,6 +50,7 @@ from actors.episode import EnvCalls, EnvFailure, EpisodeOutcome, MatchEnv, StepR
 from actors.judge import EpisodeRecord, Judge, JudgedStep, Verdict, combine, verdict_counters
 from actors.sampling import Sampler
 from actors.spec import ActorSpec
+from actors.teacher import Teacher, TeacherFailure
 from actors.token_rewards import TokenRewards, TokenRewardStep
 from agentstream import config as config_mod
 from agentstream.process import on_stop_signals, run_process
@@ -126,10 +130,12 @@ class Actor:
         engines: list[EngineClient],
         tokenizer: Any,
         judge: Judge | None = None,
+        teacher: Teacher | None = None,
     ):
         self.spec, self.name, self.incarnation = spec, name, incarnation
         self.broker, self.engines, self.tokenizer = broker, engines, tokenizer
         self.judge = judge  # scores finished episodes (spec.judge); None: no judge
+        self.teacher = teacher  # scores every step's tokens (spec.teacher, distillation); None: no teacher
         # rewards on response tokens (trainer.token_reward); None: none
         self.token_rewards = (
             TokenRewards.load(spec.token_reward, spec.token_reward_kwargs) if spec.token_reward else None
@@ -213,13 +219,20 @@ class Actor:
             except _GroupDropped:
                 self.counters["episodes_cut"] += 1
                 return
-            except (EnvFailure, EngineError) as exc:
-                cause = exc.cause if isinstance(exc, EnvFailure) else "engine"
+            except (EnvFailure, EngineError, TeacherFailure) as exc:
+                cause = (
+                    exc.cause
+                    if isinstance(exc, EnvFailure)
+                    else "teacher"
+                    if isinstance(exc, TeacherFailure)
+                    else "engine"
+                )
                 self.counters.update({"infra_failures": 1, f"infra_failures_{cause}": 1})
                 if grant.group_id in self._failed_groups:  # given up meanwhile: dropped with what this attempt sent
                     log.warning("%s: %s failed (%s); its group is dropped already", self.name, traj_ids[0], exc)
                     return
-                give_up = attempt == self.spec.episode_retries
+                # no teacher signal after its retries: the group is dropped, never trained without it
+                give_up = attempt == self.spec.episode_retries or cause == "teacher"
                 log.warning(
                     "%s: %s failed (%s); %s",
                     self.name,
@@ -229,6 +242,7 @@ class Actor:
                 )
                 if give_up:
                     self._failed_groups.add(grant.group_id)  # (before the marker's send: no new step of it follows)
+                    self.counters["distill_dropped"] += cause == "teacher"
                 else:
                     self.counters["episode_retries"] += 1
                     if cause == "engine":
@@ -369,6 +383,8 @@ class Actor:
                     log.debug("%s: judge %s (%s)", traj.traj_id, verdict.outcome, verdict.detail)
         reward += 0.0 if step.valid else self.spec.invalid_action_penalty
         token_rewards = self._token_rewards(step)
+        if self.teacher is not None:
+            reward, token_rewards = await self._teacher_signal(grant, step, reward, token_rewards, info)
         reward += float(token_rewards.sum(dtype=np.float64))  # a transition's reward is its step's whole reward
         if grant.group_id in self._failed_groups:  # (checked with no await before the send: nothing of the
             raise _GroupDropped  # group is sent after the marker that dropped it)
@@ -376,6 +392,29 @@ class Actor:
         self._steps_sent[traj.traj_id] = self._steps_sent.get(traj.traj_id, 0) + 1
         self._count_step(len(step.response.response_ids), step.valid)
         traj.total += reward
+
+    async def _teacher_signal(
+        self,
+        grant: GroupGrant,
+        step: StepRecord[Generation],
+        reward: float,
+        token_rewards: np.ndarray,
+        info: dict[str, Any],
+    ) -> tuple[float, np.ndarray]:
+        """The step's reward and token rewards with the teacher's signal on its response tokens (distillation;
+        actors/teacher.py): `info` gets the step's mean reverse KL per token (`teacher_kl`); with distill.task_reward
+        =drop the task's reward (env, penalty, judge) goes, the env's kept in info as `env_reward`. TeacherFailure
+        when no teacher answered (the caller drops the group)."""
+        assert self.teacher is not None
+        if grant.group_id in self._failed_groups:  # given up meanwhile: not worth a teacher's time
+            raise _GroupDropped
+        gen = step.response
+        signal = await self.teacher.signal(step.turn.prompt_ids, gen.response_ids, gen.logprobs)
+        info["teacher_kl"] = signal.kl
+        if self.teacher.spec.drop_task_reward:
+            info.setdefault("env_reward", step.reward)
+            reward = 0.0
+        return reward, token_rewards + signal.rewards if token_rewards.size else signal.rewards
 
     def _token_rewards(self, step: StepRecord[Generation]) -> np.ndarray:
         """The step's rewards on its response tokens [T] ([0]: none, or the function failed: counted)."""
@@ -441,6 +480,8 @@ class Actor:
         }
         delivery = {k: float(v) for k, v in self.broker.counters.items()}  # resends after a broker restart
         tokens = dict(self.token_rewards.counters) if self.token_rewards is not None else {}
+        if self.teacher is not None:
+            tokens.update(self.teacher.counters)
         return Stats(
             source=self.name,
             role="actor",
@@ -458,12 +499,21 @@ class Actor:
 
 
 async def _main(
-    spec: ActorSpec, name: str, incarnation: int, broker_address: str, engine_urls: list[str], judge_urls: list[str]
+    spec: ActorSpec,
+    name: str,
+    incarnation: int,
+    broker_address: str,
+    engine_urls: list[str],
+    judge_urls: list[str],
+    teacher_urls: list[str],
 ) -> int:
     from transformers import AutoTokenizer
 
     if spec.judge is not None and not judge_urls:
         log.error("%s: judges.count > 0 but no --judge URL was given; the launcher passes its judges' URLs", name)
+        return 2
+    if spec.teacher is not None and not teacher_urls:
+        log.error("%s: distill.count > 0 but no --teacher URL was given; the launcher passes its teachers' URLs", name)
         return 2
     tokenizer = AutoTokenizer.from_pretrained(spec.client.model_path)
     async with connect(
@@ -486,7 +536,13 @@ async def _main(
                 [EngineClient(url, links.session, j.timeout_s, versioned=False) for url in judge_urls],
                 judge_tokenizer,
             )
-        actor = Actor(spec, name, incarnation, links.broker, [], tokenizer, judge)
+        teacher = None
+        if spec.teacher is not None:  # its own servers (the student's tokenizer: checked at launch)
+            t = spec.teacher
+            teacher = Teacher(
+                t, [EngineClient(url, links.session, t.timeout_s, versioned=False) for url in teacher_urls]
+            )
+        actor = Actor(spec, name, incarnation, links.broker, [], tokenizer, judge, teacher)
         task = asyncio.current_task()
         assert task is not None  # run_process runs this coroutine as a task
         on_stop_signals(task.cancel)  # before any wait: a stopped actor always sends its final stats
@@ -521,6 +577,12 @@ def main() -> None:
         default=[],
         help="LLM judge server base URL (repeatable; needed with judges.count > 0)",
     )
+    parser.add_argument(
+        "--teacher",
+        action="append",
+        default=[],
+        help="distillation teacher server base URL (repeatable; needed with distill.count > 0)",
+    )
     args = parser.parse_args()
     run_process(
         args.name,
@@ -532,6 +594,7 @@ def main() -> None:
             args.broker,
             args.engine,
             args.judge,
+            args.teacher,
         ),
     )
 

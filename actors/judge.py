@@ -18,7 +18,6 @@ See docs/judges.md.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import re
 import string
@@ -27,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from actors.servers import FixedServers
 from actors.spec import JudgeSpec
 from engines.client import EngineClient, EngineError
 
@@ -210,26 +210,21 @@ class Verdict:
 
 
 class Judge:
-    """Asks the judge servers (least loaded first; one that failed in the last `down_s` only when all did)."""
-
-    down_s = 10.0
+    """Asks the judge servers (`FixedServers`: least loaded first; one that just failed only when all did)."""
 
     def __init__(self, spec: JudgeSpec, clients: Sequence[EngineClient], tokenizer: Any):
-        if not clients:
-            raise ValueError("a Judge needs at least one judge server (judges.count >= 1)")
-        self.spec, self.clients, self.tokenizer = spec, list(clients), tokenizer
+        self.servers = FixedServers(clients, "judge (judges.count >= 1)")
+        self.spec, self.clients, self.tokenizer = spec, self.servers.clients, tokenizer
         self.pattern = re.compile(spec.score_pattern)
-        self.load = {c.url: 0 for c in self.clients}
-        self._down: dict[str, float] = {}
-        self._rr = itertools.count()
+
+    @property
+    def load(self) -> dict[str, int]:
+        """Requests in flight per judge URL."""
+        return self.servers.load
 
     def pick(self) -> EngineClient:
         """The judge with the fewest requests in flight (ties: in turn), among those that have not just failed."""
-        now = time.monotonic()
-        up = [c for c in self.clients if now - self._down.get(c.url, -1e9) > self.down_s] or self.clients
-        start = next(self._rr) % len(up)
-        turn = up[start:] + up[:start]
-        return min(turn, key=lambda c: self.load[c.url])
+        return self.servers.pick()
 
     def prompt_ids(self, episode: EpisodeRecord) -> list[int] | None:
         """The judge's prompt as token ids, with as many of the latest steps as fit `max_prompt_tokens`
@@ -273,17 +268,15 @@ class Judge:
                 f"the prompt does not fit {self.spec.max_prompt_tokens} tokens even without the transcript",
             )
         client = self.pick()
-        self.load[client.url] += 1
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.spec.timeout_s):
-                gen = await client.generate(ids, self.spec.sampling)
+            with self.servers.using(client):
+                async with asyncio.timeout(self.spec.timeout_s):
+                    gen = await client.generate(ids, self.spec.sampling)
         except (EngineError, TimeoutError) as exc:
-            self._down[client.url] = time.monotonic()
+            self.servers.failed(client)
             reason = str(exc) or f"no answer within judges.timeout_s={self.spec.timeout_s}"
             return Verdict(default, "error", time.monotonic() - started, reason)
-        finally:
-            self.load[client.url] -= 1
         latency = time.monotonic() - started
         score = parse_score(gen.text, self.pattern)
         if isinstance(score, ScoreParseFailure):

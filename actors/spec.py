@@ -161,6 +161,28 @@ class JudgeSpec:
 
 
 @dataclass(frozen=True)
+class TeacherSpec:
+    """How an actor asks a distillation teacher about each step (`distill.*`; actors/teacher.py,
+    docs/distillation.md)."""
+
+    coef: float
+    """beta: a response token's reward is coef * (log pi_teacher - log pi_student)."""
+    drop_task_reward: bool
+    """distill.task_reward=drop: the teacher's signal replaces the env's reward (penalty and judge included)."""
+    timeout_s: float
+    retries: int
+    """Failed requests asked again (another teacher first) before the step's group is dropped."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> TeacherSpec | None:
+        """None when distillation is off (distill.count = 0)."""
+        d = cfg.distill
+        if d.count < 1:
+            return None
+        return cls(d.coef, d.task_reward == "drop", d.timeout_s, d.retries)
+
+
+@dataclass(frozen=True)
 class ActorSpec:
     """Everything an actor process uses."""
 
@@ -194,6 +216,8 @@ class ActorSpec:
     """Env steps left running after their timeout that the actor tolerates; one more and it exits."""
     share_first_turn: bool = True
     """A group's first turns are sampled in one request of n = group_size (actors.share_first_turn)."""
+    teacher: TeacherSpec | None = None
+    """How each step is scored by a distillation teacher; None: no teacher (distill.count = 0)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> ActorSpec:
@@ -214,6 +238,7 @@ class ActorSpec:
             cfg.actors.episode_retries,
             cfg.actors.max_hung_steps,
             cfg.actors.share_first_turn,
+            TeacherSpec.from_config(cfg),
         )
 
 
@@ -255,4 +280,4 @@ class EvaluatorSpec:
         )
 
 
-__all__ = ["ActorSpec", "ClientSpec", "EpisodeSpec", "EvaluatorSpec", "JudgeSpec"]
+__all__ = ["ActorSpec", "ClientSpec", "EpisodeSpec", "EvaluatorSpec", "JudgeSpec", "TeacherSpec"]

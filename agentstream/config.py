@@ -445,6 +445,31 @@ class JudgesConfig:
 
 
 @dataclass
+class DistillConfig:
+    """On-policy distillation: vLLM servers of a teacher model give the log-prob of each token the student sampled;
+    coef * (log pi_teacher - log pi_student) is that token's reward (docs/distillation.md)."""
+
+    count: int = 0
+    """Teacher servers this launch starts (named teacher-<i>, apart from the generation engines); 0: no distillation."""
+    model: str = ""
+    """The teacher's Hugging Face model directory, served with its own weights (never updated); it must share the
+    student's tokenizer (checked at launch)."""
+    coef: float = 1.0
+    """beta: each response token's reward is coef * (log pi_teacher - log pi_student) of that token (reverse KL)."""
+    task_reward: str = "keep"
+    """keep: the env's reward (with the invalid-action penalty and any judge's score) stays beside the teacher's signal;
+    drop: the teacher's signal (and trainer.token_reward's) is the whole reward."""
+    timeout_s: float = 60.0
+    """A teacher request without an answer after this long fails (and is asked again, see retries)."""
+    retries: int = 2
+    """A failed teacher request is asked again this many times (of another teacher first); then its episode's group
+    is dropped whole (counted as distill_dropped), never trained without the teacher's signal."""
+    max_restarts: int = 2
+    """A dead teacher server is restarted this many times in total; meanwhile its requests go to another teacher or
+    fail."""
+
+
+@dataclass
 class GatewayConfig:
     """The OpenAI-compatible gateway (gateway/): agent code written against the OpenAI API plays episodes through it."""
 
@@ -577,6 +602,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     judges: JudgesConfig = field(default_factory=JudgesConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
 

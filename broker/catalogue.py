@@ -36,6 +36,11 @@ Prometheus metric names (all prefixed `agentstream_`; counters end in `_total`):
 - judge_latency_s_sum_total, judge_latency_count_total, judge_score_sum_total (counter): answered judge requests'
   seconds and count; the scores given (defaults included)
 - judge_latency_s (gauge): mean seconds of the judge requests answered in the last 60 s
+- distill_steps_total, distill_tokens_total, distill_kl_sum_total, distill_latency_s_sum_total, distill_errors_total,
+  distill_retries_total, distill_dropped_total (counter): on-policy distillation (actors/teacher.py): steps and tokens
+  given a teacher's signal, the sum of log pi_student - log pi_teacher over them, answered requests' seconds, failed
+  requests, retries, groups dropped for want of a signal
+- distill_kl (gauge): mean reverse KL per token to the teacher over the last 60 s
 - token_reward_steps_total, token_reward_sum_total, token_reward_failures_total, token_reward_failures_CAUSE_total
   (counter): rewards on tokens (actors/token_rewards.py): steps given them, their sum; steps without them because the
   function failed, in all and by cause (raised, not_numbers, wrong_length, non_finite)
@@ -137,6 +142,15 @@ HELP: dict[str, str] = {
     "token_reward_failures_non_finite": "Token reward function calls that returned nan, inf or values beyond float32.",
     **GATEWAY_HELP,
     "judge_latency_s": "Mean seconds of the judge requests answered in the last 60 s.",
+    "distill_steps": "Steps given a distillation teacher's per-token signal (distill.count).",
+    "distill_tokens": "Response tokens given a teacher's log-prob.",
+    "distill_kl_sum": "Sum over those tokens of log pi_student - log pi_teacher (divide by distill_tokens).",
+    "distill_latency_s_sum": "Seconds of the answered teacher requests (divide by distill_steps).",
+    "distill_errors": "Teacher requests that failed or timed out (asked again up to distill.retries times).",
+    "distill_retries": "Teacher requests asked again after a failure.",
+    "distill_dropped": "Groups dropped because a step of theirs got no teacher signal within the retries.",
+    "distill_kl": "Mean reverse KL per token to the teacher (log pi_student - log pi_teacher) over the last 60 s.",
+    "infra_failures_teacher": "Episode attempts failed because no teacher answered within distill.retries retries.",
     "engine_failovers": "Engine requests moved to another engine after a failure or a stall.",
     "engine_stalls": "Engine requests unanswered for engines.stall_timeout_s whose engine then missed a probe too.",
     "episode_retries": "Episodes played again on their seed after an infrastructure failure.",

@@ -81,6 +81,7 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
                 "val_return",
                 "val_version",
                 "judge_latency_s",
+                "distill_kl",
                 "wal_failing",
             )
         },
@@ -99,6 +100,7 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
                 "infra_failures_timeout",
                 "infra_failures_raised",
                 "infra_failures_engine",
+                "distill_dropped",
             )
         },
     }

@@ -34,6 +34,18 @@ TOKEN_REWARD_COUNTERS = (
     "token_reward_failures_wrong_length",
     "token_reward_failures_non_finite",
 )
+# On-policy distillation (actors/teacher.py): steps given a teacher's signal, their tokens, the sum over them of
+# log pi_student - log pi_teacher (/ distill_tokens: mean reverse KL per token), answered requests' seconds, failed
+# requests, requests asked again, groups dropped for want of a signal.
+DISTILL_COUNTERS = (
+    "distill_steps",
+    "distill_tokens",
+    "distill_kl_sum",
+    "distill_latency_s_sum",
+    "distill_errors",
+    "distill_retries",
+    "distill_dropped",
+)
 # The OpenAI-compatible gateway (gateway/server.py), which reports as an actor: its episodes and calls count as
 # actors' episodes and env steps; these are its own. rejected = the sum of rejected_<code> (one per 4xx code),
 # tool_parse_failures = the sum of tool_parse_<reason> (= its invalid actions); prompts_rendered_anew: calls whose
@@ -79,6 +91,7 @@ INFRA_COUNTERS = (
     "infra_failures_timeout",
     "infra_failures_raised",
     "infra_failures_engine",
+    "infra_failures_teacher",
     "episodes_cut",
 )
 # Counter names summed over every process of a role, as they appear on the dashboard and in /metrics.
@@ -93,6 +106,7 @@ ACTOR_COUNTERS = (
     "engine_errors",
     *JUDGE_COUNTERS,
     *TOKEN_REWARD_COUNTERS,
+    *DISTILL_COUNTERS,
     *GATEWAY_COUNTERS,
     *INFRA_COUNTERS,
 )

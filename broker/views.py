@@ -74,6 +74,7 @@ def summary(broker: BrokerView) -> dict[str, Any]:
         "transitions_sent_by_actor": broker.stats.by_source("transitions_sent", "actor"),
         "learner_metrics": broker.learner_metrics,
         "judges": _judges(actor),
+        "distill": _distill(actor),
         "reliability": broker.audit(),
     }
 
@@ -92,6 +93,21 @@ def _judges(actor: Mapping[str, float]) -> dict[str, Any]:
     }
 
 
+def _distill(actor: Mapping[str, float]) -> dict[str, Any]:
+    """On-policy distillation's totals (actors/teacher.py): steps and tokens given a teacher's signal, the run's mean
+    reverse KL per token, failed requests, retries and groups dropped for want of a signal."""
+    steps, tokens = actor["distill_steps"], actor["distill_tokens"]
+    return {
+        "steps": int(steps),
+        "tokens": int(tokens),
+        "kl_mean": actor["distill_kl_sum"] / tokens if tokens else 0.0,
+        "latency_mean_s": actor["distill_latency_s_sum"] / steps if steps else 0.0,
+        "errors": int(actor["distill_errors"]),
+        "retries": int(actor["distill_retries"]),
+        "groups_dropped": int(actor["distill_dropped"]),
+    }
+
+
 def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     """The dashboard's state now (schema in broker/dashboard.py); each point of its charts and of the metrics
     sinks is this, flattened."""
@@ -101,6 +117,7 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     d_eps = s.window_delta("episodes", OUTCOME_WINDOW_S)
     d_steps = s.window_delta("env_steps", OUTCOME_WINDOW_S)
     d_judged = s.window_delta("judge_latency_count", OUTCOME_WINDOW_S)
+    d_taught = s.window_delta("distill_tokens", OUTCOME_WINDOW_S)
     engines, actors = _engine_rows(broker, now), _actor_rows(broker, now)
     gauges = {
         "buffered_transitions": b.buffered(),
@@ -116,6 +133,7 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
         "weight_sync_s": max((e["weight_sync_s"] for e in engines), default=0.0),
         "group_waiters": broker.group_waiters,
         "judge_latency_s": s.window_delta("judge_latency_s_sum", OUTCOME_WINDOW_S) / d_judged if d_judged else 0.0,
+        "distill_kl": s.window_delta("distill_kl_sum", OUTCOME_WINDOW_S) / d_taught if d_taught else 0.0,
         **{k: v for k, v in broker.wal.items() if k != "wal_write_errors"},
     }
     for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled

@@ -194,6 +194,29 @@ class EngineClient:
         self._known_version = v
         return v
 
+    async def prompt_logprobs(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """[P - 1] float32: the log-prob of each of `ids[1:]` given the ids before it, under the served model (vLLM's
+        `prompt_logprobs=0` on /v1/completions, one token generated and thrown away). A teacher's view of a student's
+        sample (actors/teacher.py)."""
+        body = {
+            "model": self.model,
+            "prompt": np.asarray(ids, dtype=np.int64).tolist(),  # token ids: never re-tokenised
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,  # the given token's log-prob at each position (and no other)
+        }
+        answer = await self._request("POST", "/v1/completions", body)
+        try:
+            rows = answer["choices"][0]["prompt_logprobs"]
+            given = [int(i) for i in np.asarray(ids)[1:]]
+            out = np.asarray([row[str(tok)]["logprob"] for row, tok in zip(rows[1:], given, strict=True)], np.float32)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(
+                f"{self.url}/v1/completions answered no prompt log-probs for the given tokens ({exc!r}); the server "
+                f"must be vLLM: {str(answer)[:300]}"
+            ) from None
+        return out  # [P - 1]
+
     async def generate(
         self,
         prompt_ids: Sequence[int] | np.ndarray,

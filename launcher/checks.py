@@ -13,6 +13,7 @@ from actors.judge import COMBINE_RULES, pattern_errors, template_errors
 from actors.token_rewards import token_reward_errors
 from agentstream.config import (
     REPO_ROOT,
+    SMOLLM2_DIR,
     TINY_MODEL_DIR,
     TINY_VL_MODEL_DIR,
     TINY_WARM_MODEL_DIR,
@@ -69,6 +70,8 @@ def _unknown(setting: str, value: object, known: Iterable[object], verb: str = "
 
 TINY_DIRS = (TINY_MODEL_DIR.resolve(), TINY_VL_MODEL_DIR.resolve(), TINY_WARM_MODEL_DIR.resolve())
 """The tiny local models' directories: made on first use (launcher.run), so they need not exist yet."""
+TEACHER_MADE_DIRS = (SMOLLM2_DIR.resolve(),)
+"""Teachers the launcher makes on first use (launcher.run): SmolLM2-135M-Instruct from its PyPI package."""
 
 
 def check_config(cfg: Config) -> None:
@@ -86,6 +89,7 @@ def config_errors(cfg: Config) -> list[str]:
     errors += algorithm_errors(cfg.algorithm) + reference_errors(cfg)
     errors += _validation_errors(cfg.validation)
     errors += judges_errors(cfg)
+    errors += distill_errors(cfg)
     errors += gateway_errors(cfg)
     errors += _role_errors(cfg)
     errors += backend_errors(cfg)
@@ -377,6 +381,64 @@ def judges_errors(cfg: Config) -> list[str]:
     return errors
 
 
+def distill_errors(cfg: Config) -> list[str]:
+    """What is wrong with `distill.*` (empty: nothing, or no distillation), each saying what to change. Whether the
+    teacher shares the student's tokenizer needs both directories made: `tokenizer_errors`, at launch."""
+    d = cfg.distill
+    if d.count < 0:
+        return [f"distill.count={d.count}: must be >= 0 (0 = no distillation teacher)."]
+    if d.count == 0:
+        return []
+    errors = []
+    if not d.model:
+        errors.append("distill.count > 0 needs distill.model: the teacher's Hugging Face model directory.")
+    elif Path(d.model).resolve() not in TEACHER_MADE_DIRS and not (Path(d.model) / "config.json").is_file():
+        errors.append(
+            f"distill.model={d.model!r} is not a Hugging Face model directory (no config.json): point it at a local "
+            f"model directory that shares the student's tokenizer."
+        )
+    if d.task_reward not in ("keep", "drop"):
+        errors.append(
+            f"distill.task_reward={d.task_reward!r} is unknown; use keep (the env's reward beside the teacher's "
+            f"signal) or drop (the teacher's signal alone)."
+        )
+    if not math.isfinite(d.coef) or d.coef <= 0:
+        errors.append(f"distill.coef={d.coef}: must be a finite number > 0 (the weight of the reverse KL).")
+    if cfg.gateway.enabled or cfg.run.role == "gateway":
+        errors.append(
+            "distill.count > 0 with the gateway: the gateway's episodes would be trained without a teacher's signal "
+            "(only actors ask the teachers); set gateway.enabled=false, or distill.count=0."
+        )
+    if d.timeout_s <= 0 or d.retries < 0 or d.max_restarts < 0:
+        errors.append(
+            f"distill.timeout_s={d.timeout_s} (> 0), distill.retries={d.retries} (>= 0), distill.max_restarts="
+            f"{d.max_restarts} (>= 0): one of them is out of range."
+        )
+    return errors
+
+
+def tokenizer_errors(student: str, teacher: str) -> list[str]:
+    """Whether the student (model.path) and the teacher (distill.model) share a tokenizer: the same token for every
+    id, so that the teacher's log-prob of a token id is of the token the student sampled (empty: they do). Both
+    directories must exist (the launcher makes its own models first)."""
+    from transformers import AutoTokenizer
+
+    if Path(student).resolve() == Path(teacher).resolve():
+        return []
+    vocab_s = AutoTokenizer.from_pretrained(student).get_vocab()
+    vocab_t = AutoTokenizer.from_pretrained(teacher).get_vocab()
+    if vocab_s == vocab_t:
+        return []
+    differ = len(set(vocab_s.items()) ^ set(vocab_t.items())) // 2
+    return [
+        f"distill.model={teacher!r} does not share the student's tokenizer (model.path={student!r}): vocabularies of "
+        f"{len(vocab_t)} and {len(vocab_s)} tokens, about {differ} of them different, so the teacher's log-prob of a "
+        f"token id would be of another token. Use a student made with the teacher's tokenizer (python "
+        f"scripts/make_tiny_model.py --tokenizer-from {teacher} --out DIR, then model.path=DIR), or a teacher of the "
+        f"student's family."
+    ]
+
+
 def gateway_errors(cfg: Config) -> list[str]:
     """What is wrong with `gateway.*`, each saying what to change."""
     g = cfg.gateway
@@ -466,6 +528,11 @@ def backend_errors(cfg: Config) -> list[str]:
     if cfg.judges.count:
         errors.append(
             "launcher.backend=ray does not place LLM judges yet: set judges.count=0, or use launcher.backend=local."
+        )
+    if cfg.distill.count:
+        errors.append(
+            "launcher.backend=ray does not place distillation teachers yet: set distill.count=0, or use "
+            "launcher.backend=local."
         )
     unknown = sorted(set(cfg.launcher.resources) - {"broker", "engine", "learner", "actor"})
     if unknown:

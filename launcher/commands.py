@@ -5,9 +5,9 @@ run's config and its current wiring. Nothing here starts or watches a process.
     commands.sidecar(0).argv     # [python, -m, engines.sidecar, --name, engine-0, --url, ...]
 
 Roles: broker, engine (a vLLM server), sidecar (an engine's weight sidecar), judge (a vLLM server of an LLM judge),
-learner (torchrun, one command per learner node), actor, gateway, evaluator. A placement other than this host's
-(`launcher.ray_backend.RayCommands`) changes where engines bind, which GPUs they see and which learner nodes a
-launch starts, and nothing else.
+teacher (a vLLM server of a distillation teacher), learner (torchrun, one command per learner node), actor, gateway,
+evaluator. A placement other than this host's (`launcher.ray_backend.RayCommands`) changes where engines bind, which
+GPUs they see and which learner nodes a launch starts, and nothing else.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Command:
     launcher's), the log its output goes to, and which incarnation of the child it starts."""
 
     name: str
-    role: str  # broker | engine | sidecar | judge | learner | actor | gateway | evaluator
+    role: str  # broker | engine | sidecar | judge | teacher | learner | actor | gateway | evaluator
     argv: list[str]
     env: dict[str, str]
     log_path: Path
@@ -134,13 +134,28 @@ class Commands:
     def judges(self) -> list[Command]:
         """The LLM judges' vLLM servers: the engines' command on the judge's model (judges.model, else the run's
         initial model.path), without LoRA; no weight sidecar, so the learner never reaches them."""
+        return self.fixed_servers("judge")
+
+    def teachers(self) -> list[Command]:
+        """The distillation teachers' vLLM servers (distill.model), as the judges'."""
+        return self.fixed_servers("teacher")
+
+    def fixed_urls(self, role: str) -> list[str]:
+        """The URLs of the servers of a fixed model of `role` (judge or teacher), in the order of their names."""
+        return {"judge": self.wiring.judges, "teacher": self.wiring.teachers}[role]
+
+    def fixed_servers(self, role: str) -> list[Command]:
+        """The vLLM servers of a fixed model of `role` (judge: judges.model, else the run's initial model.path;
+        teacher: distill.model), named <role>-<i>: the engines' command without LoRA and without a weight sidecar,
+        so the learner never reaches them."""
         from engines.server import server_command
 
-        model = dataclasses.replace(self.cfg.model, path=self.cfg.judges.model or self.cfg.model.path, lora_rank=0)
+        path = {"judge": self.cfg.judges.model or self.cfg.model.path, "teacher": self.cfg.distill.model}[role]
+        model = dataclasses.replace(self.cfg.model, path=path, lora_rank=0)
         out = []
-        for i, url in enumerate(self.wiring.judges):
+        for i, url in enumerate(self.fixed_urls(role)):
             argv, env = server_command(model, self.cfg.engines, int(url.rsplit(":", 1)[1]))
-            out.append(self.command(f"judge-{self.prefix}{i}", "judge", argv, env))
+            out.append(self.command(f"{role}-{self.prefix}{i}", role, argv, env))
         return out
 
     def sidecar(self, i: int) -> Command:
@@ -253,6 +268,8 @@ class Commands:
             argv += ["--engine", url]
         for url in self.wiring.judges:
             argv += ["--judge", url]
+        for url in self.wiring.teachers:
+            argv += ["--teacher", url]
         return self.command(name, "actor", argv, incarnation=incarnation)
 
     def gateway(self, incarnation: int = 0) -> Command:
@@ -277,6 +294,17 @@ class Commands:
         for url in self.wiring.engines:  # none (a joining launch): the gateway asks the broker
             argv += ["--engine", url]
         return self.command(name, "gateway", argv, incarnation=incarnation)
+
+    def env_server(self, incarnation: int = 0) -> Command:
+        """The env's own server (`EnvTraits.serve`: OpenEnv's env.kwargs.app) under uvicorn, on 127.0.0.1 at the port
+        the wiring picked; a restart takes the same port (the actors keep its URL, env.kwargs.base_url). uvicorn
+        imports the app from the launch's working directory, as the actors import a user's env."""
+        from envs.registry import traits as env_traits
+
+        app = env_traits(self.cfg.env.name, self.cfg.env.kwargs).serve
+        port = self.wiring.env_server.rsplit(":", 1)[1]
+        argv = [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", port, "--log-level", "warning"]
+        return self.command("env-server", "env_server", argv, incarnation=incarnation)
 
     def evaluator(self) -> Command:  # validation (actors/evaluate.py): held-out seeds, never trained on
         return self.command(

@@ -14,7 +14,7 @@ than the default (the same model at another path on this host) are taken.
 role=actors: N actor processes named `actor-<host>-<pid>-<i>`; each asks the broker for the engine list
 (and follows engines that join later). A dead actor is restarted, as in the main launch. With the run's
 judges.count > 0 the launch starts that many LLM judges of its own on this host (the main launch's listen on
-its loopback), and its actors use them.
+its loopback), and its actors use them; so with distill.count > 0 for distillation teachers.
 role=engines: N vLLM servers, each with a weight sidecar that registers with the learner's publisher (it
 gets the newest weights at the learner's next step) and with the broker, which lets actors use the engine
 once it serves recent weights.
@@ -55,7 +55,7 @@ from agentstream.wire.messages import Hello, Welcome
 from launcher.checks import check_config
 from launcher.progress import progress_loop, write_summary
 from launcher.supervisor import Launcher, RunFailed
-from launcher.wiring import Wiring, judge_urls
+from launcher.wiring import Wiring, judge_urls, teacher_urls
 
 log = logging.getLogger("join")
 
@@ -176,6 +176,7 @@ def join_wiring(cfg: Config, welcome: Welcome) -> Wiring:
         dashboard=welcome.dashboard.rstrip("/"),
         dashboard_port=0,  # this launch -> the run's state
         judges=judge_urls(cfg) if cfg.run.role == "actors" else [],  # new actors -> this host's own new judges
+        teachers=teacher_urls(cfg) if cfg.run.role == "actors" else [],  # new actors -> this host's own new teachers
         weights=welcome.weights,  # new weight sidecars -> the learner's publisher
         engines=urls,  # new weight sidecars -> new servers; empty for actors: they ask the broker
         # learner ranks of this node -> node 0's rendezvous; `weights_bind` only tells them that rank 0 (on
@@ -210,7 +211,8 @@ async def _start(launcher: Launcher, session: aiohttp.ClientSession) -> None:
         for i in range(len(engines)):
             await launcher.spawn(launcher.commands.sidecar(i))
     else:
-        await launcher.wait_judges([await launcher.spawn(c) for c in launcher.commands.judges()])
+        fixed = launcher.commands.judges() + launcher.commands.teachers()
+        await launcher.wait_fixed([await launcher.spawn(c) for c in fixed])
         for i in range(launcher.cfg.actors.count):
             await launcher.spawn(launcher.commands.actor(i))
 

@@ -64,6 +64,7 @@ RESOURCE_ROLE = {
     "broker": "broker",
     "engine": "engine",
     "judge": "engine",
+    "teacher": "engine",
     "learner": "learner",
     "actor": "actor",
     "gateway": "actor",

@@ -23,7 +23,7 @@ from actors.evaluate import CSV_NAME, read_rows
 from agentstream import config as config_mod
 from agentstream.config import Config
 from agentstream.process import on_stop_signals
-from launcher.checks import check_config
+from launcher.checks import check_config, tokenizer_errors
 from launcher.join import run_join
 from launcher.progress import get_json, held_out_line, held_out_summary, progress_loop, write_summary
 from launcher.real_model import ModelSourceError, ensure_smollm2
@@ -182,6 +182,17 @@ def run(cfg: Config, run_dir: Path) -> int:
         and Path(cfg.judges.model).resolve() == config_mod.TINY_MODEL_DIR.resolve()
     ):
         ensure_tiny_model(cfg.judges.model)  # a judge of the tiny model beside another policy
+    if cfg.distill.count:
+        try:
+            if Path(cfg.distill.model).resolve() == config_mod.SMOLLM2_DIR.resolve():
+                ensure_smollm2(cfg.distill.model)  # the teacher: the real model (once)
+        except ModelSourceError as exc:
+            print(f"[agentstream] {exc}", file=sys.stderr)
+            return 2
+        mismatch = tokenizer_errors(cfg.model.path, cfg.distill.model)  # both directories exist by now
+        if mismatch:
+            print(f"[agentstream] invalid config:\n  - {mismatch[0]}", file=sys.stderr)
+            return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run.role != "all":  # more actors, engines or learner nodes for a running run
         return asyncio.run(run_join(cfg, run_dir))

@@ -1,16 +1,16 @@
-"""The supervisor: starts the children of a run (broker, engines and their weight sidecars, LLM judges, learner,
-actors, evaluator), each in a process group of its own, and decides what a death means. What each child runs
-(its command line) is `launcher.commands`'s.
+"""The supervisor: starts the children of a run (broker, engines and their weight sidecars, LLM judges, distillation
+teachers, learner, actors, evaluator), each in a process group of its own, and decides what a death means. What each
+child runs (its command line) is `launcher.commands`'s.
 
-If the broker, an engine, a weight sidecar, a judge or the learner dies, it is restarted within its role's budget
-(`*.max_restarts`), else everything stops with the reason and the tail of that process's log; a dead actor is
+If the broker, an engine, a weight sidecar, a judge, a teacher or the learner dies, it is restarted within its role's
+budget (`*.max_restarts`), else everything stops with the reason and the tail of that process's log; a dead actor is
 restarted under a new incarnation (counted, up to `actors.max_restarts`). Before any restart, whatever the dead
 incarnation left is ended: its process group, and every descendant that carries its marker (`launcher.procs`).
-A judge (judge-<i>) is a vLLM server like an engine, started with the same command on the judge's model, but
-without a weight sidecar: nothing ever changes its weights. The run ends when the learner exits after its last
-step (by then every engine serves the final version): actors are stopped, the broker's summary is written to
-`summary.json`, and every process group is stopped; then any process of any incarnation still carrying this
-launch's marker is ended and named in `processes_left`. Ctrl-C does the same, early.
+A judge (judge-<i>) or a teacher (teacher-<i>) is a vLLM server of a fixed model, started with the engines' command on
+its own model, but without a weight sidecar: nothing ever changes its weights. The run ends when the learner exits
+after its last step (by then every engine serves the final version): actors are stopped, the broker's summary is
+written to `summary.json`, and every process group is stopped; then any process of any incarnation still carrying
+this launch's marker is ended and named in `processes_left`. Ctrl-C does the same, early.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class RunFailed(RuntimeError):
 @dataclass
 class Child:
     name: str
-    role: str  # broker | engine | sidecar | judge | learner | actor | gateway | evaluator
+    role: str  # broker | engine | sidecar | judge | teacher | learner | actor | gateway | evaluator
     argv: list[str]
     env: dict[str, str]
     log_path: Path
@@ -159,9 +159,10 @@ class Launcher:
             command.name, command.role, command.argv, command.env, command.log_path, incarnation=command.incarnation
         )
 
-    async def wait_judges(self, judges: list[Child]) -> None:
-        for child, url in zip(judges, self.wiring.judges):
-            await self.wait_server(child, url)
+    async def wait_fixed(self, children: list[Child]) -> None:
+        """Until each server of a fixed model (judge-<i>, teacher-<i>: `Commands.fixed_servers`) answers."""
+        for child in children:
+            await self.wait_server(child, self.commands.fixed_urls(child.role)[fixed_index(child.name)])
 
     async def wait_server(self, child: Child, url: str) -> None:
         """Until the vLLM server `child` answers at `url` (run.startup_timeout_s); RunFailed at once, with the
@@ -206,16 +207,20 @@ class Launcher:
     async def start_all(self, session: aiohttp.ClientSession) -> None:
         await self.spawn(self.commands.broker())
         await self._wait_http(session, f"{self.wiring.dashboard}/api/state", "broker")
+        # the env's own server (OpenEnv's app), started while the engines start
+        env_server = await self.spawn(self.commands.env_server()) if self.wiring.env_server else None
         engines = [await self.spawn(c) for c in self.commands.engines()]
-        judges = [await self.spawn(c) for c in self.commands.judges()]
+        fixed = [await self.spawn(c) for c in self.commands.judges() + self.commands.teachers()]
         write_record(self.run_dir / LEARNER_RECORD, weights=self.wiring.weights)  # where the sidecars find it
         for command in self.commands.learner_nodes():  # loads and shards the model while the engines start
             await self.spawn(command)
         for child, url in zip(engines, self.wiring.engines):
             await self.wait_server(child, url)
-        await self.wait_judges(judges)
+        await self.wait_fixed(fixed)
         for i in range(len(self.wiring.engines)):
             await self.spawn(self.commands.sidecar(i))
+        if env_server is not None:  # the actors' first episodes open their sessions on it
+            await self._wait_http(session, f"{self.wiring.env_server}/health", env_server.name)
         for i in range(self.cfg.actors.count):
             await self.spawn(self.commands.actor(i))
         if self.cfg.gateway.enabled:
@@ -270,7 +275,7 @@ class Launcher:
                 return
             if child in self.children and not self._stopping:
                 await child.end_leftovers()  # before any next incarnation: nothing of this one may go on
-            if child.role in ("actor", "gateway") and child in self.children and not self._stopping:
+            if child.role in ("actor", "gateway", "env_server") and child in self.children and not self._stopping:
                 await self._restart_actor(child, code)
                 continue
             if child.role == "evaluator" and code == 0:  # it validated the final version
@@ -294,6 +299,12 @@ class Launcher:
             )
         self.actor_restarts += 1
         self.children.remove(child)
+        if child.role == "env_server":  # as the gateway: on its port; the episodes it dropped are played again
+            log.warning(
+                "%s died (exit code %s); restarting it as incarnation %d", child.name, code, child.incarnation + 1
+            )
+            await self.spawn(self.commands.env_server(child.incarnation + 1))
+            return
         if child.role == "gateway":  # counted as an actor's restart, as the broker counts it as an actor
             log.warning(
                 "%s died (exit code %s); restarting it as incarnation %d", child.name, code, child.incarnation + 1
@@ -313,6 +324,7 @@ class Launcher:
             "broker": self.cfg.broker.max_restarts,
             "engine": self.cfg.engines.max_restarts,
             "judge": self.cfg.judges.max_restarts,
+            "teacher": self.cfg.distill.max_restarts,
             # a learner on several hosts restarts as a whole or not at all: not by one host's launch
             "learner": self.cfg.learner.max_restarts
             if self.cfg.checkpoint.every_steps > 0 and self.cfg.learner.nnodes == 1
@@ -375,7 +387,8 @@ class Launcher:
 
     async def _restart_engine_guarded(self, child: Child) -> None:
         try:
-            await (self._restart_judge(child) if child.role == "judge" else self._restart_engine(child))
+            fixed = child.role in ("judge", "teacher")
+            await (self._restart_fixed(child) if fixed else self._restart_engine(child))
         except Exception as exc:  # noqa: BLE001 (any failure ends the run, with its reason)
             self._failed = exc if isinstance(exc, RunFailed) else RunFailed(f"restarting {child.name} failed: {exc!r}")
             await self._exits.put(child)  # wakes supervise(), which raises it
@@ -410,17 +423,17 @@ class Launcher:
         """Why `child` ended, when its exit code does not say (on Ray: its node died)."""
         return ""
 
-    async def _restart_judge(self, child: Child) -> None:
-        """A judge comes back on its port with its own weights; meanwhile actors' requests to it fail (counted
-        as judge_errors, default_score) or go to another judge."""
+    async def _restart_fixed(self, child: Child) -> None:
+        """A judge or a teacher comes back on its port with its own weights; meanwhile actors' requests to it fail
+        (a judge's: judge_errors, default_score; a teacher's: asked again, then the group dropped) or go to another."""
         from engines.server import wait_ready
 
-        i = next(i for i in range(len(self.wiring.judges)) if child.name == f"judge-{self.prefix}{i}")
-        judge = await self.spawn(self.commands.judges()[i])
+        i = fixed_index(child.name)
+        server = await self.spawn(self.commands.fixed_servers(child.role)[i])
         try:
-            await wait_ready(self.wiring.judges[i], self.cfg.run.startup_timeout_s, proc=None)
+            await wait_ready(self.commands.fixed_urls(child.role)[i], self.cfg.run.startup_timeout_s, proc=None)
         except Exception as exc:
-            raise RunFailed(f"{judge.name} did not come back: {exc}\nits log ends with:\n{judge.log_tail()}") from exc
+            raise RunFailed(f"{server.name} did not come back: {exc}\nits log ends with:\n{server.log_tail()}") from exc
 
     async def stop_roles(self, roles: tuple[str, ...]) -> None:
         """The run is stopping: from now on no exit is a death to handle (nothing is restarted, `supervise` fails
@@ -437,7 +450,14 @@ class Launcher:
         for task in self._restarting:  # first: a restart in flight must not start a server after its role stopped
             task.cancel()
         await asyncio.gather(*self._restarting, return_exceptions=True)
-        for roles in (("actor", "gateway", "evaluator"), ("learner",), ("sidecar",), ("engine", "judge"), ("broker",)):
+        for roles in (
+            ("actor", "gateway", "evaluator"),
+            ("env_server",),
+            ("learner",),
+            ("sidecar",),
+            ("engine", "judge", "teacher"),
+            ("broker",),
+        ):
             await self.stop_roles(roles)
         for task in self._watchers:
             task.cancel()
@@ -452,6 +472,11 @@ class Launcher:
         return [groups[pid] for pid in left] + [
             f"{d}: {'still running' if d in alive else 'ended at the end'}" for d in strays
         ]
+
+
+def fixed_index(name: str) -> int:
+    """The index of a server of a fixed model from its name (`judge-<prefix><i>`, `teacher-<prefix><i>`)."""
+    return int(re.search(r"(\d+)$", name).group(1))  # type: ignore[union-attr]  (the names end in their index)
 
 
 def learner_node_rank(name: str) -> int:

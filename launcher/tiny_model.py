@@ -94,16 +94,50 @@ def make_tiny_model(
     num_kv_heads: int = 2,
     seed: int = 0,
     tied: bool = True,
+    tokenizer_from: str | Path | None = None,
 ) -> Path:
     """Write a tiny Qwen2 model + tokenizer into `out` (created; overwritten if present); `tied`: the LM head is
-    the token embedding (as in Qwen2.5 0.5B/1.5B), else a weight of its own."""
+    the token embedding (as in Qwen2.5 0.5B/1.5B), else a weight of its own. `tokenizer_from`: a model directory
+    whose tokenizer (and chat template) the model takes instead of training one (`texts` and `vocab_size` unused): a
+    student that shares its teacher's tokenizer, for distillation (docs/distillation.md)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    corpus = list(texts) if texts is not None else env_corpus(seed=seed)
+    if tokenizer_from is not None:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+        tokenizer.save_pretrained(out)
+    else:
+        tokenizer = _train_tokenizer(out, list(texts) if texts is not None else env_corpus(seed=seed), vocab_size)
+
+    n_vocab = len(tokenizer)
+    padded_vocab = (n_vocab + 63) // 64 * 64
+    eos_id = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    config = Qwen2Config(
+        vocab_size=padded_vocab,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tied,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return save_tiny(Qwen2ForCausalLM(config), out, eos_id, pad_id, __name__, seed)
+
+
+def _train_tokenizer(out: Path, corpus: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer of `vocab_size` tokens trained on `corpus`, with ChatML specials and the chat
+    template, saved into `out`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -123,27 +157,7 @@ def make_tiny_model(
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
-
-    n_vocab = len(tokenizer)
-    padded_vocab = (n_vocab + 63) // 64 * 64
-    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(
-        vocab_size=padded_vocab,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=tied,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        torch_dtype="float32",
-    )
-    torch.manual_seed(seed)
-    return save_tiny(Qwen2ForCausalLM(config), out, eos_id, pad_id, __name__, seed)
+    return tokenizer
 
 
 def save_tiny(model: Any, out: Path, eos_id: int, pad_id: int, made_by: str, seed: int) -> Path:

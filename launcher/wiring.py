@@ -26,6 +26,7 @@ class Wiring:
     weights_bind: str = ""  # what rank 0 binds for `weights` (a wildcard interface is reached by host name)
     rdzv: str = ""  # learner nodes 1.. -> node 0's torchrun rendezvous (host:port); only with learner.nnodes > 1
     judges: list[str] = field(default_factory=list)  # actors -> LLM judge vLLM servers (HTTP); no sidecar, no weights
+    teachers: list[str] = field(default_factory=list)  # actors -> distillation teacher vLLM servers (HTTP); as judges
     gateway: str = ""  # agent code -> the OpenAI-compatible gateway (HTTP); only with gateway.enabled / role=gateway
     gateway_port: int = 0
 
@@ -53,6 +54,7 @@ def wire(cfg: Config) -> Wiring:
         engines=engine_urls,
         rdzv=rdzv,
         judges=judge_urls(cfg),
+        teachers=teacher_urls(cfg),
         gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "",
         gateway_port=gw_port,
     )
@@ -83,6 +85,7 @@ def wire_placed(cfg: Config, p: Places) -> Wiring:
         engines=list(cfg.engines.external_urls) or [f"http://{h}:{port}" for h, port in p.engines],  # actors, sidecars
         rdzv=f"{lip}:{rdzv_port}",  # learner ranks -> torchrun's rendezvous on learner node 0 (any nnodes: its IP)
         judges=[],  # (judges are not placed on Ray: launcher.checks)
+        teachers=[],  # (nor teachers)
         gateway=f"http://{p.gateway[0]}:{p.gateway[1]}" if p.gateway else "",  # agent code -> gateway (HTTP)
         gateway_port=p.gateway[1] if p.gateway else 0,
     )
@@ -91,8 +94,20 @@ def wire_placed(cfg: Config, p: Places) -> Wiring:
 def judge_urls(cfg: Config) -> list[str]:
     """The LLM judges' servers on this host (judges.count): on engines.host, at engines.base_port + 2 *
     engines.count + i after the engines' pairs, or free ports. Only actors talk to them."""
+    return _fixed_urls(cfg, 0, cfg.judges.count)
+
+
+def teacher_urls(cfg: Config) -> list[str]:
+    """The distillation teachers' servers on this host (distill.count): as the judges', after them. Only actors talk
+    to them."""
+    return _fixed_urls(cfg, cfg.judges.count, cfg.distill.count)
+
+
+def _fixed_urls(cfg: Config, after: int, count: int) -> list[str]:
+    """`count` servers of a fixed model on engines.host: at engines.base_port + 2 * engines.count + after + i (after
+    the engines' pairs and `after` other such servers), or on free ports."""
     base, n = cfg.engines.base_port, cfg.engines.count
-    ports = [base + 2 * n + i if base else free_port(cfg.engines.host) for i in range(cfg.judges.count)]
+    ports = [base + 2 * n + after + i if base else free_port(cfg.engines.host) for i in range(count)]
     return [f"http://{advertised_host(cfg.engines.host)}:{p}" for p in ports]
 
 
@@ -112,4 +127,4 @@ def resolved(cfg: Config, w: Wiring) -> Config:
     return out
 
 
-__all__ = ["Places", "Wiring", "judge_urls", "resolved", "wire", "wire_placed"]
+__all__ = ["Places", "Wiring", "judge_urls", "resolved", "teacher_urls", "wire", "wire_placed"]

@@ -5,6 +5,8 @@ vision-language one (Idefics3, SmolVLM's architecture, with the same tokenizer: 
     .venv/bin/python scripts/make_tiny_model.py --out .cache/small-model --hidden-size 512 --layers 4 --heads 8 \
         --kv-heads 4    # 4x wider, 2x deeper (python -m bench.peer --model .cache/small-model; docs/benchmarks.md)
     .venv/bin/python scripts/make_tiny_model.py --vl --out .cache/tiny-vl-model
+    .venv/bin/python scripts/make_tiny_model.py --tokenizer-from .cache/smollm2-135m-instruct \
+        --out .cache/tiny-smollm2-student    # a student with its teacher's tokenizer (docs/distillation.md)
 """
 
 import argparse
@@ -30,6 +32,12 @@ if __name__ == "__main__":
         default=512,
         help="Qwen2 model: BPE tokens to learn from the envs' text (2048: whole move words)",
     )
+    parser.add_argument(
+        "--tokenizer-from",
+        default=None,
+        help="Qwen2 model: take the tokenizer (and chat template) of this model directory instead of training one "
+        "(a distillation student that shares its teacher's tokenizer)",
+    )
     args = parser.parse_args()
     if args.vl:
         print(make_tiny_vl_model(args.out or TINY_VL_MODEL_DIR, seed=args.seed))
@@ -43,5 +51,6 @@ if __name__ == "__main__":
                 num_heads=args.heads,
                 num_kv_heads=args.kv_heads,
                 vocab_size=args.vocab_size,
+                tokenizer_from=args.tokenizer_from,
             )
         )
