@@ -30,6 +30,7 @@ session's vLLM server (`tiny_engine`, through engines.external_urls), groups of 
 
 import collections
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -351,6 +352,65 @@ def test_the_v1_env_plays_two_turns_token_exactly_with_its_tasks_rewards(v1_env:
     given_up = collections.Counter(r["abandoned"].split(":", 1)[0] for r in v1_env["abandoned"].values())
     assert given_up == {kind: G * k for kind, k in V1_FAILURES.items()}
     assert {r["task_id"].split("#")[0] for r in v1_env["abandoned"].values()} == {"vf_v1_arith/0", "vf_v1_arith/1"}
+
+
+TWO_SEATS = """
+import verifiers.v1 as vf
+
+
+class QuizTaskset(vf.Taskset):
+    def load(self):
+        yield vf.Task(vf.TaskData(idx=0, prompt="Say hi."), self.config.task)
+
+
+class DuelConfig(vf.EnvConfig):
+    solver: vf.AgentConfig = vf.AgentConfig()
+    judge: vf.AgentConfig = vf.AgentConfig()
+
+
+class DuelEnv(vf.Env[DuelConfig]):
+    async def run(self, task, agents):
+        await agents.solver.run(task)
+
+
+__all__ = ["DuelEnv", "QuizTaskset"]
+"""
+V1_FACTS = """
+import importlib.util, inspect, sys
+spec = importlib.util.spec_from_file_location("runner", "examples/verifiers_env.py")
+runner = sys.modules["runner"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runner)
+vf1 = runner.vf1
+from verifiers.v1.harnesses.bash import BashHarness
+from verifiers.v1.harnesses.null import NullHarness
+from verifiers.v1.utils.loaders import default_harness_id
+
+sys.path.insert(0, sys.argv[1])
+assert runner.v1_taskset("vf_v1_duel") and runner.v1_taskset("textarena") and not runner.v1_taskset("vf_none_such")
+# why the runner pins a local runtime and a harness of its own: verifiers' defaults are a Prime sandbox, and a
+# program that uv provisions from the package index
+assert vf1.AgentConfig().runtime.type == "prime"
+assert default_harness_id("vf_v1_duel") == "bash"
+assert all("prepare_uv_script" in inspect.getsource(h.setup) for h in (BashHarness, NullHarness))
+# the path the runner drives: an EvalClientConfig's client relays to its base_url
+client = vf1.resolve_client(vf1.EvalClientConfig(base_url="http://127.0.0.1:9/episodes/x/v1", api_key_var="NONE"))
+assert type(client).__name__ == "EvalClient" and client.base_url.endswith("/episodes/x/v1")
+try:
+    runner.V1Game("vf_v1_duel", {}, {}, -1, 1)
+except SystemExit as exc:
+    print(exc)
+"""
+
+
+def test_the_v1_defaults_still_hold_and_a_two_seat_env_is_refused(vf_python: Path, tmp_path: Path) -> None:
+    """What the runner's v1 defaults work around is still verifiers' behaviour; an env with two seats (each
+    episode would carry two agents' calls) is refused with the reason."""
+    (tmp_path / "vf_v1_duel.py").write_text(textwrap.dedent(TWO_SEATS))
+    out = subprocess.run(
+        [str(vf_python), "-c", V1_FACTS, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "vf_v1_duel: its env declares 2 seats (solver, judge); the runner trains envs with one" in out.stdout
 
 
 def test_the_single_turn_env_speaks_with_its_own_prompt_and_rubric(single_turn: dict) -> None:
