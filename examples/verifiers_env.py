@@ -612,9 +612,8 @@ def v1_taskset(name: str) -> bool:
     if importlib.util.find_spec(module) is None:
         return False  # the classic loader says what is missing
     found = importlib.import_module(module)
-    taskset = sys.modules.get("verifiers.v1.taskset")  # imported by a v1 module, never by a classic one
     exported = [getattr(found, n, None) for n in getattr(found, "__all__", ())]
-    return taskset is not None and any(isinstance(o, type) and issubclass(o, taskset.Taskset) for o in exported)
+    return any(isinstance(o, type) and issubclass(o, vf1.Taskset) for o in exported)
 
 
 def load(args: argparse.Namespace, env_args: dict, env_config: dict) -> tuple[Any, list[dict], Any, str]:
