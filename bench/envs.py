@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--env", action="append", help="env id (repeatable); default: every registered env")
     args = parser.parse_args()
     print(f"{'env':<34} {'steps/s':>10} {'resets/s':>10} {'episodes':>9}")
-    for name in args.env or envs.known_envs():
+    for name in args.env or [n for n in envs.known_envs() if not envs.traits(n).remote]:  # (no server here)
         try:
             steps_s, resets_s, episodes = bench(name, args.seconds)
         except (ImportError, ModuleNotFoundError) as exc:

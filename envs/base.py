@@ -140,6 +140,12 @@ class EnvTraits:
     moves: tuple[str, ...] = ()
     """Every move the env's games take, given to `parser` as the legal ones (a parser of (text, legal moves), as
     TextArena's: the warm start's check does not know each prompt's state); empty: the parser takes the text alone."""
+    remote: bool = False
+    """Its episodes are played on a server that env.kwargs names (OpenEnv's, envs/openenv.py): it is built only with
+    one, so what builds every env with no kwargs (the contract tests, bench.envs) leaves it out."""
+    serve: str = ""
+    """An app (`module:attr`, as uvicorn takes it) the launcher serves on 127.0.0.1 for the run, its URL given to the
+    actors as env.kwargs.base_url (OpenEnv's env.kwargs.app); empty: nothing to serve."""
 
     @property
     def trained_seats(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any, cast
 import gymnasium as gym
 
 from agentstream.registry import Registry
-from envs import arena, user
+from envs import arena, openenv, user
 from envs.base import EnvTraits
 
 NAMESPACE = "agentstream"
@@ -51,6 +51,7 @@ for _name, _entry_point, _traits in [
     ("TWX-TWC-v0", "envs.textworld_express:TWCText", _fixed()),
     ("TWX-CookingWorld-v0", "envs.textworld_express:CookingWorldText", _fixed()),
     ("TextArena-v0", "envs.arena:TextArenaEnv", arena.traits),
+    ("OpenEnv-v0", "envs.openenv:OpenEnvText", openenv.traits),  # an OpenEnv server's game (env.kwargs names it)
 ]:
     ENVS.add(f"{NAMESPACE}/{_name}", _entry_point, _traits)
 
