@@ -297,9 +297,12 @@ class ChatHarness(vf1.Harness[vf1.HarnessConfig]):
             messages.extend(message_to_wire(m) for m in prompt or [])
         # The interception server holds the real error (the gateway's, an engine's) and the rollout records it;
         # a refused turn (a limit, a @stop) is verifiers' stop condition. Either way: exit non-zero, as a program.
-        async with openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, timeout=None) as client:
+        timeout = Settings.request_timeout_s  # a call past it fails the rollout (given up), as a classic one does
+        async with openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, timeout=timeout) as client:
             try:
                 completion = await client.chat.completions.create(model=ctx.model, messages=messages)
+            except openai.APIConnectionError as exc:  # no answer in time (a timeout is one): the model call failed
+                raise vf1.ProviderError(f"no answer from the interception server: {exc!r}", status_code=504) from exc
             except openai.APIError as exc:
                 return vf1.ProgramResult(exit_code=1, stdout="", stderr=f"{type(exc).__name__}: {exc}")
         body = completion.model_dump()
