@@ -35,6 +35,7 @@ episode again on the same seed, and after actors.episode_retries drops its group
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import json
@@ -54,6 +55,8 @@ from envs.base import EnvTraits, ParseFailure, ParseResult, StepResult, text_spa
 OPENENV = "agentstream/OpenEnv-v0"
 DOCS = "docs/your_env.md#openenv-environments"
 INSTALL = "pip install openenv-core==0.3.0 (the project's envs extra: bash scripts/setup.sh full installs it)"
+REFUSED_PAUSE_S = 1.0
+"""How long an episode whose connection was refused waits before it fails (the actor then plays it again)."""
 _CODE = re.compile(r"\(code: (\w+)\)\s*$")
 """The error code at the end of openenv's RuntimeError for an error reply ('Server error: ... (code: X)')."""
 
@@ -159,16 +162,21 @@ class OpenEnvText(gym.Env):
     def _open(self, reset_kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """A new session, reset with `reset_kwargs`: (the client, the reset's result). A server with every session
         taken accepts the connection, says so (CAPACITY_REACHED) and closes it: wait and try again, up to
-        session_wait_s. Anything else (a refused connection, a dead server) fails at once."""
-        from openenv.core import GenericEnvClient
-
+        session_wait_s. A refused connection (the server is down, or restarting) fails after REFUSED_PAUSE_S, so that
+        the actor's retries of the episode give a restarting server time instead of dropping groups as fast as it
+        can; anything else fails at once."""
         deadline, delay = time.monotonic() + self.session_wait_s, 0.05
         while True:
-            client = GenericEnvClient(
+            client = _client_class()(
                 base_url=self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
             ).sync()
             try:
                 client.connect()
+            except Exception as exc:
+                _close_quietly(client)
+                time.sleep(REFUSED_PAUSE_S)
+                raise self._failure("reset", exc) from exc
+            try:
                 return client, client.reset(**reset_kwargs)
             except Exception as exc:
                 _close_quietly(client)
@@ -255,9 +263,32 @@ def _no_free_session(exc: BaseException) -> bool:
     return error_code(exc) == "CAPACITY_REACHED" or isinstance(exc, ConnectionClosed)
 
 
+@functools.cache
+def _client_class() -> type:
+    """openenv's `GenericEnvClient` with `end_session` (imported on first use: the registry imports this module)."""
+    from openenv.core import GenericEnvClient
+
+    class Client(GenericEnvClient):
+        async def end_session(self, timeout_s: float) -> None:
+            """Ask the server to end the session and wait (up to `timeout_s`) until it closes the connection. openenv
+            0.3.0's own `close` sends the same request but drops the connection at once: the server, closing a socket
+            already gone, logs a traceback for every session (~50 lines an episode in logs/env-server.log)."""
+            if self._ws is None:
+                return
+            await self._send({"type": "close"})
+            await asyncio.wait_for(self._ws.wait_closed(), timeout_s)
+
+    return Client
+
+
 def _close_quietly(client: Any) -> None:
+    """End the session (the server frees its slot), then the client's event-loop thread."""
     try:
-        client.close()  # ends the session (the server frees its slot) and the client's event-loop thread
+        client.end_session(2.0)  # (run on the client's loop by its sync wrapper)
+    except Exception:  # noqa: BLE001 (a dead or busy server: the connection is dropped below)
+        pass
+    try:
+        client.close()
     except Exception:  # noqa: BLE001 (a dropped connection cannot close cleanly; nothing is left to free here)
         pass
 

@@ -29,6 +29,7 @@ from agentstream.wire.curve import KEYGEN_COMMAND, is_loopback, keys_dir_errors
 from broker.sinks import logger_errors
 from broker.wal import FOLDER as WAL_FOLDER
 from envs.check import env_errors as user_env_errors
+from envs.openenv import kwargs_errors as openenv_kwargs_errors
 from envs.registry import ENVS
 from envs.registry import traits as env_traits
 from envs.toolcalls import TOOL_PARSERS
@@ -125,6 +126,7 @@ def _episode_errors(cfg: Config) -> list[str]:
         errors += _env_kwargs_errors(cfg.env.name, cfg.env.kwargs)
     else:  # a user's env (a gymnasium id or package.module:Class): built and played a few steps here
         errors += user_env_errors(cfg.env.name, cfg.env.kwargs, cfg.env.max_steps)
+    errors += remote_env_errors(cfg)
     errors += frozen_seat_errors(cfg)
     if cfg.env.step_latency_mean_s < 0 or cfg.env.step_latency_sigma < 0:
         errors.append(
@@ -153,6 +155,22 @@ def _episode_errors(cfg: Config) -> list[str]:
         )
     elif mem.images != "none":
         errors += _image_errors(cfg)
+    return errors
+
+
+def remote_env_errors(cfg: Config) -> list[str]:
+    """An env played on a server (`EnvTraits.remote`: OpenEnv's): a server is named, the app this launch serves
+    imports, or the server at env.kwargs.base_url answers (envs/openenv.py); the launcher serves an app on this
+    host only."""
+    if cfg.env.name not in ENVS or not env_traits(cfg.env.name, cfg.env.kwargs).remote:
+        return []
+    serving = cfg.run.role == "all"  # the main launch serves env.kwargs.app; a joining one plays on base_url
+    errors = openenv_kwargs_errors(cfg.env.kwargs, serving=serving)
+    if serving and cfg.env.kwargs.get("app") and cfg.launcher.backend == "ray":
+        errors.append(
+            "launcher.backend=ray does not place an env's server: serve it yourself (python -m uvicorn MODULE:app "
+            "--host HOST --port PORT) and give env.kwargs.base_url=http://HOST:PORT instead of env.kwargs.app."
+        )
     return errors
 
 

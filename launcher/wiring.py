@@ -29,6 +29,7 @@ class Wiring:
     teachers: list[str] = field(default_factory=list)  # actors -> distillation teacher vLLM servers (HTTP); as judges
     gateway: str = ""  # agent code -> the OpenAI-compatible gateway (HTTP); only with gateway.enabled / role=gateway
     gateway_port: int = 0
+    env_server: str = ""  # actors, evaluator -> the env's own server (EnvTraits.serve: OpenEnv's app), on 127.0.0.1
 
 
 def wire(cfg: Config) -> Wiring:
@@ -57,6 +58,7 @@ def wire(cfg: Config) -> Wiring:
         teachers=teacher_urls(cfg),
         gateway=f"http://{advertised_host(cfg.gateway.host)}:{gw_port}" if gw_port else "",
         gateway_port=gw_port,
+        env_server=env_server_url(cfg),
     )
 
 
@@ -89,6 +91,16 @@ def wire_placed(cfg: Config, p: Places) -> Wiring:
         gateway=f"http://{p.gateway[0]}:{p.gateway[1]}" if p.gateway else "",  # agent code -> gateway (HTTP)
         gateway_port=p.gateway[1] if p.gateway else 0,
     )
+
+
+def env_server_url(cfg: Config) -> str:
+    """The env's own server, when its traits name an app to serve (`EnvTraits.serve`: OpenEnv's env.kwargs.app): on
+    127.0.0.1 (only this host's actors and evaluator play on it) at a free port; "" when there is none."""
+    from envs.registry import traits as env_traits
+
+    if not env_traits(cfg.env.name, cfg.env.kwargs).serve:
+        return ""
+    return f"http://127.0.0.1:{free_port('127.0.0.1')}"
 
 
 def judge_urls(cfg: Config) -> list[str]:
@@ -124,6 +136,8 @@ def resolved(cfg: Config, w: Wiring) -> Config:
         out.learner.rdzv_port = int(w.rdzv.rsplit(":", 1)[1])
     if w.gateway_port:
         out.gateway.port = w.gateway_port
+    if w.env_server:  # the actors and the evaluator play on the server this launch serves
+        out.env.kwargs = {**out.env.kwargs, "base_url": w.env_server}
     return out
 
 
