@@ -7,7 +7,9 @@ seconds each. ALFWorld (a blocking env, stepped in a worker thread) also gets a 
 to its own initial weights (version 0) before any group is admitted. Other envs' runs: FrozenLake in
 tests/test_e2e.py, with the GiGPO preset in tests/test_ray.py, Sokoban with PPO (a critic) in tests/test_slurm.py.
 What a run adds beyond the episode does not depend on the env, and a run costs ~30 s here: the suite's time. A user's
-env loaded by import path (examples/my_env) gets one short run of its own: that path is the launcher's and the actor's.
+env loaded by import path (examples/my_env) gets one short run of its own: that path is the launcher's and the actor's;
+so does an OpenEnv server's game (examples/openenv_game), served by the launcher from its app: that server is the
+launcher's child.
 TextArena self-play goes through the actor itself (a memory per seat, one grant opening a group per seat at a real
 broker in the test's loop) and its validation through the evaluator's episode against the random opponent.
 """
@@ -76,11 +78,40 @@ def launch(tmp_path: Path, model: str, url: str, *overrides: str, steps: int = 1
 # FrozenLake runs in tests/test_e2e.py, and with GiGPO in tests/test_ray.py; Sokoban with PPO in tests/test_slurm.py.
 RUNS = {"agentstream/ALFWorld-v0": None}
 EPISODES, MAX_STEPS = 2, 3
+OPENENV = "agentstream/OpenEnv-v0"
 USER_ENV = "examples.my_env.guess:GuessEnv"  # a user's env by import path (envs/user.py)
+OPENENV_APP = "examples.openenv_game.server:app"  # an OpenEnv server's app (envs/openenv.py)
+
+
+@pytest.fixture(scope="module")
+def openenv_server(tmp_path_factory: pytest.TempPathFactory):
+    """The example OpenEnv app under uvicorn on 127.0.0.1, as a user serves it: its base URL."""
+    import time
+    import urllib.request
+
+    from agentstream.wire.addresses import free_port
+    from launcher.procs import start, stop
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("openenv") / "server.log"
+    argv = [sys.executable, "-m", "uvicorn", OPENENV_APP, "--host", "127.0.0.1", "--port", str(port)]
+    proc = start(argv, log, cwd=ROOT)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    try:
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        stop(proc, 5)
 
 
 @pytest.mark.parametrize("name", envs.known_envs())
-def test_every_env_plays_episodes_through_the_engine(server, name: str) -> None:
+def test_every_env_plays_episodes_through_the_engine(server, name: str, request: pytest.FixtureRequest) -> None:
     import asyncio
 
     import aiohttp
@@ -93,6 +124,8 @@ def test_every_env_plays_episodes_through_the_engine(server, name: str) -> None:
     model, url = server
     cfg = Config()
     cfg.model.path, cfg.env.name, cfg.env.max_steps, cfg.sampling.max_tokens = model, name, MAX_STEPS, 12
+    if envs.traits(name).remote:  # played on a server: the example OpenEnv app's
+        cfg.env.kwargs = {"base_url": request.getfixturevalue("openenv_server")}
     spec, tokenizer = EpisodeSpec.from_config(cfg), AutoTokenizer.from_pretrained(model)
 
     async def play() -> list:
@@ -203,6 +236,20 @@ def test_a_user_env_by_import_path_trains(server, tmp_path: Path) -> None:
     assert summary["episodes"] >= 4  # two steps of one group of G = 2
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert f"success_rate/{USER_ENV}" in metrics  # the actors played the user's env, counted under its name
+
+
+def test_an_openenv_app_served_by_the_launcher_trains(server, tmp_path: Path) -> None:
+    """examples/openenv_game by its app, with the one command a user runs plus the shared engine: the launcher serves
+    it (logs/env-server.log), the actors play it over WebSocket sessions, two learner steps train on its groups, and
+    the server is stopped with the run (`launch` asserts no process is left)."""
+    model, url = server
+    summary = launch(tmp_path, model, url, f"env.name={OPENENV}", f"+env.kwargs.app={OPENENV_APP}", steps=2)
+    assert summary["episodes"] >= 4 and summary["transitions_dropped"] == {}  # two steps of one group of G = 2
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert f"success_rate/{OPENENV}" in metrics
+    assert (tmp_path / "run" / "logs" / "env-server.log").exists()
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "base_url: http://127.0.0.1:" in config  # the URL the launcher served it on, as the actors read it
 
 
 def test_the_run_covers_a_blocking_env() -> None:
