@@ -9,7 +9,12 @@ A randomly initialised tiny model almost never writes a parseable action, so RL 
   from the env's admissible actions (or from `FormatSpec.answers`, e.g. other items' answers for an env with
   free-form answers), independent of the observation. The env steps on that same action, so the prompts
   cover the states (and history lines) random play reaches, and a model that fits the answers learns
-  nothing about the solution (its best fit is a uniform choice).
+  nothing about the solution (its best fit is a uniform choice);
+- or, with `FormatSpec.teacher`, A is the teacher's choice for the state (launcher/warm_start.py gives FrozenLake a
+  deliberately imperfect scripted one), and the prompts are the states the teacher reaches: a model that fits
+  these answers must read the state, which gives RL something to sharpen (docs/experiments.md).
+
+`success_rate` plays held-out seeds with any answerer (a teacher, a model) and says how often it succeeds.
 
     demos = format_demos(FormatSpec("agentstream/FrozenLake-v0", {"map_size": 5}, 16, "last_k", 2), tok, 200)
 
@@ -20,14 +25,17 @@ model directory.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import envs
 import memory
 from actors import episode
-from actors.episode import Answer, StepRecord, Turn
+from actors.episode import Answer, EpisodeOutcome, StepRecord, Turn
 from envs.base import TRAIN_SEEDS
 
 
@@ -52,6 +60,9 @@ class FormatSpec:
     answers: tuple[str, ...] = ()
     """Answers to draw from, whatever the prompt (e.g. the answers of other Reasoning items); empty: the env's
     info['admissible_actions'] at each step."""
+    teacher: Callable[[Turn, random.Random], str] | None = None
+    """The answer for a state (what goes inside `template`), e.g. an imperfect scripted policy; None: drawn as above,
+    whatever the state."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,9 @@ def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0)
     demos: list[Demo] = []
 
     def answer(turn: Turn) -> Answer:
+        if spec.teacher is not None:
+            text = spec.template.format(spec.teacher(turn, rng))
+            return Answer(text, tokenizer.encode(text, add_special_tokens=False) + [eos])
         actions = spec.answers or turn.info.get("admissible_actions")
         if not actions:
             raise ValueError(
@@ -99,4 +113,49 @@ def format_demos(spec: FormatSpec, tokenizer: Any, episodes: int, seed: int = 0)
     return demos
 
 
-__all__ = ["Demo", "FormatSpec", "format_demos"]
+WARM_STAMP = "agentstream_warm_start.json"
+"""The file launcher/warm_start.py leaves in the model directory it makes: its inputs' hash and what it measured."""
+
+
+def warm_start_success(model_dir: str | Path) -> dict[str, float]:
+    """What the warm start that made `model_dir` measured on the held-out lakes: {"teacher": its teacher's success,
+    "warm_model": the warm model's} ({} for a model it did not make, or one made without a teacher)."""
+    stamp = Path(model_dir) / WARM_STAMP
+    try:
+        made = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+    if "teacher_success" not in made:
+        return {}
+    return {"teacher": float(made["teacher_success"]), "warm_model": float(made["warm_success"])}
+
+
+def success_rate(
+    spec: FormatSpec,
+    answer: Callable[[Turn], Answer | Awaitable[Answer]],
+    seeds: Sequence[int],
+    tokenizer: Any = None,
+    finished: Callable[[], None] | None = None,
+) -> float:
+    """The share of episodes, one per seed, that `answer` wins, all played at once on one event loop (an answerer
+    that batches sees every live episode's turn before it answers; `finished()` is called as each one ends). With
+    a `tokenizer`, turns carry the prompt ids an actor would send."""
+
+    async def one(seed: int) -> EpisodeOutcome:
+        env = envs.make(spec.env, max_steps=spec.max_steps, **spec.env_kwargs)
+        mem = memory.make(spec.memory, k=spec.k, tokenizer=tokenizer, max_prompt_tokens=spec.max_prompt_tokens or None)
+        try:
+            return await episode.play(env, mem, answer, seed=seed)
+        finally:
+            env.close()
+            if finished is not None:
+                finished()
+
+    async def play_all() -> list[EpisodeOutcome]:
+        return await asyncio.gather(*(one(s) for s in seeds))
+
+    outcomes = asyncio.run(play_all())
+    return sum(o.success for o in outcomes) / max(1, len(outcomes))
+
+
+__all__ = ["WARM_STAMP", "Demo", "FormatSpec", "format_demos", "success_rate", "warm_start_success"]

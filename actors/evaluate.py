@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from actors import episode
+from actors.demos import warm_start_success
 from actors.episode import Turn
 from actors.spec import EpisodeSpec, EvaluatorSpec
 from agentstream import config as config_mod
@@ -159,7 +160,17 @@ def read_rows(path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
-def stats(name: str, row: Validation | None, count: int, failed: int = 0, final: bool = False) -> Stats:
+def stats(
+    name: str,
+    row: Validation | None,
+    count: int,
+    failed: int = 0,
+    final: bool = False,
+    reference: dict[str, float] | None = None,
+) -> Stats:
+    """The evaluator's Stats: the latest validation, and `reference`: what the warm start measured on the same
+    held-out lakes (its teacher's and the warm model's success, `actors.demos.warm_start_success`), beside it on the
+    dashboard's validation chart."""
     gauges = (
         {}
         if row is None
@@ -170,6 +181,7 @@ def stats(name: str, row: Validation | None, count: int, failed: int = 0, final:
             "val_version": row.version,
         }
     )
+    gauges.update({f"val_{k}_success": v for k, v in (reference or {}).items()})
     counters = {"validations": count, "validations_failed": failed}
     return Stats(source=name, role="evaluator", counters=counters, gauges=gauges, final=final)
 
@@ -183,6 +195,7 @@ async def evaluate_loop(
     last: int | None = None
     row: Validation | None = None
     count = failed = 0
+    reference = warm_start_success(spec.client.model_path)
     total, every = spec.total_steps, spec.every
     while last is None or last < total:
         version = await engine.version()
@@ -204,9 +217,9 @@ async def evaluate_loop(
                 row.val_invalid_rate,
                 row.wall_s,
             )
-        await broker.send(stats(name, row, count, failed))
+        await broker.send(stats(name, row, count, failed, reference=reference))
         await asyncio.sleep(0.5)  # version poll: an HTTP GET, cheap; validations are seconds apart
-    await broker.send(stats(name, row, count, failed, final=True))
+    await broker.send(stats(name, row, count, failed, final=True, reference=reference))
 
 
 async def _main(spec: EvaluatorSpec, name: str, broker_address: str, engine_url: str, out: Path, t0: float) -> int:

@@ -81,6 +81,9 @@ MISMATCH_KEYS = (
 )
 """The learner's train-inference mismatch metrics (learner/step.py `mismatch_metrics`), shown as learner_<key>; the
 last measurement stays until the next (mismatch_version: the learner version it was measured on)."""
+VALIDATION_GAUGES = ("val_success_rate", "val_return", "val_version", "val_teacher_success", "val_warm_model_success")
+"""The evaluator's gauges the dashboard shows (actors/evaluate.py): the latest validation on held-out seeds, and what
+the warm start measured on the same seeds (its teacher's and the warm model's success; absent without a teacher)."""
 
 PREFIX = "agentstream_"
 """What every Prometheus name starts with."""

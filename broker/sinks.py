@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentstream.config import BrokerConfig
-from broker.catalogue import MISMATCH_KEYS
+from broker.catalogue import MISMATCH_KEYS, VALIDATION_GAUGES
 
 # ---------------------------------------------------------------------------------------------- points
 
@@ -77,9 +77,7 @@ def flatten(state: dict[str, Any]) -> dict[str, float | None]:
                 "invalid_action_ratio",
                 "actors_alive",
                 "engines_alive",
-                "val_success_rate",
-                "val_return",
-                "val_version",
+                *VALIDATION_GAUGES,
                 "judge_latency_s",
                 "distill_kl",
                 "wal_failing",

@@ -10,7 +10,7 @@ from typing import Any
 
 from agentstream.wire.messages import EngineStatus
 from broker.buffer import ReplayBuffer
-from broker.catalogue import MISMATCH_KEYS
+from broker.catalogue import MISMATCH_KEYS, VALIDATION_GAUGES
 from broker.stats import ACTOR_COUNTERS, OUTCOME_WINDOW_S, Peer, StatsBook, env_outcomes
 
 
@@ -138,9 +138,7 @@ def dashboard_state(broker: BrokerView) -> dict[str, Any]:
     }
     for peer in s.peers.values():  # validation on held-out seeds (actors/evaluate.py), when enabled
         if peer.role == "evaluator":
-            gauges.update(
-                {k: peer.gauges[k] for k in ("val_success_rate", "val_return", "val_version") if k in peer.gauges}
-            )
+            gauges.update({k: peer.gauges[k] for k in VALIDATION_GAUGES if k in peer.gauges})
     lm = broker.learner_metrics
     return {
         "time": now,

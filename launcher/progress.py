@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -36,27 +36,40 @@ def eta_s(samples: list[tuple[float, int]], total_steps: int) -> float | None:
     return (t1 - t0) / (v1 - v0) * max(0, total_steps - v1)
 
 
-def held_out_line(rows: list[dict[str, float]]) -> str:
-    """Validation on held-out seeds (validation.csv's rows), first and latest: what the run has learnt."""
+def held_out_line(rows: list[dict[str, float]], reference: Mapping[str, float] | None = None) -> str:
+    """Validation on held-out seeds (validation.csv's rows), first and latest: what the run has learnt; and the warm
+    start's teacher on the same seeds, where it had one (`reference`: `actors.demos.warm_start_success`)."""
     if not rows:
         return ""
     first, last = rows[0], rows[-1]
     line = f"held-out success {first['val_success_rate']:.2f} at v{first['version']:.0f}"
-    return line + (f" -> {last['val_success_rate']:.2f} at v{last['version']:.0f}" if len(rows) > 1 else "")
+    line += f" -> {last['val_success_rate']:.2f} at v{last['version']:.0f}" if len(rows) > 1 else ""
+    return line + (f" (teacher {reference['teacher']:.2f})" if reference else "")
 
 
-def held_out_summary(rows: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """summary.json's `held_out_success`: the first and the last validation ({} without validation)."""
+def held_out_summary(
+    rows: list[dict[str, float]], reference: Mapping[str, float] | None = None
+) -> dict[str, dict[str, float]]:
+    """summary.json's `held_out_success`: the first and the last validation ({} without validation), and what the
+    warm start measured on the same seeds (`warm_start`: its teacher's and the warm model's success), where it did."""
     pick = lambda r: {"version": r["version"], "success_rate": r["val_success_rate"]}  # noqa: E731
-    return {"start": pick(rows[0]), "end": pick(rows[-1])} if rows else {}
+    if not rows:
+        return {}
+    return {"start": pick(rows[0]), "end": pick(rows[-1])} | ({"warm_start": dict(reference)} if reference else {})
 
 
-def format_progress(state: dict, total_steps: int, eta: float | None, validation: list[dict[str, float]] = ()) -> str:
+def format_progress(
+    state: dict,
+    total_steps: int,
+    eta: float | None,
+    validation: list[dict[str, float]] = (),
+    reference: Mapping[str, float] | None = None,
+) -> str:
     """One console line from the dashboard's /api/state (schema in broker/dashboard.py), and validation's rows."""
     v, r, g = state["learner"]["version"], state["rates"], state["gauges"]
     engines = ",".join(str(e["version"]) for e in state["engines"])
     left = "?" if eta is None else f"{eta:.0f}s"
-    held_out = held_out_line(list(validation))
+    held_out = held_out_line(list(validation), reference)
     return (
         f"[agentstream] step {v}/{total_steps} | engines v[{engines}] | {r['env_steps_per_s']:.1f} env steps/s | "
         f"{r['tokens_per_s']:.0f} tok/s | {r['transitions_per_s']:.1f} transitions/s | "
@@ -71,16 +84,18 @@ async def progress_loop(
     total_steps: int,
     every_s: float = 5.0,
     validation_csv: Path | None = None,
+    reference: Mapping[str, float] | None = None,
 ) -> None:
     """One console line every few seconds: learner step out of total, rates, ETA, and held-out success so far
-    (`validation_csv`: the evaluator's validation.csv); `dashboard()`: its URL now (a broker may move)."""
+    (`validation_csv`: the evaluator's validation.csv; `reference`: the warm start's figures on the same seeds);
+    `dashboard()`: its URL now (a broker may move)."""
     samples: list[tuple[float, int]] = []
     while True:
         await asyncio.sleep(every_s)
         try:
             st = await get_json(session, f"{dashboard()}/api/state")
             rows = read_rows(validation_csv) if validation_csv is not None else []
-            line = format_progress(st, total_steps, eta_s(samples, total_steps), rows)
+            line = format_progress(st, total_steps, eta_s(samples, total_steps), rows, reference)
         except (aiohttp.ClientError, TimeoutError, KeyError) as exc:
             log.debug("no progress line: %r", exc)
             continue

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
+from actors.demos import warm_start_success
 from actors.evaluate import CSV_NAME, read_rows
 from agentstream import config as config_mod
 from agentstream.config import Config
@@ -88,6 +89,7 @@ async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None 
             f"learner.node_rank=K (K = 1..{cfg.learner.nnodes - 1})",
             flush=True,
         )
+    reference = warm_start_success(cfg.model.path)  # the warm start's teacher and warm model ({} without a teacher)
     status, reason, code = "finished", "", 0
     summary: dict = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -100,6 +102,7 @@ async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None 
                     lambda: launcher.wiring.dashboard,
                     cfg.trainer.total_steps,
                     validation_csv=run_dir / CSV_NAME,
+                    reference=reference,
                 )
             )
             await launcher.supervise()
@@ -122,7 +125,7 @@ async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None 
     left = await launcher.stop_all()
 
     summary["validation"] = read_rows(run_dir / CSV_NAME)  # one row per validation (empty: validation.every=0)
-    summary["held_out_success"] = held_out_summary(summary["validation"])
+    summary["held_out_success"] = held_out_summary(summary["validation"], reference)
     summary.update(
         status=status,
         reason=reason,
@@ -147,6 +150,12 @@ async def run_main_launch(cfg: Config, run_dir: Path, launcher: Launcher | None 
         print(
             f"[agentstream] {held_out_line(summary['validation'])} "
             f"({cfg.validation.episodes} episodes each, seeds never trained on)",
+            flush=True,
+        )
+    if summary["validation"] and reference:
+        print(
+            f"[agentstream] on the same seeds, the warm start's teacher won {reference['teacher']:.2f} and the warm "
+            f"model {reference['warm_model']:.2f} when it was made (v0 above is the warm model, validated by the run)",
             flush=True,
         )
     print(f"[agentstream] summary: {run_dir / 'summary.json'}", flush=True)

@@ -1,4 +1,4 @@
-"""Supervised warm start on the action format: a new model directory that writes parseable actions.
+"""Supervised warm start: a new model directory that writes parseable actions (and, for FrozenLake, reads the lake).
 
     .venv/bin/python -m launcher.warm_start                 # .cache/tiny-model -> .cache/tiny-model-warm
     .venv/bin/python -m launcher.warm_start --map-size 5 --frozen-prob 0.9 --max-steps 16 --steps 150
@@ -8,12 +8,20 @@
         --dataset-kwargs '{"max_terms": 2, "max_digits": 1}' --out .cache/tiny-model-warm-arithmetic
 
 What it teaches (actors/demos.py makes the demonstrations, learner/sft.py fits them): prompts are real
-observations from random play through the actors' episode loop, built by the real memory module and the
-model's chat template. FrozenLake and Sokoban: every answer is `<action>A</action>` with A drawn uniformly from the
-four moves, whatever the observation. Reasoning: every answer is `<answer>A</answer>` with A the answer of another
-item of the same generator (held-apart seeds), or an integer drawn uniformly from `--answer-range`, whatever
-the question. So the model learns to write one valid answer and stop; it learns nothing about the task (the
-best fit to answers drawn apart from the prompt is the answers' overall distribution).
+observations played through the actors' episode loop, built by the real memory module and the model's chat
+template.
+- FrozenLake: every answer is a deliberately imperfect teacher's move (`frozenlake_teacher`): with probability
+  `--teacher-p` the scripted safe policy's (right or down, never into a hole or off the lake: 0.96 of held-out 5x5
+  lakes), otherwise a uniformly random move. The default p makes the teacher win about 0.55 of the held-out lakes,
+  so the model's states must depend on the lake to fit it, and RL has room above it. It prints (and records in
+  the stamp) the teacher's and the warm model's success on the same held-out lakes (`VALIDATION_SEEDS[:64]`, the
+  run's validation lakes), the warm model sampled at temperature 1 as the run validates.
+  `--teacher-p 0` is the old format-only warm start (uniform moves whatever the lake).
+- Sokoban: every answer is `<action>A</action>` with A drawn uniformly from the four moves, whatever the
+  observation. Reasoning: every answer is `<answer>A</answer>` with A the answer of another item of the same
+  generator (held-apart seeds), or an integer drawn uniformly from `--answer-range`, whatever the question. So the
+  model learns to write one valid answer and stop; it learns nothing about the task (the best fit to answers
+  drawn apart from the prompt is the answers' overall distribution).
 
 Idempotent: the output folder records a hash of every input (these arguments, the base model's files, the
 code of learner/sft.py, actors/demos.py, actors/episode.py, envs/ and memory/); a second call with the same
@@ -23,24 +31,36 @@ inputs does nothing. `--force` redoes it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from actors.demos import WARM_STAMP
 from agentstream.config import REPO_ROOT, TINY_MODEL_DIR, TINY_WARM_MODEL_DIR, EnvConfig, MemoryConfig
 
 if TYPE_CHECKING:
     from actors.demos import FormatSpec
+    from actors.episode import Answer, Turn
 
 DEFAULT_OUT = TINY_WARM_MODEL_DIR
-STAMP = "agentstream_warm_start.json"
+STAMP = WARM_STAMP
+TEACHER_P = 0.58
+"""FrozenLake's default teacher: the scripted safe move with this probability, a random one otherwise; chosen so that
+the teacher wins about 0.55 of the held-out 5x5 lakes (frozen_prob 0.9, 16 steps; measured: tests/launcher/
+test_warm_teacher.py)."""
+HELD_OUT = 64
+"""Held-out lakes the teacher and the warm model are measured on: VALIDATION_SEEDS[:64], the run's own validation."""
+MOVES = ("left", "down", "right", "up")
+OFFSETS = dict(zip(MOVES, ((0, -1), (1, 0), (0, 1), (-1, 0))))  # (row, column) change of each move
 
 
 def input_key(args: argparse.Namespace, base: Path) -> str:
@@ -76,6 +96,113 @@ def parser(env: str, kwargs: Mapping[str, Any] | None = None) -> Callable[[str],
     return parse
 
 
+def lake_cells(observation: str) -> dict[str, str]:
+    """What each move reaches in a FrozenLake observation (either view), read as the model reads it: "ice", "hole",
+    "goal" or "off" (the lake's edge)."""
+    if observation.startswith("left "):  # the local view: "left ice, down hole, right off, up ice."
+        return dict(part.split(" ", 1) for part in observation.rstrip(".").split(", "))
+    grid = [ln.split() for ln in observation.splitlines() if ln and not ln.startswith(("You are", "Safe moves"))]
+    row = next(r for r, cells in enumerate(grid) if "P" in cells)
+    col, names = grid[row].index("P"), {"F": "ice", "H": "hole", "G": "goal"}
+    out = {}
+    for move, (dr, dc) in OFFSETS.items():
+        r, c = row + dr, col + dc
+        out[move] = names[grid[r][c]] if 0 <= r < len(grid) and 0 <= c < len(grid[r]) else "off"
+    return out
+
+
+def safe_forward_move(cells: dict[str, str], rng: random.Random) -> str:
+    """The scripted policy that wins 0.96 of the held-out 5x5 lakes (docs/experiments.md): right or down at random,
+    never into a hole or off the lake; where neither is safe, any safe move; where none is, any move."""
+    safe = [m for m in MOVES if cells[m] in ("ice", "goal")]
+    return rng.choice([m for m in ("right", "down") if m in safe] or safe or list(MOVES))
+
+
+def frozenlake_teacher(p: float) -> Callable[[Turn, random.Random], str]:
+    """FrozenLake's imperfect teacher: `safe_forward_move` with probability p, a uniformly random move otherwise."""
+
+    def choose(turn: Turn, rng: random.Random) -> str:
+        return safe_forward_move(lake_cells(turn.observation), rng) if rng.random() < p else rng.choice(MOVES)
+
+    return choose
+
+
+def teacher_success(spec: FormatSpec, seeds: Sequence[int], seed: int = 0) -> float:
+    """The share of `seeds` the spec's teacher wins (its own RNG, seeded: the same figure every time)."""
+    from actors.demos import success_rate
+    from actors.episode import Answer
+
+    assert spec.teacher is not None
+    teach, rng = spec.teacher, random.Random(seed)
+    return success_rate(spec, lambda turn: Answer(spec.template.format(teach(turn, rng))), seeds)
+
+
+class BatchedSampler:
+    """A Hugging Face model as the answerer of many episodes at once: once every live episode waits for its turn,
+    one `generate` per prompt length answers them all (same-length rows need no padding), sampled at
+    `temperature` (top-k and top-p off, as the engines sample)."""
+
+    def __init__(self, model: Any, tokenizer: Any, live: int, max_tokens: int, temperature: float = 1.0):
+        self.model, self.tokenizer, self.live = model, tokenizer, live
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self.pending: list[tuple[list[int], asyncio.Future[Answer]]] = []
+
+    async def __call__(self, turn: Turn) -> Answer:
+        assert turn.prompt_ids is not None  # the memory has the tokenizer
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.pending.append((turn.prompt_ids, fut))
+        self._flush()
+        return await fut
+
+    def finished(self) -> None:
+        self.live -= 1
+        self._flush()
+
+    def _flush(self) -> None:
+        import torch
+
+        from actors.episode import Answer
+
+        if not self.pending or len(self.pending) < self.live:
+            return
+        by_length: dict[int, list[tuple[list[int], asyncio.Future[Answer]]]] = collections.defaultdict(list)
+        for ids, fut in self.pending:
+            by_length[len(ids)].append((ids, fut))
+        self.pending = []
+        eos = self.tokenizer.eos_token_id
+        for n, items in by_length.items():
+            prompts = torch.tensor([ids for ids, _ in items])  # [B, n]
+            with torch.no_grad():
+                out = self.model.generate(
+                    prompts,
+                    attention_mask=torch.ones_like(prompts),
+                    do_sample=True,
+                    temperature=self.temperature,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=self.max_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            for row, (_, fut) in enumerate(items):
+                ids = out[row, n:].tolist()
+                ids = ids[: ids.index(eos) + 1] if eos in ids else ids
+                fut.set_result(Answer(self.tokenizer.decode(ids, skip_special_tokens=True), ids))
+
+
+def model_success(
+    model: Any, tokenizer: Any, spec: FormatSpec, seeds: Sequence[int], max_tokens: int, seed: int = 0
+) -> float:
+    """The share of `seeds` the model wins, sampled at temperature 1 (as the run validates its version 0)."""
+    import torch
+
+    from actors.demos import success_rate
+
+    torch.manual_seed(seed)
+    sampler = BatchedSampler(model, tokenizer, len(seeds), max_tokens)
+    return success_rate(spec, sampler, seeds, tokenizer=tokenizer, finished=sampler.finished)
+
+
 def format_spec(args: argparse.Namespace) -> FormatSpec:
     """Which env, memory and answers the demonstrations come from."""
     from actors.demos import FormatSpec
@@ -105,7 +232,9 @@ def format_spec(args: argparse.Namespace) -> FormatSpec:
         if "FrozenLake" in args.env
         else json.loads(args.env_kwargs)
     )
-    return FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k)
+    p = TEACHER_P if args.teacher_p is None else args.teacher_p
+    teacher = frozenlake_teacher(p) if "FrozenLake" in args.env and p > 0 else None
+    return FormatSpec(args.env, kwargs, args.max_steps, args.memory, args.k, teacher=teacher)
 
 
 def sample_check(
@@ -185,6 +314,16 @@ def ensure_warm_model(env: EnvConfig, memory: MemoryConfig, out: Path) -> None:
         raise RuntimeError(f"the warm start failed (its messages are above): {' '.join(argv)}")
 
 
+def print_success(stamp: Mapping[str, Any]) -> None:
+    """The teacher's and the warm model's held-out success, where the warm start measured them."""
+    if "teacher_success" in stamp:
+        print(
+            f"[warm-start] held-out success ({stamp['held_out_episodes']} lakes the run validates on): teacher "
+            f"{stamp['teacher_success']:.2f}, warm model {stamp['warm_success']:.2f} (sampled)",
+            flush=True,
+        )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", default=str(TINY_MODEL_DIR), help="model to start from (the tiny model is made if absent)")
@@ -216,6 +355,14 @@ def main() -> int:
     p.add_argument("--memory", default="last_k")
     p.add_argument("--k", type=int, default=0)  # FrozenLake is Markov: the main job and learn_frozenlake use k=0
     p.add_argument("--episodes", type=int, default=400, help="random-play episodes the prompts come from")
+    p.add_argument(
+        "--teacher-p",
+        type=float,
+        default=None,
+        help=f"FrozenLake: the teacher's share of scripted safe moves (default {TEACHER_P}; 0: uniform moves, the "
+        "format only)",
+    )
+    p.add_argument("--max-tokens", type=int, default=12, help="answer length when the warm model is measured")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -235,13 +382,15 @@ def main() -> int:
     stamp = out / STAMP
     if not args.force and stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
         print(f"[warm-start] {out} is up to date (inputs unchanged); nothing to do", flush=True)
+        print_success(json.loads(stamp.read_text()))
         return 0
-    print(f"[warm-start] fitting the answer format into {out} (once; about a minute on 2 cores)", flush=True)
+    print(f"[warm-start] fitting the demonstrations into {out} (once; a minute or two on 2 cores)", flush=True)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from actors.demos import format_demos
+    from envs.base import VALIDATION_SEEDS
     from learner.sft import SftOptions, train_sft
 
     started = time.time()
@@ -254,7 +403,8 @@ def main() -> int:
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
     held_out = format_demos(spec, tokenizer, 64, seed=args.seed + 10_000)
     print(
-        f"[warm-start] {len(demos)} demonstrations from {args.episodes} random-play episodes of {args.env} "
+        f"[warm-start] {len(demos)} demonstrations from {args.episodes} {'teacher' if spec.teacher else 'random'}"
+        f"-play episodes of {args.env} "
         f"{spec.env_kwargs}",
         flush=True,
     )
@@ -263,6 +413,18 @@ def main() -> int:
     )
     check = sample_check(model, tokenizer, held_out, parse)
     print(f"[warm-start] held-out sampled answers: {check}", flush=True)
+    success = {}
+    if spec.teacher is not None:  # the same held-out lakes as the run's validation
+        print(
+            f"[warm-start] fitted in {time.time() - started:.0f}s; measuring on {HELD_OUT} held-out lakes", flush=True
+        )
+        seeds = [VALIDATION_SEEDS[i] for i in range(HELD_OUT)]
+        success = {
+            "teacher_success": teacher_success(spec, seeds, seed=args.seed),
+            "warm_success": model_success(model, tokenizer, spec, seeds, args.max_tokens, seed=args.seed),
+            "held_out_episodes": HELD_OUT,
+        }
+        print_success(success)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -276,6 +438,7 @@ def main() -> int:
                 "demos": len(demos),
                 "final": history[-1],
                 "check": check,
+                **success,
                 "seconds": time.time() - started,
             },
             indent=2,

@@ -37,6 +37,27 @@ def test_held_out_success_from_the_first_to_the_latest_validation() -> None:
     assert format_progress(state, 30, 10.0).endswith("ETA 10s")  # no validation: the line as before
 
 
+def test_the_warm_starts_teacher_and_warm_model_go_beside_the_run(tmp_path: Path) -> None:
+    from actors.demos import WARM_STAMP, warm_start_success
+    from actors.evaluate import stats
+
+    assert warm_start_success(tmp_path) == {}  # not a warm start's folder: nothing to show
+    (tmp_path / WARM_STAMP).write_text('{"key": "k", "check": {}}')
+    assert warm_start_success(tmp_path) == {}  # a format-only warm start (no teacher): nothing either
+    (tmp_path / WARM_STAMP).write_text('{"teacher_success": 0.546875, "warm_success": 0.5, "held_out_episodes": 64}')
+    ref = warm_start_success(tmp_path)
+    assert ref == {"teacher": 0.546875, "warm_model": 0.5}
+    assert held_out_line(ROWS, ref) == "held-out success 0.03 at v0 -> 0.42 at v24 (teacher 0.55)"
+    assert held_out_summary(ROWS, ref) == {
+        "start": {"version": 0.0, "success_rate": 0.03125},
+        "end": {"version": 24.0, "success_rate": 0.421875},
+        "warm_start": ref,
+    }
+    # the dashboard's validation chart draws them beside the run's validation (broker/catalogue.py VALIDATION_GAUGES)
+    gauges = stats("evaluator", None, 0, reference=ref).gauges
+    assert gauges == {"val_teacher_success": 0.546875, "val_warm_model_success": 0.5}
+
+
 def test_the_warm_start_fits_the_runs_lake_and_memory() -> None:
     env = EnvConfig(name="agentstream/FrozenLake-v0", max_steps=12, kwargs={"map_size": 5, "frozen_prob": 0.9})
     argv = argv_for(env, MemoryConfig(kind="last_k", k=0), Path("/tmp/warm"))
