@@ -139,8 +139,8 @@ def teacher_success(spec: FormatSpec, seeds: Sequence[int], seed: int = 0) -> fl
 
 class BatchedSampler:
     """A Hugging Face model as the answerer of many episodes at once: once every live episode waits for its turn,
-    one `generate` per prompt length answers them all (same-length rows need no padding), sampled at
-    `temperature` (top-k and top-p off, as the engines sample)."""
+    one left-padded `generate` answers them all, sampled at `temperature` (top-k and top-p off, as the engines
+    sample)."""
 
     def __init__(self, model: Any, tokenizer: Any, live: int, max_tokens: int, temperature: float = 1.0):
         self.model, self.tokenizer, self.live = model, tokenizer, live
@@ -165,29 +165,26 @@ class BatchedSampler:
 
         if not self.pending or len(self.pending) < self.live:
             return
-        by_length: dict[int, list[tuple[list[int], asyncio.Future[Answer]]]] = collections.defaultdict(list)
-        for ids, fut in self.pending:
-            by_length[len(ids)].append((ids, fut))
-        self.pending = []
-        eos = self.tokenizer.eos_token_id
-        for n, items in by_length.items():
-            prompts = torch.tensor([ids for ids, _ in items])  # [B, n]
-            with torch.no_grad():
-                out = self.model.generate(
-                    prompts,
-                    attention_mask=torch.ones_like(prompts),
-                    do_sample=True,
-                    temperature=self.temperature,
-                    top_k=0,
-                    top_p=1.0,
-                    max_new_tokens=self.max_tokens,
-                    eos_token_id=eos,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                )
-            for row, (_, fut) in enumerate(items):
-                ids = out[row, n:].tolist()
-                ids = ids[: ids.index(eos) + 1] if eos in ids else ids
-                fut.set_result(Answer(self.tokenizer.decode(ids, skip_special_tokens=True), ids))
+        batch, self.pending = self.pending, []
+        width, pad, eos = max(len(ids) for ids, _ in batch), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        prompts = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in batch])  # [B, width], left-padded
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in batch])  # [B, width]
+        with torch.no_grad():
+            out = self.model.generate(
+                prompts,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=self.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=self.max_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        for row, (_, fut) in enumerate(batch):
+            ids = out[row, width:].tolist()
+            ids = ids[: ids.index(eos) + 1] if eos in ids else ids
+            fut.set_result(Answer(self.tokenizer.decode(ids, skip_special_tokens=True), ids))
 
 
 def model_success(
