@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ from openenv.core.env_server import create_app
 
 import envs
 from agentstream.wire.addresses import free_port
+from envs.base import Action, ParseFailure
 from envs.openenv import OPENENV, OpenEnvError, kwargs_errors
 from examples.openenv_game.server import GuessAction, GuessEnvironment, GuessObservation
 
@@ -218,6 +220,30 @@ def test_the_step_limit_a_second_reset_and_the_launch_checks(server: Server) -> 
         envs.make(OPENENV, base_url=dead).reset(seed=0)
     with pytest.raises(ValueError, match="served by the launcher"):
         envs.make(OPENENV, app="examples.openenv_game.server:app")
+
+
+def test_a_parser_makes_the_action_and_one_the_server_refuses_is_invalid(server: Server, monkeypatch) -> None:
+    parsers = types.ModuleType("openenv_parsers")  # env.kwargs.parser=openenv_parsers:...
+    parsers.guess = lambda text: Action({"message": text}) if "<action>" in text else ParseFailure("no <action> tag")  # type: ignore[attr-defined]
+    parsers.wrong_field = lambda text: Action({"guess": text})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "openenv_parsers", parsers)
+    env = envs.make(OPENENV, base_url=server.url, parser="openenv_parsers:guess")
+    try:
+        first, _ = env.reset(seed=0)
+        obs, reward, _, _, info = env.step("hello")  # refused by the parser: nothing is sent, the game does not move
+        assert (obs, reward, info["valid"], info["parse_error"]) == (first, 0.0, False, "no <action> tag")
+        assert env.step("<action>4</action>")[0] == "4 is too low. 5 guesses left."  # (the first guess it got)
+    finally:
+        env.close()
+    env = envs.make(OPENENV, base_url=server.url, parser="openenv_parsers:wrong_field")
+    try:
+        first, _ = env.reset(seed=0)
+        obs, reward, terminated, _, info = env.step("<action>7</action>")  # the action's schema has no field `guess`
+        assert (obs, reward, terminated, info["valid"]) == (first, 0.0, False, False)
+        assert "VALIDATION_ERROR" in info["parse_error"]
+        assert env.reset(seed=1)[0] == first  # the session goes on
+    finally:
+        env.close()
 
 
 def test_episodes_beyond_the_servers_sessions_wait_for_one(server: Server) -> None:
