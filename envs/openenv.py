@@ -30,7 +30,8 @@ prompt): the kwarg, else the server's own description (`GET /metadata`).
 Faults: a connection refused or dropped, a reply that does not come within `timeout_s`, an error of the server's env,
 or a malformed reply (an observation without its text, a reward that is no number, a `done` that is no bool) raise
 `OpenEnvError`; the actor counts it (`infra_failures_raised`; a call past env.step_timeout_s: `_timeout`), plays the
-episode again on the same seed, and after actors.episode_retries drops its group (actors/actor.py).
+episode again on the same seed, and after actors.episode_retries drops its group (actors/actor.py). A refused
+connection fails after REFUSED_PAUSE_S: the retries give a restarting server (the launcher's, on its port) time.
 """
 
 from __future__ import annotations
