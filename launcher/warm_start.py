@@ -360,7 +360,12 @@ def main() -> int:
         "format only)",
     )
     p.add_argument("--max-tokens", type=int, default=12, help="answer length when the warm model is measured")
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="SFT steps (default 300 with a teacher: it must read the state; else 150)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -396,6 +401,7 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     spec = format_spec(args)
+    steps = args.steps or (300 if spec.teacher is not None else 150)
     parse = parser(args.env, spec.env_kwargs)  # (before the fit: an env without a parser stops here)
     demos = format_demos(spec, tokenizer, args.episodes, seed=args.seed)
     held_out = format_demos(spec, tokenizer, 64, seed=args.seed + 10_000)
@@ -406,7 +412,7 @@ def main() -> int:
         flush=True,
     )
     history = train_sft(
-        model, demos, SftOptions(args.steps, args.batch_size, args.lr, seed=args.seed), pad_id=tokenizer.pad_token_id
+        model, demos, SftOptions(steps, args.batch_size, args.lr, seed=args.seed), pad_id=tokenizer.pad_token_id
     )
     check = sample_check(model, tokenizer, held_out, parse)
     print(f"[warm-start] held-out sampled answers: {check}", flush=True)
