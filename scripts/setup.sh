@@ -94,10 +94,12 @@ if missing chromium chromedriver; then phase "installing chromium and chromium-d
 if missing slurmctld munged; then phase "installing slurm-wlm from Debian" apt_install slurm-wlm; fi
 full_venv() {
   quiet_pip "$VPY" install --quiet -e "$ROOT[$EXTRA,text,envs,ray,test,agents]"
+  # OpenEnv's server and client (envs/openenv.py) without gradio, which would downgrade pillow (pyproject.toml, envs).
+  quiet_pip "$VPY" install --quiet --no-deps "openenv-core==0.3.0"
   if [ "$EXTRA" = "cpu" ]; then "$VPY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
 }
 phase "installing agentstream[$EXTRA,text,envs,ray,test,agents] (ALFWorld's planner compiles: a few minutes)" full_venv
-phase "checking the imports" "$VPY" -c "import vllm, alfworld, textworld_express, reasoning_gym, skyrl_gym, textarena, ray, agents, langgraph, langchain_openai, pytest, selenium" \
+phase "checking the imports" "$VPY" -c "import vllm, alfworld, textworld_express, reasoning_gym, skyrl_gym, textarena, ray, agents, langgraph, langchain_openai, pytest, selenium, openenv.core" \
   || { echo "[setup] import check failed; see the messages above" >&2; exit 1; }
 echo "$WANT" > "$STAMP_FULL"
 echo "[setup] done: $VENV, everything the tests need ($((SECONDS - START)) s)"
