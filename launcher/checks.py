@@ -53,7 +53,10 @@ def _env_kwargs_errors(name: str, kwargs: dict[str, Any]) -> list[str]:
     try:
         params = inspect.signature(getattr(importlib.import_module(module), cls_name)).parameters
     except ImportError as exc:
-        return [f"env.name={name!r} needs a package that is not installed ({exc}); run bash scripts/setup.sh."]
+        return [
+            f"env.name={name!r} needs a package that is not installed ({exc}); the main job's set-up leaves out "
+            "the envs beyond the toy-text and reasoning ones: run bash scripts/setup.sh full."
+        ]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return []
     unknown = sorted(set(kwargs) - set(params))

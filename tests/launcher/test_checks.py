@@ -152,3 +152,19 @@ def test_a_frozen_seat_needs_lora_and_its_sidecars_refresh_the_copy(tmp_path: Pa
         check_config(cfg)
         argv = Launcher(cfg, tmp_path, wire(cfg)).commands.sidecar(0).argv
         assert argv[argv.index("--frozen-every") + 1] == every
+
+
+def test_a_built_in_env_whose_package_is_missing_names_the_full_set_up() -> None:
+    # The main job's set-up (scripts/setup.sh) leaves out ALFWorld, TextWorldExpress and SkyRL-Gym: an env whose
+    # module cannot import says which package and the command that installs it.
+    import gymnasium as gym
+
+    from launcher.checks import _env_kwargs_errors
+
+    name = "agentstream-test/Missing-v0"
+    gym.register(id=name, entry_point="no_such_package_xyz.games:Game")
+    try:
+        (message,) = _env_kwargs_errors(name, {})
+    finally:
+        del gym.registry[name]
+    assert "no_such_package_xyz" in message and "bash scripts/setup.sh full" in message, message
