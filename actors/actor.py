@@ -220,13 +220,7 @@ class Actor:
                 self.counters["episodes_cut"] += 1
                 return
             except (EnvFailure, EngineError, TeacherFailure) as exc:
-                cause = (
-                    exc.cause
-                    if isinstance(exc, EnvFailure)
-                    else "teacher"
-                    if isinstance(exc, TeacherFailure)
-                    else "engine"
-                )
+                cause = "engine" if isinstance(exc, EngineError) else exc.cause
                 self.counters.update({"infra_failures": 1, f"infra_failures_{cause}": 1})
                 if grant.group_id in self._failed_groups:  # given up meanwhile: dropped with what this attempt sent
                     log.warning("%s: %s failed (%s); its group is dropped already", self.name, traj_ids[0], exc)

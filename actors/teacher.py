@@ -46,6 +46,8 @@ seconds of answered requests, failed requests, requests asked again, and groups 
 class TeacherFailure(Exception):
     """No teacher gave a step's signal within distill.retries retries: the step's group is dropped."""
 
+    cause = "teacher"  # counted as infra_failures_teacher, as EnvFailure's cause is
+
 
 @dataclass(frozen=True)
 class TeacherSignal:
